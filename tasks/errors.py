@@ -1,0 +1,48 @@
+"""The one exception hierarchy: retry and quarantine logic read only the type."""
+
+from __future__ import annotations
+
+
+class FramefleetError(Exception):
+    """Base of every error framefleet raises on purpose."""
+
+
+class PermanentError(FramefleetError):
+    """Retrying cannot help; the video fails (or is quarantined) at once."""
+
+
+class BadInput(PermanentError):
+    """The input video or a stage input is unusable: corrupt, empty, flat, too short."""
+
+
+class ModelLoadError(PermanentError):
+    """A stage's model could not be loaded; the worker must not consume tasks."""
+
+
+class UnknownBackend(PermanentError):
+    """A stage was configured with a backend name that does not exist."""
+
+
+class PathOutsideRoot(PermanentError):
+    """A path named in a message leaves the dataset or output root."""
+
+
+class RetryableError(FramefleetError):
+    """A transient failure; the task is retried after ``delay_s`` seconds."""
+
+    def __init__(self, message: str, delay_s: float = 5.0) -> None:
+        super().__init__(message)
+        self.delay_s = delay_s
+
+
+class GpuOutOfMemory(RetryableError):
+    """CUDA ran out of memory; retry with backoff, preferably elsewhere, with smaller chunks."""
+
+
+class TransientIO(RetryableError):
+    """A file system or broker hiccup that may pass."""
+
+
+def error_class(exc: BaseException) -> str:
+    """Return the short class name recorded in failure records and quarantine entries."""
+    return type(exc).__name__
