@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Enqueue a folder of videos as one dataset run and show its progress until the statistics exist.
+
+    python scripts/enqueue_dataset.py RAW_DIR --out OUT [--limit N] [--gpus 0,2] [--no-wait]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import redis  # noqa: E402
+import yaml  # noqa: E402
+
+from scripts import _cli  # noqa: E402
+from tasks.celery_app import STAGES
+from tasks.dataset import DatasetError, build_chord, check_folders, find_videos, new_run_id, write_manifest
+from tasks.redis_client import get_redis
+from tasks.storage import write_text_atomic
+from worker_config.settings import Settings, redact_url, resolved_dict
+
+
+def parse_gpus(text: str | None) -> list[int] | None:
+    if not text or text == "all":
+        return None
+    try:
+        gpus = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gpus takes GPU indices like 0,2 or 'all', not {text!r}") from None
+    return gpus or None
+
+
+def check_redis(conf: Settings) -> str | None:
+    """Return why Redis cannot be reached (with how to fix it), or None when it answers."""
+    try:
+        get_redis(conf.redis_url).ping()
+        return None
+    except redis.RedisError as exc:
+        return (
+            f"cannot reach Redis at {redact_url(conf.redis_url)} ({exc}). Start one "
+            "(`redis-server --port 6379 --daemonize yes`), or point REDIS_URL (or redis_url in "
+            "--config) at the Redis your workers use; scripts/run_local.py starts its own"
+        )
+
+
+def enqueue(conf: Settings, raw_dir: Path, out_dir: Path, limit: int | None = None,
+            gpus: list[int] | None = None, resume: bool = False, force: bool = False) -> dict[str, Any]:
+    """Send the run's chord; return {run_id, callback_id, videos}. Raises DatasetError."""
+    videos = find_videos(raw_dir)[: limit or None]
+    check_folders(raw_dir, out_dir, resume, force)
+    run_id = new_run_id()
+    entries = write_manifest(raw_dir, out_dir, videos, run_id)
+    write_text_atomic(out_dir / "settings.resolved.yaml",
+                      yaml.safe_dump(resolved_dict(conf), sort_keys=True))
+    canvas, run = build_chord(entries, raw_dir, out_dir, run_id, gpus=gpus, force=force)
+    result = canvas.apply_async()
+    record = {"run_id": run_id, "callback_id": result.id, "videos": len(entries),
+              "gpus": gpus, "started": run["started"]}
+    write_text_atomic(out_dir / "runs" / f"{run_id}.json", json.dumps(record, indent=1))
+    return record
+
+
+def render(counts: dict[str, int], total: int, started: float) -> str:
+    finished = counts.get("videos.done", 0) + counts.get("videos.failed", 0)
+    width = 24
+    filled = int(width * finished / total) if total else width
+    stages = " ".join(f"{s} {counts.get(s + '.done', 0)}" for s in STAGES)
+    elapsed = time.time() - started
+    eta = "--:--"
+    if 0 < finished < total:
+        eta = time.strftime("%H:%M:%S", time.gmtime(elapsed / finished * (total - finished)))
+    return (f"[{'#' * filled}{'.' * (width - filled)}] {finished}/{total} videos | {stages} | "
+            f"failed {counts.get('videos.failed', 0)} | {elapsed:.0f}s elapsed, ETA {eta}")
+
+
+def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dict[str, Any]:
+    """Show progress until the chord callback has run; return its summary."""
+    from celery.result import AsyncResult
+
+    from tasks import progress
+
+    result = AsyncResult(record["callback_id"])
+    tty = sys.stdout.isatty()
+    last, last_print = "", 0.0
+    while True:
+        try:
+            line = render(progress.read(get_redis(conf.redis_url), record["run_id"]),
+                          record["videos"], record["started"])
+            ready = result.ready()
+        except redis.RedisError as exc:
+            line, ready = f"Redis unreachable ({type(exc).__name__}); retrying…", False
+        if tty:
+            print("\r" + line, end="", flush=True)
+        elif line != last and (time.time() - last_print > 5 or ready):
+            print(line, flush=True)
+            last_print = time.time()
+        last = line
+        if ready:
+            if tty:
+                print()
+            return result.get(propagate=True)
+        time.sleep(poll_s)
+
+
+def report(summary: dict[str, Any], out_dir: Path) -> int:
+    print(f"done: {summary['done']} of {summary['videos']} videos; statistics over "
+          f"{summary['statistics_videos']} videos in {out_dir / 'normalization_stats.yaml'}")
+    print(f"summary: {out_dir / 'run_summary.json'}")
+    if summary["failed"]:
+        print(f"failed: {len(summary['failed'])} videos:")
+        for f in summary["failed"]:
+            print(f"  {f['video']} ({f['video_id']}): {f['stage']}: {f['error_class']}: {f['reason']}")
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("raw_dir", type=Path, metavar="RAW_DIR")
+    parser.add_argument("--out", type=Path, required=True, metavar="OUT")
+    parser.add_argument("--limit", type=int, help="only the first N videos (sorted by path)")
+    parser.add_argument("--gpus", type=parse_gpus, help="GPU indices to use, e.g. 0,2 (default: all)")
+    parser.add_argument("--no-wait", action="store_true", help="print the run id and return at once")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--continue", dest="resume", action="store_true",
+                      help="finish an earlier run in OUT, skipping complete outputs")
+    mode.add_argument("--force", action="store_true", help="redo every video in OUT")
+    _cli.add_config_argument(parser)
+    args = parser.parse_args(argv)
+    conf = _cli.settings_from(args)
+    if (why := check_redis(conf)) is not None:
+        return _cli.fail(why)
+    try:
+        record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force)
+    except DatasetError as exc:
+        return _cli.fail(str(exc))
+    print(f"run {record['run_id']}: {record['videos']} videos enqueued; outputs in {args.out}", flush=True)
+    if args.no_wait:
+        print(f"not waiting; the run record is {args.out / 'runs' / (record['run_id'] + '.json')}")
+        return 0
+    try:
+        return report(wait_for(conf, record), args.out)
+    except KeyboardInterrupt:
+        print(f"\nstopped watching; run {record['run_id']} goes on in the workers")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Run a whole framefleet cluster on this machine for one dataset, then tear it down.
+
+    python scripts/run_local.py RAW_DIR --out OUT [--continue | --force] [--gpus 0,1]
+
+Uses $REDIS_URL when it answers, else a private redis-server on a free port; starts one solo
+worker per visible GPU (or one CPU stand-in for gpu0), a CPU worker and Flower on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import redis  # noqa: E402
+
+from scripts import _cli  # noqa: E402
+from scripts.enqueue_dataset import check_redis, enqueue, parse_gpus, report, wait_for  # noqa: E402
+from tasks.dataset import DatasetError  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def visible_gpus() -> int:
+    """Count GPUs through NVML without touching CUDA; 0 when there is no NVML or no GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return 0
+
+
+class Cluster:
+    """The processes of a local run; ``stop`` ends every one of them, whatever state they are in."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.tmp: Path | None = None
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = open(self.logs / f"{name}.log", "ab")
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append((name, proc))
+        return proc
+
+    def start_redis(self) -> str:
+        if shutil.which("redis-server") is None:
+            raise DatasetError("no reachable Redis and no redis-server to start: install Redis "
+                               "(apt install redis-server) or set REDIS_URL")
+        self.tmp = Path(tempfile.mkdtemp(prefix="framefleet-redis-"))
+        port = free_port()
+        self.start("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no", "--dir", str(self.tmp)], dict(os.environ))
+        client = redis.Redis(port=port)
+        for _ in range(100):
+            try:
+                client.ping()
+                return f"redis://127.0.0.1:{port}/0"
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise DatasetError(f"the private redis-server did not answer; see {self.logs / 'redis.log'}")
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        # Warm shutdown first (workers finish their task), then make sure nothing is left.
+        for name, proc in reversed(self.procs):
+            if proc.poll() is None and name != "redis":
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for name, proc in self.procs:
+            if name == "redis":
+                continue
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for name, proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def worker_argv(queue: str, name: str, pool: str = "solo", concurrency: int = 1) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-P", pool,
+            "-c", str(concurrency), "-n", f"{name}@%h", "-E", "--without-gossip",
+            "--without-mingle", "--loglevel", "INFO"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("raw_dir", type=Path, metavar="RAW_DIR")
+    parser.add_argument("--out", type=Path, required=True, metavar="OUT")
+    parser.add_argument("--limit", type=int)
+    parser.add_argument("--gpus", type=parse_gpus, help="GPU indices to run workers on (default: all)")
+    parser.add_argument("--cpu-workers", type=int, default=2, help="processes of the CPU worker")
+    parser.add_argument("--flower-port", type=int, default=0, help="default: a free port")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--continue", dest="resume", action="store_true")
+    mode.add_argument("--force", action="store_true")
+    _cli.add_config_argument(parser)
+    args = parser.parse_args(argv)
+    conf = _cli.settings_from(args)
+    try:
+        from tasks.dataset import check_folders, find_videos
+
+        find_videos(args.raw_dir)
+        check_folders(args.raw_dir, args.out, args.resume, args.force)
+    except DatasetError as exc:
+        return _cli.fail(str(exc))
+
+    cluster = Cluster(args.out / "logs")
+    previous_sigterm = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        env = dict(os.environ)
+        if not os.environ.get("REDIS_URL") or check_redis(conf) is not None:
+            env["REDIS_URL"] = cluster.start_redis()
+            env.pop("FRAMEFLEET_REDIS_URL", None)
+            os.environ["REDIS_URL"] = env["REDIS_URL"]
+            conf = _cli.settings_from(args)
+            print(f"Redis: a private redis-server at {env['REDIS_URL']}")
+        else:
+            print("Redis: $REDIS_URL")
+        gpus = args.gpus if args.gpus is not None else list(range(visible_gpus()))
+        if not gpus:
+            print("no GPU found: one CPU worker stands in for gpu0")
+            gpus = [0]
+        for gpu in gpus:
+            cluster.start(f"gpu{gpu}", worker_argv(conf.gpu_queue(gpu), f"gpu{gpu}"), env)
+        cluster.start("cpu", worker_argv(conf.cpu_queue, "cpu", "prefork", args.cpu_workers), env)
+        port = args.flower_port or free_port()
+        cluster.start("flower", [sys.executable, "-m", "celery", "-A", "tasks", "flower",
+                                 "--address=127.0.0.1", f"--port={port}", "--max_tasks=10000"], env)
+        print(f"Flower: http://127.0.0.1:{port}  (logs in {cluster.logs})", flush=True)
+        record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force)
+        print(f"run {record['run_id']}: {record['videos']} videos", flush=True)
+        summary = wait_for(conf, record)
+        code = report(summary, args.out)
+        print(f"outputs: {args.out.resolve()}")
+        return code
+    except DatasetError as exc:
+        return _cli.fail(str(exc))
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping the local cluster (complete outputs are kept; "
+              "--continue finishes the run)", file=sys.stderr)
+        return 130
+    finally:
+        cluster.stop()
+        signal.signal(signal.SIGTERM, previous_sigterm)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

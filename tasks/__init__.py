@@ -1,0 +1,7 @@
+"""framefleet's Celery package: ``celery -A tasks worker -Q gpu0`` starts the worker of GPU 0."""
+
+from tasks.celery_app import app, configure, settings
+
+from tasks import pipeline, worker  # noqa: E402,F401  (registers tasks and signal handlers)
+
+__all__ = ["app", "configure", "settings"]

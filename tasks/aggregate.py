@@ -1,0 +1,86 @@
+"""The chord callback: merge every completed video's partial statistics and write the run summary."""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from tasks.celery_app import STAGES, TASK_PREFIX, app, settings
+from tasks.stage_io import marker_of, output_path
+from tasks.storage import read_marker, write_text_atomic
+
+log = logging.getLogger("framefleet.aggregate")
+
+
+def completed_videos(out_root: Path) -> dict[str, dict[str, Any]]:
+    """Return the h5 marker of every video of ``out_root`` whose HDF5 file is complete, any run."""
+    found = {}
+    for folder in sorted((out_root / "work").glob("*")):
+        vid = folder.name
+        record = read_marker(output_path(out_root, vid, "h5"), marker_of(out_root, vid, "h5"),
+                             check_hash=False)
+        if record is not None and "stats" in record.get("report", {}):
+            found[vid] = record
+    return found
+
+
+def write_statistics(out_root: Path, track_type: str) -> int:
+    """Write normalization_stats.yaml from every completed video; return how many were merged."""
+    from tasks.stats import VideoStats, normalization_stats, write_stats_yaml
+
+    records = completed_videos(out_root)
+    parts = [VideoStats.from_dict(r["report"]["stats"]) for r in records.values()]
+    total = sum(parts, start=VideoStats.empty(track_type))
+    write_stats_yaml(out_root / "normalization_stats.yaml", normalization_stats(total))
+    return len(parts)
+
+
+def stage_timings(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-stage durations and the overhead between one stage's end and the next one's start."""
+    out: dict[str, Any] = {}
+    for i, stage in enumerate(STAGES):
+        spans = [r["timings"][stage] for r in results if stage in r.get("timings", {})]
+        ran = [s["end"] - s["start"] for s in spans if not s.get("skipped")]
+        entry: dict[str, Any] = {"tasks": len(spans), "skipped": len(spans) - len(ran)}
+        if ran:
+            entry.update(mean_s=statistics.fmean(ran), max_s=max(ran), total_s=sum(ran))
+        if i:
+            prev = STAGES[i - 1]
+            gaps = [r["timings"][stage]["start"] - r["timings"][prev]["end"]
+                    for r in results if {stage, prev} <= set(r.get("timings", {}))]
+            if gaps:
+                entry["overhead_after_" + prev] = {"mean_s": statistics.fmean(gaps), "max_s": max(gaps)}
+        out[stage] = entry
+    return out
+
+
+@app.task(name=TASK_PREFIX + "aggregate", acks_late=True)
+def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any]:
+    """Chord callback: write normalization_stats.yaml and run_summary.json; return the summary."""
+    out_root = Path(run["output_root"])
+    track_type = settings().stages["h5"].params.get("track_type", "3d")
+    merged = write_statistics(out_root, track_type)
+    done = sorted(r["video_id"] for r in results if not r.get("failed"))
+    failed = [{"video_id": r["video_id"], "video": r["video"], **r["failed"]}
+              for r in results if r.get("failed")]
+    summary = {
+        "run_id": run["run_id"],
+        "videos": len(results),
+        "done": len(done),
+        "failed": failed,
+        "done_videos": done,
+        "statistics_videos": merged,
+        "started": run.get("started"),
+        "finished": time.time(),
+        "wall_s": time.time() - run["started"] if run.get("started") else None,
+        "stages": stage_timings([r for r in results if not r.get("failed")]),
+        "outputs": {"statistics": "normalization_stats.yaml", "hdf5": "{video_id}.hdf5"},
+    }
+    write_text_atomic(out_root / "run_summary.json", json.dumps(summary, indent=2, sort_keys=True))
+    log.info("run %s: %d done, %d failed; statistics over %d videos",
+             run["run_id"], len(done), len(failed), merged)
+    return {k: summary[k] for k in ("run_id", "videos", "done", "failed", "statistics_videos", "wall_s")}

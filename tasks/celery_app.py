@@ -1,0 +1,73 @@
+"""The Celery app, configured for long GPU tasks on Redis; importing it touches no GPU."""
+
+from __future__ import annotations
+
+import sys
+
+from celery import Celery
+
+from worker_config.settings import ConfigError, Settings, load_settings
+
+STAGES = ("preprocess", "depth", "tracks", "hands", "h5")
+GPU_STAGES = ("depth", "tracks", "hands")
+CPU_STAGES = ("preprocess", "h5")
+TASK_PREFIX = "framefleet."
+
+app = Celery("framefleet")
+_settings: Settings | None = None
+
+
+def settings() -> Settings:
+    """Return the settings this process runs with (loaded from the environment on first use)."""
+    global _settings
+    if _settings is None:
+        try:
+            configure(load_settings())
+        except ConfigError as exc:
+            sys.exit(f"framefleet: {exc}")
+    assert _settings is not None
+    return _settings
+
+
+def configure(new: Settings) -> Celery:
+    """Apply ``new`` to the Celery app; scripts call this after parsing --config."""
+    global _settings
+    _settings = new
+    transport = {
+        "visibility_timeout": new.visibility_timeout_s,
+        "socket_keepalive": True,
+        "retry_on_timeout": True,
+        "health_check_interval": 10,
+    }
+    app.conf.update(
+        broker_url=new.broker,
+        result_backend=new.results,
+        broker_transport_options=transport,
+        result_backend_transport_options={"retry_policy": {"timeout": 5.0}},
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        event_serializer="json",
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_track_started=True,
+        task_send_sent_event=True,
+        worker_send_task_events=True,
+        result_expires=new.result_expires_s,
+        result_extended=True,
+        task_default_queue=new.cpu_queue,
+        task_routes=("tasks.routing.route_task",),
+        worker_hijack_root_logger=True,
+        worker_redirect_stdouts_level="INFO",
+        worker_max_tasks_per_child=new.max_tasks_per_worker or None,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        task_time_limit=None,
+    )
+    return app
+
+
+settings()

@@ -1,0 +1,99 @@
+"""A dataset run: find the videos, give them stable ids, write the manifest, build the chord."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from celery import chain, chord
+
+from tasks.errors import FramefleetError
+from tasks.storage import write_text_atomic
+
+VIDEO_SUFFIXES = {".mp4", ".mov", ".mkv", ".webm", ".avi"}
+
+
+class DatasetError(FramefleetError):
+    """The input or output folder cannot be used; the message says why and what to do."""
+
+
+def find_videos(raw_dir: Path) -> list[Path]:
+    """Return the videos under ``raw_dir`` (any depth, case-insensitive suffix), sorted by path."""
+    if not raw_dir.is_dir():
+        raise DatasetError(f"the input folder {raw_dir} does not exist or is not a folder")
+    found = sorted(p for p in raw_dir.rglob("*") if p.is_file() and p.suffix.lower() in VIDEO_SUFFIXES)
+    if not found:
+        raise DatasetError(
+            f"no videos in {raw_dir} (looked for {', '.join(sorted(VIDEO_SUFFIXES))}, any case)"
+        )
+    return found
+
+
+def video_id(relative: Path) -> str:
+    """A stable id from the path relative to the dataset root: a readable stem and a short hash."""
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "_", relative.stem).strip("_")[:48] or "video"
+    digest = hashlib.sha256(relative.as_posix().encode()).hexdigest()[:10]
+    return f"{stem}-{digest}"
+
+
+def check_folders(raw_dir: Path, out_dir: Path, resume: bool, force: bool) -> None:
+    """Refuse an output folder inside the input, or an earlier run's folder without a mode flag."""
+    raw, out = raw_dir.resolve(), out_dir.resolve()
+    if out == raw or raw in out.parents:
+        raise DatasetError(
+            f"the output folder {out_dir} is inside the input folder {raw_dir}; "
+            "choose an output folder outside it, so outputs are never taken for inputs"
+        )
+    if (out / "manifest.json").exists() and not (resume or force):
+        raise DatasetError(
+            f"{out_dir} already holds a framefleet run. Pass --continue to finish it (complete "
+            "outputs are kept) or --force to redo every video; nothing was changed or deleted"
+        )
+
+
+def write_manifest(raw_dir: Path, out_dir: Path, videos: list[Path], run_id: str) -> list[dict[str, Any]]:
+    """Write OUT/manifest.json (earlier entries kept) and return this run's entries."""
+    path = out_dir / "manifest.json"
+    known: dict[str, Any] = {}
+    if path.exists():
+        known = {v["video_id"]: v for v in json.loads(path.read_text())["videos"]}
+    entries = []
+    for video in videos:
+        rel = video.relative_to(raw_dir)
+        entry = {"video_id": video_id(rel), "path": rel.as_posix(), "bytes": video.stat().st_size}
+        known[entry["video_id"]] = entry
+        entries.append(entry)
+    manifest = {"dataset_root": str(raw_dir.resolve()), "last_run": run_id, "updated": time.time(),
+                "videos": sorted(known.values(), key=lambda v: v["path"])}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(manifest, indent=1))
+    return entries
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def build_chord(
+    entries: list[dict[str, Any]], raw_dir: Path, out_dir: Path, run_id: str,
+    gpus: list[int] | None = None, force: bool = False,
+) -> tuple[Any, dict[str, Any]]:
+    """Return (the chord of one chain per video, the run record the callback receives)."""
+    from tasks.aggregate import aggregate
+    from tasks.pipeline import STAGE_TASKS
+
+    run = {"run_id": run_id, "output_root": str(out_dir.resolve()), "started": time.time(),
+           "videos": len(entries)}
+    chains = []
+    for entry in entries:
+        job = {"run_id": run_id, "video_id": entry["video_id"], "video": entry["path"],
+               "dataset_root": str(raw_dir.resolve()), "output_root": run["output_root"],
+               "gpus": gpus, "gpu": None, "force": force, "text": entry.get("text", "")}
+        first, *rest = STAGE_TASKS
+        chains.append(chain(first.s(job), *(t.s() for t in rest)))
+    return chord(chains, aggregate.s(run)), run

@@ -1,0 +1,117 @@
+"""The five stage tasks: thin wrappers that skip finished work, run a stage and write atomically."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import Task
+
+from tasks import progress, worker
+from tasks.celery_app import TASK_PREFIX, app, settings
+from tasks.errors import FramefleetError, GpuOutOfMemory, PermanentError, RetryableError, error_class
+from tasks.redis_client import get_redis
+from tasks.stage_io import gather_inputs, marker_of, output_path
+from tasks.storage import atomic_write, read_marker, save_npz, write_marker
+
+log = logging.getLogger("framefleet.pipeline")
+
+
+def _as_framefleet_error(exc: Exception) -> FramefleetError | Exception:
+    # torch is not imported here; its OOM error is recognised by name.
+    if type(exc).__name__ == "OutOfMemoryError":
+        return GpuOutOfMemory(str(exc).splitlines()[0] if str(exc) else "CUDA out of memory", 10.0)
+    return exc
+
+
+def _execute(stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
+    """Run one stage for ``job`` unless its valid output exists; return what the stage reports."""
+    out_root = Path(job["output_root"])
+    vid = job["video_id"]
+    output = output_path(out_root, vid, stage_name)
+    marker = marker_of(out_root, vid, stage_name)
+    if not job.get("force"):
+        done = read_marker(output, marker)
+        if done is not None:
+            return {"skipped": True, **done.get("report", {})}
+    stage = worker.get_stage(stage_name)
+    inputs = gather_inputs(stage_name, job)
+    report: dict[str, Any] = {}
+
+    def on_progress(done_frames: int, total_frames: int) -> None:
+        worker.STATE.update(frames=[done_frames, total_frames])
+
+    if stage_name == "h5":
+        def write(tmp: Path) -> None:
+            report.update(stage.run({**inputs, "out_path": str(tmp)}, progress=on_progress))
+
+        digest = atomic_write(output, write)
+    else:
+        digest = save_npz(output, stage.run(inputs, progress=on_progress))
+    write_marker(output, digest, marker, report=report)
+    return report
+
+
+def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
+    """Run ``stage_name`` for ``job`` and return the job for the next stage, or a failure record."""
+    if job.get("failed"):
+        return job
+    conf = settings()
+    stage_conf = conf.stages[stage_name]
+    started = time.time()
+    failure: Exception | None = None
+    try:
+        report = _execute(stage_name, job)
+    except Exception as exc:
+        failure = _as_framefleet_error(exc)
+    attempts = task.request.retries + 1
+    if failure is not None:
+        retryable = not isinstance(failure, PermanentError)
+        if retryable and task.request.retries < stage_conf.max_retries:
+            delay = failure.delay_s if isinstance(failure, RetryableError) else 5.0
+            log.warning("%s of %s failed (%s: %s); retry %d of %d",
+                        stage_name, job["video_id"], error_class(failure), failure,
+                        attempts, stage_conf.max_retries)
+            raise task.retry(exc=failure, countdown=delay * 2 ** task.request.retries,
+                             max_retries=stage_conf.max_retries)
+        log.error("%s of %s failed for good: %s: %s", stage_name, job["video_id"],
+                  error_class(failure), failure)
+        job = {**job, "failed": {
+            "stage": stage_name, "error_class": error_class(failure), "reason": str(failure),
+            "attempts": attempts, "worker": task.request.hostname, "time": time.time(),
+        }}
+    else:
+        timing = {"start": started, "end": time.time(), "worker": task.request.hostname,
+                  "skipped": bool(report.get("skipped"))}
+        job = {**job, "timings": {**job.get("timings", {}), stage_name: timing}}
+        if worker.ROLE.gpu is not None:
+            job["gpu"] = worker.ROLE.gpu
+        if stage_name == "h5":
+            job["report"] = {k: v for k, v in report.items() if k != "stats"}
+    try:
+        progress.record(get_redis(conf.redis_url), job["run_id"], stage_name, failure is None,
+                        conf.result_expires_s)
+    except Exception as exc:  # progress display is not worth failing a video for
+        log.warning("progress not recorded: %s", exc)
+    return job
+
+
+def _stage_task(stage_name: str) -> Task:
+    def body(self: Task, job: dict[str, Any]) -> dict[str, Any]:
+        return run_stage(self, stage_name, job)
+
+    body.__name__ = stage_name
+    body.__doc__ = f"Run the {stage_name} stage for one video; return the job for the next stage."
+    return app.task(bind=True, name=TASK_PREFIX + stage_name, acks_late=True)(body)
+
+
+preprocess = _stage_task("preprocess")
+depth = _stage_task("depth")
+tracks = _stage_task("tracks")
+hands = _stage_task("hands")
+h5 = _stage_task("h5")
+STAGE_TASKS = (preprocess, depth, tracks, hands, h5)
+
+from tasks import aggregate  # noqa: E402,F401  (registers the chord callback)

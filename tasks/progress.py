@@ -1,0 +1,28 @@
+"""Per-run progress counters in Redis, read by the enqueue script's progress bar."""
+
+from __future__ import annotations
+
+import redis
+
+from tasks.celery_app import STAGES
+
+
+def run_key(run_id: str) -> str:
+    return f"ff:run:{run_id}"
+
+
+def record(r: redis.Redis, run_id: str, stage: str, ok: bool, ttl_s: int) -> None:
+    """Count one finished (``ok``) or failed stage task of a run."""
+    key = run_key(run_id)
+    pipe = r.pipeline()
+    pipe.hincrby(key, f"{stage}.{'done' if ok else 'failed'}", 1)
+    if not ok:
+        pipe.hincrby(key, "videos.failed", 1)
+    elif stage == STAGES[-1]:
+        pipe.hincrby(key, "videos.done", 1)
+    pipe.expire(key, ttl_s)
+    pipe.execute()
+
+
+def read(r: redis.Redis, run_id: str) -> dict[str, int]:
+    return {k: int(v) for k, v in r.hgetall(run_key(run_id)).items()}

@@ -1,0 +1,63 @@
+"""Worker liveness in Redis: each worker's state under a key with a TTL, renewed by its heartbeat."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import redis
+
+from worker_config.routing import QueueLoad
+
+WORKER_PREFIX = "ff:worker:"
+GPU_QUEUES_KEY = "ff:gpu-queues"
+
+
+def publish(r: redis.Redis, state: dict[str, Any], ttl_s: float) -> None:
+    """Store ``state`` (which must hold ``hostname``) for ``ttl_s`` seconds."""
+    pipe = r.pipeline()
+    pipe.set(WORKER_PREFIX + state["hostname"], json.dumps(state), ex=max(1, math.ceil(ttl_s)))
+    for queue in state.get("gpu_queues", []):
+        pipe.sadd(GPU_QUEUES_KEY, queue)
+    pipe.execute()
+
+
+def remove(r: redis.Redis, hostname: str) -> None:
+    r.delete(WORKER_PREFIX + hostname)
+
+
+def live_workers(r: redis.Redis) -> list[dict[str, Any]]:
+    keys = list(r.scan_iter(match=WORKER_PREFIX + "*", count=500))
+    if not keys:
+        return []
+    return [json.loads(raw) for raw in r.mget(keys) if raw]
+
+
+def known_gpu_queues(r: redis.Redis) -> set[str]:
+    return set(r.smembers(GPU_QUEUES_KEY))
+
+
+def queue_loads(
+    r: redis.Redis, stage: str, workers: list[dict[str, Any]] | None = None
+) -> list[QueueLoad]:
+    """Return one QueueLoad per GPU queue with a live worker hosting ``stage``."""
+    workers = live_workers(r) if workers is None else workers
+    per_queue: dict[str, dict[str, int]] = {}
+    for w in workers:
+        if stage not in w.get("stages", []) or w.get("gpu") is None:
+            continue
+        for queue in w.get("gpu_queues", []):
+            entry = per_queue.setdefault(queue, {"gpu": w["gpu"], "workers": 0, "busy": 0})
+            entry["workers"] += 1
+            entry["busy"] += 1 if w.get("busy") else 0
+    if not per_queue:
+        return []
+    names = sorted(per_queue)
+    lengths = r.pipeline()
+    for name in names:
+        lengths.llen(name)
+    return [
+        QueueLoad(name, per_queue[name]["gpu"], per_queue[name]["workers"], waiting, per_queue[name]["busy"])
+        for name, waiting in zip(names, lengths.execute(), strict=True)
+    ]

@@ -1,0 +1,47 @@
+"""Send-time routing (a Celery router): GPU stages go to the least-loaded live GPU queue."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+
+from tasks import registry
+from tasks.celery_app import GPU_STAGES, TASK_PREFIX, settings
+from tasks.redis_client import get_redis
+from worker_config.routing import choose_gpu_queue
+
+log = logging.getLogger(__name__)
+
+
+def job_of(args: Any, kwargs: Any) -> dict[str, Any] | None:
+    """Return the job dict a stage task carries as its first argument, if any."""
+    job = args[0] if args else (kwargs or {}).get("job")
+    return job if isinstance(job, dict) else None
+
+
+def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any) -> Any:
+    """Celery router: CPU stages and failed jobs to the cpu queue, GPU stages by live load."""
+    conf = settings()
+    if not name.startswith(TASK_PREFIX):
+        return None
+    stage = name[len(TASK_PREFIX) :]
+    job = job_of(args, kwargs)
+    if stage not in GPU_STAGES or job is None or job.get("failed"):
+        return {"queue": conf.cpu_queue}
+    allowed = job.get("gpus")
+    previous = job.get("gpu")
+    try:
+        choice = choose_gpu_queue(registry.queue_loads(get_redis(conf.redis_url), stage), allowed, previous)
+    except redis.RedisError as exc:
+        log.warning("routing %s without load readings (%s)", stage, exc)
+        choice = None
+    if choice is not None:
+        return {"queue": choice.queue}
+    fallback = previous if previous is not None else min(allowed) if allowed else 0
+    log.warning(
+        "no live worker hosts %s%s; queued on %s until one registers or the rebalancer moves it",
+        stage, f" on GPUs {allowed}" if allowed else "", conf.gpu_queue(fallback),
+    )
+    return {"queue": conf.gpu_queue(fallback)}

@@ -1,0 +1,107 @@
+"""Preprocess: decode a video with PyAV, resample to the target fps, scale and centre-crop to 512x384 RGB."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from tasks.errors import BadInput
+from tasks.stages import Progress, report
+
+
+class PreprocessStage:
+    """Turn ``{"video_path"}`` into ``{"frames" (T, H, W, 3) uint8, "fps", "source_fps", "source_width", "source_height"}``."""
+
+    name = "preprocess"
+
+    def __init__(self, target_fps: float = 10.0, width: int = 512, height: int = 384) -> None:
+        if target_fps <= 0 or width <= 0 or height <= 0:
+            raise ValueError(f"target_fps, width and height must be > 0, got {target_fps}, {width}, {height}")
+        self.target_fps = float(target_fps)
+        self.width = int(width)
+        self.height = int(height)
+
+    def load(self, device: str) -> None:
+        """Nothing to load: decoding runs on the CPU whatever the device."""
+
+    def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
+        """Decode ``inputs["video_path"]``; raises BadInput naming the file when no frame decodes."""
+        import av  # PyAV pulls in FFmpeg; only the workers that decode pay for it
+
+        path = str(inputs["video_path"])
+        try:
+            container = av.open(path)
+        except FileNotFoundError as exc:
+            raise BadInput(f"{path}: no such file ({exc})") from exc
+        except (av.FFmpegError, OSError, ValueError) as exc:
+            raise BadInput(f"{path}: not a readable video container ({exc})") from exc
+        try:
+            return self._decode(container, path, progress)
+        finally:
+            container.close()
+
+    def _decode(self, container: Any, path: str, progress: Progress | None) -> dict[str, Any]:
+        import av
+
+        if not container.streams.video:
+            raise BadInput(f"{path}: the file has no video stream")
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+        if not rate or float(rate) <= 0:
+            raise BadInput(f"{path}: the video stream declares no frame rate")
+        source_fps = float(rate)
+        # y2r's rule: keep a frame whenever the counter reaches the next multiple of the interval.
+        interval = source_fps / self.target_fps if source_fps > self.target_fps else 1.0
+        expected = _expected_frames(stream, source_fps, interval)
+
+        frames: list[np.ndarray] = []
+        size = None
+        next_keep = 0.0
+        error: Exception | None = None
+        try:
+            for index, frame in enumerate(container.decode(stream)):
+                if index < next_keep:
+                    continue
+                next_keep += interval
+                image = frame.to_image()
+                size = size or image.size
+                frames.append(self._resize(image))
+                if len(frames) % 10 == 0:
+                    report(progress, len(frames), max(expected, len(frames)))
+        except (av.FFmpegError, ValueError, EOFError) as exc:
+            error = exc  # a truncated file: keep what decoded before the damage
+        if not frames:
+            detail = f" ({error})" if error else ""
+            raise BadInput(f"{path}: no video frame could be decoded{detail}")
+        report(progress, len(frames), len(frames))
+        assert size is not None
+        return {
+            "frames": np.stack(frames),
+            "fps": min(self.target_fps, source_fps),
+            "source_fps": source_fps,
+            "source_width": int(size[0]),
+            "source_height": int(size[1]),
+        }
+
+    def _resize(self, image: Any) -> np.ndarray:
+        from PIL import Image
+
+        w, h = image.size
+        scale = max(self.width / w, self.height / h)
+        # max() guards against 511.9999 from the float scale on the dimension that set it.
+        new_w = max(self.width, int(w * scale))
+        new_h = max(self.height, int(h * scale))
+        resized = image.convert("RGB").resize((new_w, new_h), Image.Resampling.LANCZOS)
+        x0, y0 = (new_w - self.width) // 2, (new_h - self.height) // 2
+        return np.asarray(resized.crop((x0, y0, x0 + self.width, y0 + self.height)), dtype=np.uint8)
+
+
+def _expected_frames(stream: Any, source_fps: float, interval: float) -> int:
+    """Best guess of the kept frame count, for progress only; 0 when the container does not say."""
+    count = int(stream.frames or 0)
+    if not count and stream.duration and stream.time_base:
+        count = int(float(stream.duration * stream.time_base) * source_fps)
+    return math.ceil(count / interval) if count else 0

@@ -1,0 +1,104 @@
+"""Exactly-once outputs: atomic writes, completion markers holding content hashes, root confinement."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.errors import PathOutsideRoot
+
+MARKER_SUFFIX = ".done.json"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write: Callable[[Path], Any]) -> str:
+    """Write ``path`` through ``write(tmp)`` to a temporary name, fsync, rename; return its sha256."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        digest = sha256_file(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+    return digest
+
+
+def write_text_atomic(path: Path, text: str) -> str:
+    return atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def save_npz(path: Path, arrays: dict[str, Any]) -> str:
+    """Save ``arrays`` (numeric only, no pickle) atomically; return the file's sha256."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **{key: np.asarray(value) for key, value in arrays.items()})
+
+    return atomic_write(path, write)
+
+
+def load_npz(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        return {key: data[key] for key in data.files}
+
+
+def marker_path(output: Path) -> Path:
+    return output.with_name(output.name + MARKER_SUFFIX)
+
+
+def write_marker(output: Path, digest: str, marker: Path | None = None, **extra: Any) -> None:
+    """Record that ``output`` is complete, with its hash and any small extra data."""
+    record = {"file": output.name, "sha256": digest, "bytes": output.stat().st_size, **extra}
+    write_text_atomic(marker or marker_path(output), json.dumps(record, sort_keys=True))
+
+
+def read_marker(output: Path, marker: Path | None = None, check_hash: bool = True) -> dict | None:
+    """Return the marker of a complete, unaltered ``output``, or None when it must be (re)done."""
+    marker = marker or marker_path(output)
+    try:
+        record = json.loads(marker.read_text())
+        if not output.exists() or output.stat().st_size != record["bytes"]:
+            return None
+        if check_hash and sha256_file(output) != record["sha256"]:
+            return None
+        return record
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def confine(root: Path, relative: str | os.PathLike[str]) -> Path:
+    """Resolve ``relative`` under ``root``; raise PathOutsideRoot if it (or a link in it) leaves root."""
+    base = Path(root).resolve()
+    candidate = Path(relative)
+    if candidate.is_absolute():
+        raise PathOutsideRoot(f"{relative!s} is an absolute path; messages carry paths relative to {base}")
+    resolved = (base / candidate).resolve()
+    if resolved != base and base not in resolved.parents:
+        raise PathOutsideRoot(f"{relative!s} leaves the root {base}; refused without reading it")
+    return resolved

@@ -1,0 +1,186 @@
+"""Worker start-up: pin the GPU from the queue name, preload models once, publish liveness."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery import signals
+
+from tasks import stage_factory
+from tasks.celery_app import CPU_STAGES, GPU_STAGES, settings
+from tasks.errors import ModelLoadError
+
+log = logging.getLogger("framefleet.worker")
+
+
+@dataclass
+class WorkerRole:
+    """What this worker process is: its queues, its GPU and the stages it hosts."""
+
+    hostname: str = ""
+    queues: list[str] = field(default_factory=list)
+    gpu: int | None = None
+    device: str = "cpu"
+    stages: list[str] = field(default_factory=list)
+
+
+ROLE = WorkerRole()
+STAGES: dict[str, Any] = {}
+MODEL_LOADS: Counter[str] = Counter()
+STATE: dict[str, Any] = {"busy": False, "tasks_done": 0, "current": None}
+
+
+class GpuPinningError(SystemExit):
+    """The worker was asked to consume queues of more than one GPU."""
+
+
+def role_for(queues: list[str], hostname: str) -> WorkerRole:
+    """Work out the role of a worker consuming ``queues``; refuse two GPUs' queues."""
+    conf = settings()
+    gpus = sorted({i for q in queues if (i := conf.gpu_index(q)) is not None})
+    if len(gpus) > 1:
+        raise GpuPinningError(
+            f"framefleet: one worker per GPU: -Q {','.join(queues)} names GPUs {gpus}. "
+            f"Start one worker per GPU queue, e.g. `celery -A tasks worker -Q {conf.gpu_queue(gpus[0])}`."
+        )
+    stages = [s for s in CPU_STAGES if conf.cpu_queue in queues]
+    if gpus:
+        stages += list(GPU_STAGES)
+    return WorkerRole(hostname, list(queues), gpus[0] if gpus else None, "cpu", stages)
+
+
+def pin_visible_device(gpu: int) -> None:
+    """Make physical GPU ``gpu`` the only one CUDA sees; must run before CUDA initialises."""
+    inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if inherited:
+        # Under Slurm or a supervisor, gpuN means the N-th GPU this process was given.
+        visible = [d for d in inherited.split(",") if d.strip()]
+        if gpu >= len(visible):
+            raise GpuPinningError(
+                f"framefleet: queue gpu{gpu} needs GPU {gpu} but CUDA_VISIBLE_DEVICES={inherited} "
+                f"gives only {len(visible)}; consume a queue between gpu0 and gpu{len(visible) - 1}."
+            )
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible[gpu]
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+
+@signals.celeryd_init.connect
+def on_celeryd_init(sender: str | None = None, options: dict[str, Any] | None = None, **_: Any) -> None:
+    options = options or {}
+    queues = options.get("queues") or [settings().cpu_queue]
+    if isinstance(queues, str):
+        queues = [q for q in queues.split(",") if q]
+    global ROLE
+    ROLE = role_for(list(queues), sender or "")
+    if ROLE.gpu is not None:
+        pin_visible_device(ROLE.gpu)
+
+
+@signals.worker_process_init.connect
+def preload_models(**_: Any) -> None:
+    """Load every hosted stage's model once; a failure ends the process before it consumes."""
+    if not ROLE.stages:
+        return
+    try:
+        device = _device_for(ROLE)
+        ROLE.device = device
+        for name in ROLE.stages:
+            load_stage(name, device)
+    except ModelLoadError as exc:
+        log.critical("%s", exc)
+        print(f"framefleet: {exc}", file=sys.stderr, flush=True)
+        logging.shutdown()
+        os._exit(3)
+
+
+def _device_for(role: WorkerRole) -> str:
+    if role.gpu is None:
+        return "cpu"
+    import torch  # the worker needs it; importing `tasks` alone must not
+
+    if torch.cuda.is_available():
+        return "cuda:0"
+    log.warning(
+        "no GPU visible (CUDA unavailable): the models of gpu%d run on the CPU", role.gpu
+    )
+    print(f"framefleet: no GPU visible: gpu{role.gpu}'s models run on the CPU", file=sys.stderr)
+    return "cpu"
+
+
+def load_stage(name: str, device: str) -> Any:
+    """Build and load stage ``name`` on ``device``; raise ModelLoadError saying what to fix."""
+    conf = settings().stages[name]
+    started = time.monotonic()
+    try:
+        stage = stage_factory.build(name, conf)
+        stage.load(device)
+    except Exception as exc:
+        raise ModelLoadError(
+            f"the {name} model ({conf.backend} backend, params {conf.params}) failed to load on "
+            f"{device}: {type(exc).__name__}: {exc}. Fix stages.{name}.backend/params in the "
+            f"settings, or free memory on the device; this worker exits without consuming tasks."
+        ) from exc
+    STAGES[name] = stage
+    MODEL_LOADS[name] += 1
+    log.info("loaded %s (%s) on %s in %.2f s", name, conf.backend, device, time.monotonic() - started)
+    return stage
+
+
+def get_stage(name: str) -> Any:
+    """Return the loaded stage ``name``, loading it here if this worker did not preload it."""
+    stage = STAGES.get(name)
+    if stage is None:
+        if name in GPU_STAGES:
+            log.warning("%s was not preloaded by this worker (%s); loading it now", name, ROLE.queues)
+        stage = load_stage(name, ROLE.device if name in GPU_STAGES else "cpu")
+    return stage
+
+
+def worker_state() -> dict[str, Any]:
+    """The state this worker publishes to the registry."""
+    conf = settings()
+    return {
+        "hostname": ROLE.hostname,
+        "pid": os.getpid(),
+        "queues": ROLE.queues,
+        "gpu_queues": [q for q in ROLE.queues if conf.gpu_index(q) is not None],
+        "gpu": ROLE.gpu,
+        "device": ROLE.device,
+        "stages": ROLE.stages,
+        "model_loads": dict(MODEL_LOADS),
+        "updated": time.time(),
+        **STATE,
+    }
+
+
+@signals.task_prerun.connect
+def on_task_start(task: Any = None, args: Any = None, **_: Any) -> None:
+    job = args[0] if args and isinstance(args[0], dict) else {}
+    STATE.update(busy=True, current={"task": task.name if task else None, "video": job.get("video_id")})
+
+
+@signals.task_postrun.connect
+def on_task_end(**_: Any) -> None:
+    STATE.update(busy=False, current=None, tasks_done=STATE["tasks_done"] + 1)
+
+
+@signals.worker_ready.connect
+def on_ready(sender: Any = None, **_: Any) -> None:
+    from tasks.heartbeat import Heartbeat
+
+    Heartbeat.start_for(sender.app, worker_state)
+
+
+@signals.worker_shutdown.connect
+def on_shutdown(**_: Any) -> None:
+    from tasks.heartbeat import Heartbeat
+
+    Heartbeat.stop_running(ROLE.hostname)
