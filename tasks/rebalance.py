@@ -18,12 +18,15 @@ from worker_config.settings import Settings
 log = logging.getLogger(__name__)
 LOCK_KEY = "ff:rebalance-lock"
 
-# Move the oldest message only if it is still the one we decided on, so the move is exact.
+# Move a message only if it is still where we read it, so the move is exact; it joins the
+# back of the target queue, which keeps the moved messages in their order.
 _MOVE_IF_SAME = """
-if redis.call('LINDEX', KEYS[1], -1) == ARGV[1] then
-  return redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'RIGHT')
+if redis.call('LINDEX', KEYS[1], ARGV[2]) == ARGV[1] then
+  redis.call('LREM', KEYS[1], -1, ARGV[1])
+  redis.call('LPUSH', KEYS[2], ARGV[1])
+  return 1
 end
-return false
+return 0
 """
 
 
@@ -44,21 +47,24 @@ def rebalance(r: redis.Redis, conf: Settings, max_moves: int = 100) -> int:
     live = {q for w in workers for q in w.get("gpu_queues", [])}
     moved = 0
     for queue in sorted(registry.known_gpu_queues(r) - live):
+        index = -1  # the oldest message; those that cannot move yet are stepped over
         while moved < max_moves:
-            raw = r.lindex(queue, -1)
+            raw = r.lindex(queue, index)
             if raw is None:
                 break
             try:
                 name, job = _decode(raw)
             except (ValueError, KeyError, TypeError):
                 log.error("left an undecodable message on %s", queue)
-                break
+                index -= 1
+                continue
             stage = name[len(TASK_PREFIX) :]
             allowed = job.get("gpus") if job else None
             target = choose_gpu_queue(registry.queue_loads(r, stage, workers), allowed, None)
             if target is None:
-                break
-            if r.eval(_MOVE_IF_SAME, 2, queue, target.queue, raw):
+                index -= 1
+                continue
+            if r.eval(_MOVE_IF_SAME, 2, queue, target.queue, raw, index):
                 moved += 1
                 log.warning("moved a %s task from %s (no live worker) to %s", stage, queue, target.queue)
     return moved

@@ -10,8 +10,6 @@ import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from tasks.errors import FramefleetError
-
 CONFIG_ENV = "FRAMEFLEET_CONFIG"
 BACKENDS = {
     "preprocess": ("builtin",),
@@ -22,7 +20,7 @@ BACKENDS = {
 }
 
 
-class ConfigError(FramefleetError):
+class ConfigError(ValueError):
     """A setting is missing or wrong; the message names it, the value seen and the fix."""
 
 

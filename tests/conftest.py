@@ -1,0 +1,135 @@
+"""Shared fixtures: a Redis database of the tests' own, real videos, real worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scripts.make_sample_dataset import make_video  # noqa: E402
+
+TEST_DB = int(os.environ.get("FRAMEFLEET_TEST_DB", "11"))
+BASE_REDIS = os.environ.get("FRAMEFLEET_TEST_REDIS", "redis://127.0.0.1:6379")
+PIPELINE_ENV = ("REDIS_URL", "FRAMEFLEET_CONFIG", "FRAMEFLEET_REDIS_URL", "CUDA_VISIBLE_DEVICES")
+
+
+def wait_until(condition: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.1) -> object:
+    """Poll ``condition`` until it returns something truthy; fail the test naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll_s)
+    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """A flushed Redis database used by this test alone."""
+    url = f"{BASE_REDIS}/{TEST_DB}"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.flushdb()
+
+
+@pytest.fixture
+def pipeline_env(redis_url: str, tmp_path: Path) -> dict[str, str]:
+    """Environment for framefleet processes: this test's Redis and fast liveness settings."""
+    env = {k: v for k, v in os.environ.items() if k not in PIPELINE_ENV}
+    env.update(REDIS_URL=redis_url, PYTHONPATH=str(ROOT), FRAMEFLEET_HEARTBEAT_INTERVAL_S="0.5",
+               FRAMEFLEET_REGISTRY_TTL_S="3", PYTHONUNBUFFERED="1")
+    return env
+
+
+@pytest.fixture(scope="session")
+def video_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Make a folder of ``n`` short real H.264 videos (cached per arguments within a session)."""
+    cache: dict[tuple[int, float], Path] = {}
+
+    def make(n: int, seconds: float = 1.6) -> Path:
+        if (n, seconds) not in cache:
+            folder = tmp_path_factory.mktemp(f"raw{n}")
+            sizes = ((640, 360), (480, 360), (640, 480))
+            for i in range(n):
+                w, h = sizes[i % len(sizes)]
+                make_video(folder / f"clip {i:02d}.mp4", w, h, (24, 30, 15)[i % 3], seconds, seed=100 + i)
+            cache[(n, seconds)] = folder
+        return cache[(n, seconds)]
+
+    return make
+
+
+class Workers:
+    """Real ``celery worker`` processes of one test; every one is stopped at teardown."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env = env
+        self.logs = logs
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, queue: str, name: str | None = None, pool: str = "solo", concurrency: int = 1,
+              env: dict[str, str] | None = None, wait: bool = True) -> subprocess.Popen[bytes]:
+        name = name or queue
+        self.logs.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-P", pool,
+                "-c", str(concurrency), "-n", f"{name}@test", "-E", "--without-gossip",
+                "--without-mingle", "--loglevel", "INFO"]
+        proc = subprocess.Popen(argv, cwd=ROOT, env={**self.env, **(env or {})},
+                                stdout=open(self.logs / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs[name] = proc
+        if wait:
+            wait_until(lambda: self.state(name) or proc.poll() is not None, 60, f"worker {name} to register")
+            if proc.poll() is not None:
+                pytest.fail(f"worker {name} exited with {proc.returncode}:\n{self.log(name)}")
+        return proc
+
+    def state(self, name: str) -> dict | None:
+        raw = redis.Redis.from_url(self.env["REDIS_URL"]).get(f"ff:worker:{name}@test")
+        return json.loads(raw) if raw else None
+
+    def log(self, name: str) -> str:
+        return (self.logs / f"{name}.log").read_text(errors="replace")
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int:
+        proc = self.procs[name]
+        if proc.poll() is None:
+            os.killpg(proc.pid, sig)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return proc.wait()
+
+    def stop_all(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for name in self.procs:
+            self.stop(name, timeout_s=15)
+
+
+@pytest.fixture
+def workers(pipeline_env: dict[str, str], tmp_path: Path) -> Iterator[Workers]:
+    pool = Workers(pipeline_env, tmp_path / "logs")
+    yield pool
+    pool.stop_all()
+
+
+def run_script(script: str, *args: str, env: dict[str, str], timeout_s: float = 240) -> subprocess.CompletedProcess:
+    """Run ``scripts/<script>`` as a user would; return the completed process (text output)."""
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout_s)

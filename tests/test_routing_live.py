@@ -1,0 +1,65 @@
+"""Send-time routing and the rebalancer on a real Redis with real Celery messages."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from tasks import registry
+from tasks.rebalance import rebalance
+from tasks.routing import route_task
+
+
+@pytest.fixture
+def app_on_test_redis(redis_url, monkeypatch):
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    from tasks import configure
+    from worker_config.settings import load_settings
+
+    conf = load_settings()
+    configure(conf)
+    return conf, redis.Redis.from_url(redis_url, decode_responses=True)
+
+
+def register(r, name: str, gpu: int, busy: bool = False) -> None:
+    registry.publish(r, {"hostname": name, "gpu": gpu, "gpu_queues": [f"gpu{gpu}"], "queues": [f"gpu{gpu}"],
+                         "stages": ["depth", "tracks", "hands"], "busy": busy, "updated": time.time()}, ttl_s=30)
+
+
+def job(**extra):
+    return {"run_id": "r", "video_id": "v", "video": "v.mp4", "gpus": None, "gpu": None, **extra}
+
+
+def test_router_sends_gpu_stages_to_the_least_loaded_live_queue(app_on_test_redis):
+    _, r = app_on_test_redis
+    register(r, "gpu0@a", 0, busy=True)
+    register(r, "gpu1@a", 1)
+    assert route_task("framefleet.depth", (job(),), {}, {}) == {"queue": "gpu1"}
+    r.lpush("gpu1", "x", "y")  # two waiting on gpu1 outweigh one busy worker on gpu0
+    assert route_task("framefleet.depth", (job(),), {}, {}) == {"queue": "gpu0"}
+    assert route_task("framefleet.tracks", (job(gpus=[1]),), {}, {}) == {"queue": "gpu1"}
+    assert route_task("framefleet.h5", (job(),), {}, {}) == {"queue": "cpu"}
+    assert route_task("framefleet.hands", (job(failed={"stage": "depth"}),), {}, {}) == {"queue": "cpu"}
+
+
+def test_rebalancer_moves_waiting_tasks_off_a_queue_without_live_worker(app_on_test_redis):
+    conf, r = app_on_test_redis
+    from tasks.pipeline import depth
+
+    register(r, "gpu1@a", 1)
+    depth.apply_async(args=(job(video_id="a"),), queue="gpu1")
+    depth.apply_async(args=(job(video_id="c", gpus=[1]),), queue="gpu1")
+    depth.apply_async(args=(job(video_id="b"),), queue="gpu1")
+    registry.remove(r, "gpu1@a")  # gpu1's worker is gone; gpu0's arrives
+    register(r, "gpu0@a", 0)
+    assert r.llen("gpu1") == 3
+    assert rebalance(r, conf) == 2
+    # The task restricted to GPU 1 stays where it may run; the others wait on gpu0, oldest first.
+    assert r.llen("gpu1") == 1 and r.llen("gpu0") == 2
+    r.delete("ff:rebalance-lock")
+    assert rebalance(r, conf) == 0
+    from tasks.rebalance import _decode
+
+    assert [_decode(raw)[1]["video_id"] for raw in reversed(r.lrange("gpu0", 0, -1))] == ["a", "b"]
