@@ -1,0 +1,54 @@
+"""Real worker processes: GPU pinning by queue, model preload, refusing to start badly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import redis
+
+from tests.conftest import ROOT, wait_until
+
+
+def test_importing_tasks_touches_no_cuda_and_loads_no_model(pipeline_env):
+    code = ("import sys, tasks, tasks.worker as w; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')), "
+            "dict(w.MODEL_LOADS), len(w.STAGES))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=pipeline_env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", "{}", "0"]
+
+
+def test_a_worker_refuses_two_gpus_queues(workers):
+    proc = workers.start("gpu0,gpu1", name="both", wait=False)
+    assert proc.wait(timeout=60) != 0
+    assert "one worker per GPU" in workers.log("both")
+    assert workers.state("both") is None
+
+
+def test_a_failed_model_load_exits_non_zero_and_consumes_nothing(workers, pipeline_env, tmp_path):
+    from tasks import app
+
+    r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
+    with app.connection_for_write(pipeline_env["REDIS_URL"]) as conn:
+        app.send_task("framefleet.depth", args=({"run_id": "r", "video_id": "v"},), queue="gpu0",
+                      connection=conn)
+    assert r.llen("gpu0") == 1
+    config = tmp_path / "huge.yaml"
+    config.write_text("stages:\n  depth:\n    params: {hold_mib: 1.0e12}\n")  # an exbibyte
+    proc = workers.start("gpu0", env={"FRAMEFLEET_CONFIG": str(config)}, wait=False)
+    code = proc.wait(timeout=90)
+    log = workers.log("gpu0")
+    assert code != 0, log
+    assert "the depth model (synthetic backend" in log and "failed to load" in log
+    assert "Fix stages.depth.backend/params" in log
+    assert r.llen("gpu0") == 1 and r.hlen("unacked") == 0  # the task still waits, untouched
+
+
+def test_without_gpu_the_gpu0_worker_runs_models_on_cpu_and_says_so(workers):
+    workers.start("gpu0")
+    state = wait_until(lambda: (s := workers.state("gpu0")) and s["model_loads"] and s, 30, "models loaded")
+    assert state["device"] == "cpu" and state["gpu"] == 0
+    assert state["model_loads"] == {"depth": 1, "tracks": 1, "hands": 1}
+    assert "no GPU visible" in workers.log("gpu0")
