@@ -59,11 +59,27 @@ def enqueue(conf: Settings, raw_dir: Path, out_dir: Path, limit: int | None = No
     write_text_atomic(out_dir / "settings.resolved.yaml",
                       yaml.safe_dump(resolved_dict(conf), sort_keys=True))
     canvas, run = build_chord(entries, raw_dir, out_dir, run_id, gpus=gpus, force=force)
-    result = canvas.apply_async()
-    record = {"run_id": run_id, "callback_id": result.id, "videos": len(entries),
+    callback_id = canvas.apply_async().id
+    release_result_subscriptions()
+    record = {"run_id": run_id, "callback_id": callback_id, "videos": len(entries),
               "gpus": gpus, "started": run["started"]}
     write_text_atomic(out_dir / "runs" / f"{run_id}.json", json.dumps(record, indent=1))
     return record
+
+
+def release_result_subscriptions() -> None:
+    """Drop the result subscriptions Celery opened while sending (one per chain) while Redis is up.
+
+    The enqueuer polls the callback's state instead; left alone, these would be unsubscribed
+    at interpreter exit, after a private Redis is gone.
+    """
+    from tasks import app
+
+    pending = getattr(app.backend, "_pending_results", None)
+    for mapping in pending or ():
+        for waiters in list(mapping.values()):
+            for result in list(waiters.values()):
+                app.backend.remove_pending_result(result)
 
 
 def render(counts: dict[str, int], total: int, started: float) -> str:
@@ -81,18 +97,17 @@ def render(counts: dict[str, int], total: int, started: float) -> str:
 
 def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dict[str, Any]:
     """Show progress until the chord callback has run; return its summary."""
-    from celery.result import AsyncResult
+    from tasks import app, progress
 
-    from tasks import progress
-
-    result = AsyncResult(record["callback_id"])
     tty = sys.stdout.isatty()
     last, last_print = "", 0.0
     while True:
         try:
             line = render(progress.read(get_redis(conf.redis_url), record["run_id"]),
                           record["videos"], record["started"])
-            ready = result.ready()
+            # Polled without an AsyncResult: its pub/sub outlives a private Redis at teardown.
+            meta = app.backend.get_task_meta(record["callback_id"])
+            ready = meta["status"] in ("SUCCESS", "FAILURE")
         except redis.RedisError as exc:
             line, ready = f"Redis unreachable ({type(exc).__name__}); retrying…", False
         if tty:
@@ -104,7 +119,9 @@ def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dic
         if ready:
             if tty:
                 print()
-            return result.get(propagate=True)
+            if meta["status"] == "FAILURE":
+                raise RuntimeError(f"the statistics callback failed: {meta['result']}")
+            return meta["result"]
         time.sleep(poll_s)
 
 
