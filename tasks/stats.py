@@ -150,10 +150,22 @@ def normalization_stats(total: VideoStats) -> dict[str, Any]:
     return out
 
 
+class _StatsDumper(yaml.SafeDumper):
+    """safe_dump's dumper, quoting strings that start with a digit (``track_type: '3d'``, as the contract shows)."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "'" if value[:1].isdigit() else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_StatsDumper.add_representer(str, _represent_str)
+
+
 def write_stats_yaml(path: str | os.PathLike[str], stats: dict[str, Any]) -> None:
     """Write ``stats`` as sorted block-style YAML atomically: a temporary file beside it, fsync, rename."""
     path = os.fspath(path)
-    text = yaml.safe_dump(stats, sort_keys=True, default_flow_style=False)
+    text = yaml.dump(stats, Dumper=_StatsDumper, sort_keys=True, default_flow_style=False)
     fd, tmp = tempfile.mkstemp(prefix=".normalization_stats.", suffix=".tmp", dir=os.path.dirname(path) or ".")
     try:
         with os.fdopen(fd, "w") as f:

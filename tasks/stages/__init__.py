@@ -56,10 +56,12 @@ def require(
     ``shape`` uses None for any length; ``kind`` is a NumPy dtype-kind string such as "f", "u" or "fiu".
     """
     if key not in inputs:
-        raise BadInput(f"{stage}: input {key!r} is missing (got keys {sorted(inputs)}); pass the previous stage's output")
+        raise BadInput(
+            f"{stage}: input {key!r} is missing (got keys {sorted(inputs)}); pass the previous stage's output"
+        )
     arr = np.asarray(inputs[key])
     if shape is not None:
-        ok = arr.ndim == len(shape) and all(w is None or w == n for w, n in zip(shape, arr.shape))
+        ok = arr.ndim == len(shape) and all(w is None or w == n for w, n in zip(shape, arr.shape, strict=True))
         if not ok:
             wanted = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ")"
             raise BadInput(f"{stage}: input {key!r} must have shape {wanted}, got {arr.shape}")

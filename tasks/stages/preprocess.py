@@ -12,7 +12,8 @@ from tasks.stages import Progress, report
 
 
 class PreprocessStage:
-    """Turn ``{"video_path"}`` into ``{"frames" (T, H, W, 3) uint8, "fps", "source_fps", "source_width", "source_height"}``."""
+    """Turn ``{"video_path"}`` into ``{"frames" (T, H, W, 3) uint8, "fps", "source_fps", "source_width",
+    "source_height"}``; ``fps`` is the rate of the kept frames, min(target_fps, source_fps)."""
 
     name = "preprocess"
 

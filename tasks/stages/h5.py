@@ -1,0 +1,201 @@
+"""H5: write one video's y2r HDF5 file (CONTRACTS.md, to the letter) and its partial statistics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tasks.errors import BadInput
+from tasks.geometry import crop_intrinsics, pose_9d, project_uvd, rot_6d, square_crop
+from tasks.stages import Progress, report, require
+from tasks.stats import Moments, VideoStats
+
+SIDES = ("left", "right")
+
+
+def clip_depth(depth: np.ndarray, depth_min: float, depth_max: float) -> np.ndarray:
+    """Return float32 depth with non-finite and negative values 0 (invalid), (0, min) -> min, > max -> max."""
+    d = np.asarray(depth, dtype=np.float32)
+    d = np.where(np.isfinite(d) & (d > 0), d, np.float32(0))
+    d = np.where((d > 0) & (d < depth_min), np.float32(depth_min), d)
+    return np.where(d > depth_max, np.float32(depth_max), d).astype(np.float32)
+
+
+def track_window(
+    points: np.ndarray, K: np.ndarray, size: int, depth_min: float, depth_max: float, dims: int = 3
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``query_coords`` (N, dims) and ``displacements`` (L, N, dims) float32 of window-local points (L, P, 3).
+
+    A point is kept only if u, v in [0, 1] and d > 0 at every step; the query depth is clipped
+    to [depth_min, depth_max], the displacements are not.
+    """
+    uvd = project_uvd(points, K, size)
+    inside = (uvd[..., 0] >= 0) & (uvd[..., 0] <= 1) & (uvd[..., 1] >= 0) & (uvd[..., 1] <= 1) & (uvd[..., 2] > 0)
+    uvd = uvd[:, inside.all(axis=0), :dims].astype(np.float32)
+    query = uvd[0].copy()
+    if dims == 3:
+        query[:, 2] = np.clip(query[:, 2], depth_min, depth_max)
+    return query, uvd - uvd[0]
+
+
+def hand_window(wrist_poses: np.ndarray, K: np.ndarray, size: int) -> dict[str, np.ndarray]:
+    """Return one side's four hand datasets for a window of wrist poses (L, 4, 4), unclipped."""
+    P = np.asarray(wrist_poses, dtype=np.float64)
+    uvd = project_uvd(P[:, :3, 3], K, size)
+    R = P[:, :3, :3]
+    return {
+        "wrist_query_uvd": uvd[0].astype(np.float32),
+        "wrist_uvd_displacements": (uvd - uvd[0]).astype(np.float32),
+        "wrist_query_rot_6d": rot_6d(R[0]).astype(np.float32),
+        "wrist_rot_displacements": rot_6d(R @ R[0].T).astype(np.float32),
+    }
+
+
+def _concat(parts: list[np.ndarray], dim: int) -> np.ndarray:
+    return np.concatenate(parts).reshape(-1, dim) if parts else np.zeros((0, dim))
+
+
+class H5Stage:
+    """Turn ``{"frames", "depths", "tracks", "hands", "text", "out_path"}`` into the HDF5 file at ``out_path``.
+
+    Returns ``{"stats": VideoStats.to_dict(), "num_frames", "num_windows"}``.
+    """
+
+    name = "h5"
+
+    def __init__(
+        self,
+        num_track_ts: int = 10,
+        depth_min: float = 0.1,
+        depth_max: float = 2.5,
+        image_size: int = 256,
+        track_type: str = "3d",
+    ) -> None:
+        if track_type not in ("3d", "2d"):
+            raise ValueError(f"track_type must be '3d' or '2d', got {track_type!r}")
+        if not 0 < depth_min < depth_max:
+            raise ValueError(f"need 0 < depth_min < depth_max, got {depth_min} and {depth_max}")
+        self.num_track_ts = int(num_track_ts)
+        self.depth_min = float(depth_min)
+        self.depth_max = float(depth_max)
+        self.image_size = int(image_size)
+        self.track_type = track_type
+        self.dims = 3 if track_type == "3d" else 2
+
+    def load(self, device: str) -> None:
+        """Nothing to load: writing runs on the CPU."""
+
+    def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
+        import h5py
+
+        frames = require(inputs, "frames", self.name, (None, None, None, 3), "u")
+        T, H, W = frames.shape[:3]
+        tracks = inputs.get("tracks")
+        if not isinstance(tracks, dict):
+            raise BadInput("h5: input 'tracks' must be the tracks stage's output dict")
+        if int(np.asarray(tracks["num_frames"])) != T or tuple(np.asarray(tracks["resolution"])) != (H, W):
+            raise BadInput(
+                f"h5: tracks were made for {int(np.asarray(tracks['num_frames']))} frames of "
+                f"{tuple(np.asarray(tracks['resolution']))}, but the video has {T} frames of {(H, W)}"
+            )
+        hands = inputs.get("hands") or {}
+        for side in SIDES:
+            if f"{side}_valid" in hands and np.asarray(hands[f"{side}_valid"]).shape != (T,):
+                raise BadInput(
+                    f"h5: hands '{side}_valid' has shape {np.asarray(hands[f'{side}_valid']).shape}, want ({T},)"
+                )
+        crop_x, crop_y, side_px = square_crop(H, W)
+        S = self.image_size
+        K = crop_intrinsics(tracks["intrinsics"], crop_x, crop_y, side_px, S).astype(np.float32)
+        K64 = K.astype(np.float64)  # project with exactly the K stored in the file
+
+        groups, acc = self._windows(tracks, hands, K64, T, progress)
+        root: dict[str, Any] = {"video": self._video(frames, crop_x, crop_y, side_px)}
+        if self.track_type == "3d":
+            depths = require(inputs, "depths", self.name, (None, H, W), "f")
+            rows = crop_y + (np.arange(S) * side_px) // S  # nearest neighbour, cv2's convention
+            cols = crop_x + (np.arange(S) * side_px) // S
+            depth = clip_depth(depths[: min(T, len(depths))][:, rows][:, :, cols], self.depth_min, self.depth_max)
+            root["depth"] = depth
+            root["intrinsics"] = K
+            acc["depth"].insert(0, depth[depth > 0])
+
+        with h5py.File(inputs["out_path"], "w") as f:
+            g_root = f.create_group("root")
+            for key, value in root.items():
+                g_root.create_dataset(key, data=value)
+            g_tracks = g_root.create_group("tracks")
+            for start, datasets in groups:
+                g = g_tracks.create_group(f"frame_{start:04d}")
+                for key, value in datasets.items():
+                    g.create_dataset(key, data=value)
+            g_root.create_dataset("num_frames", data=np.int64(T))
+            g_root.create_dataset("num_track_ts", data=np.int64(self.num_track_ts))
+            g_root.create_dataset("track_type", data=self.track_type, dtype=h5py.string_dtype())
+            text = str(inputs.get("text") or "")
+            if text:
+                g_root.create_dataset("text", data=text, dtype=h5py.string_dtype())
+
+        stats = VideoStats(
+            self.track_type,
+            Moments.from_samples(_concat(acc["displacement"], self.dims)),
+            Moments.from_samples(_concat(acc["depth"], 1)),
+            Moments.from_samples(_concat(acc["pose"], 9)),
+            Moments.from_samples(_concat(acc["hand_uvd"], 3)),
+            Moments.from_samples(_concat(acc["hand_rot"], 6)),
+        )
+        return {"stats": stats.to_dict(), "num_frames": T, "num_windows": len(groups)}
+
+    def _windows(
+        self, tracks: dict[str, Any], hands: dict[str, Any], K: np.ndarray, T: int, progress: Progress | None
+    ) -> tuple[list[tuple[int, dict[str, np.ndarray]]], dict[str, list[np.ndarray]]]:
+        n = self.num_track_ts
+        acc: dict[str, list[np.ndarray]] = {k: [] for k in ("displacement", "depth", "pose", "hand_uvd", "hand_rot")}
+        groups = []
+        starts = np.asarray(tracks["window_starts"])
+        all_points = np.asarray(tracks["tracks"])
+        if all_points.ndim != 4 or all_points.shape[1] < n:
+            return groups, acc  # windows shorter than num_track_ts are not training samples
+        for w, start in enumerate(starts.tolist()):
+            points = all_points[w, :n, : int(np.asarray(tracks["num_points"])[w])]
+            query, disp = track_window(points, K, self.image_size, self.depth_min, self.depth_max, self.dims)
+            datasets = {"query_coords": query, "displacements": disp}
+            if len(query):
+                acc["displacement"].append(disp.reshape(-1, self.dims))
+            if self.track_type == "3d":
+                poses = pose_9d(np.asarray(tracks["window_poses"])[w, :n]).astype(np.float32)
+                datasets["poses"] = poses
+                acc["pose"].append(poses)
+                acc["depth"].append(query[:, 2][query[:, 2] > 0])
+                for side in SIDES:
+                    hand = self._hand(hands, side, start, n, K)
+                    if hand is not None:
+                        datasets.update({f"{side}_{k}": v for k, v in hand.items()})
+                        acc["hand_uvd"].append(hand["wrist_uvd_displacements"])
+                        acc["hand_rot"].append(hand["wrist_rot_displacements"])
+            groups.append((int(start), datasets))
+            if w % 16 == 15:
+                report(progress, start + 1, T)
+        report(progress, T, T)
+        return groups, acc
+
+    def _hand(self, hands: dict[str, Any], side: str, start: int, n: int, K: np.ndarray) -> dict | None:
+        if f"{side}_valid" not in hands:
+            return None
+        valid = np.asarray(hands[f"{side}_valid"], dtype=bool)[start : start + n]
+        poses = np.asarray(hands[f"{side}_wrist_pose"])[start : start + n]
+        if len(valid) < n or not valid.all() or not np.isfinite(poses).all():
+            return None
+        return hand_window(poses, K, self.image_size)
+
+    def _video(self, frames: np.ndarray, crop_x: int, crop_y: int, side: int) -> np.ndarray:
+        from PIL import Image
+
+        S = self.image_size
+        box = (crop_x, crop_y, crop_x + side, crop_y + side)
+        out = np.empty((len(frames), 3, S, S), dtype=np.uint8)
+        for t, frame in enumerate(frames):
+            image = Image.fromarray(frame).crop(box).resize((S, S), Image.Resampling.LANCZOS)
+            out[t] = np.asarray(image).transpose(2, 0, 1)
+        return out
