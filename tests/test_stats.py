@@ -1,0 +1,140 @@
+"""Statistics are values that add: any order and grouping equals one float64 NumPy pass."""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import reduce
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tasks.stats import Moments, VideoStats, normalization_stats, write_stats_yaml
+
+finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False, allow_subnormal=False)
+
+
+@st.composite
+def parts(draw: st.DrawFn, dim: int = 3) -> list[np.ndarray]:
+    """Some sample arrays (n_i, dim), empty ones included."""
+    sizes = draw(st.lists(st.integers(0, 6), min_size=1, max_size=6))
+    row = st.lists(finite, min_size=dim, max_size=dim)
+    return [np.array(draw(st.lists(row, min_size=n, max_size=n))).reshape(n, dim) for n in sizes]
+
+
+def assert_matches_numpy(m: Moments, chunks: list[np.ndarray]) -> None:
+    x = np.concatenate(chunks).astype(np.float64)
+    assert m.count == len(x)
+    if len(x) == 0:
+        assert m.mean.tolist() == [0.0] * m.dim and m.std.tolist() == [0.0] * m.dim
+        return
+    # Rounding in both computations is about eps * max|x|; 1e-12 * scale leaves a wide margin.
+    scale = 1.0 + float(np.abs(x).max())
+    np.testing.assert_allclose(m.mean, np.mean(x, axis=0), rtol=1e-9, atol=1e-12 * scale)
+    np.testing.assert_allclose(m.std, np.std(x, axis=0), rtol=1e-9, atol=1e-12 * scale)
+
+
+@settings(max_examples=150, deadline=None)
+@given(parts(), st.randoms(use_true_random=False))
+def test_merge_is_order_and_grouping_independent(chunks: list[np.ndarray], rnd) -> None:
+    moments = [Moments.from_samples(c) for c in chunks]
+    left_fold = sum(moments, start=Moments.empty(3))
+    right_fold = reduce(lambda acc, m: m + acc, reversed(moments), Moments.empty(3))
+    shuffled = moments[:]
+    rnd.shuffle(shuffled)
+    cut = rnd.randint(0, len(shuffled))
+    grouped = sum(shuffled[:cut], start=Moments.empty(3)) + sum(shuffled[cut:], start=Moments.empty(3))
+    for m in (left_fold, right_fold, grouped):
+        assert_matches_numpy(m, chunks)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(finite, min_size=0, max_size=20))
+def test_one_feature_samples_as_a_flat_array(values: list[float]) -> None:
+    x = np.array(values, dtype=np.float64)
+    m = Moments.from_samples(x)
+    assert m.dim == 1
+    assert_matches_numpy(m, [x.reshape(-1, 1)])
+
+
+def test_empty_moments_are_the_identity_of_addition() -> None:
+    m = Moments.from_samples(np.array([[1.0, 2.0], [3.0, 5.0]]))
+    for total in (m + Moments.empty(2), Moments.empty(2) + m):
+        assert total.count == 2 and total.mean.tolist() == [2.0, 3.5] and total.std.tolist() == [1.0, 1.5]
+    assert (Moments.empty(2) + Moments.empty(2)).count == 0
+    with pytest.raises(ValueError, match="2 and 3 features"):
+        _ = m + Moments.empty(3)
+
+
+def test_dict_round_trip_is_json_safe_and_exact() -> None:
+    rng = np.random.default_rng(1)
+    stats = VideoStats(
+        "3d",
+        Moments.from_samples(rng.normal(size=(50, 3))),
+        Moments.from_samples(rng.uniform(0.1, 2.5, 100)),
+        Moments.from_samples(rng.normal(size=(20, 9))),
+        Moments.from_samples(rng.normal(size=(10, 3))),
+        Moments.from_samples(rng.normal(size=(10, 6))),
+    )
+    back = VideoStats.from_dict(json.loads(json.dumps(stats.to_dict())))
+    for name in ("displacement", "depth", "pose", "hand_uvd", "hand_rot"):
+        a, b = getattr(stats, name), getattr(back, name)
+        assert a.count == b.count and a.mean.tolist() == b.mean.tolist() and a.m2.tolist() == b.m2.tolist()
+
+
+def test_video_stats_sum_with_start() -> None:
+    parts_ = [VideoStats("3d", Moments.from_samples(np.full((2, 3), float(i)))) for i in range(3)]
+    total = sum(parts_, start=VideoStats.empty("3d"))
+    assert total.displacement.count == 6 and total.displacement.mean.tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="3d and 2d"):
+        _ = total + VideoStats.empty("2d")
+
+
+def test_normalization_stats_keys_and_no_sample_defaults() -> None:
+    empty3 = normalization_stats(VideoStats.empty("3d"))
+    assert set(empty3) == {
+        "imagenet_mean",
+        "imagenet_std",
+        "track_type",
+        "track_dim",
+        "displacement_mean",
+        "displacement_std",
+        "displacement_num_samples",
+        "depth_mean",
+        "depth_std",
+        "depth_num_samples",
+        "pose_mean",
+        "pose_std",
+        "pose_num_samples",
+    }
+    assert empty3["displacement_mean"] == [0.0] * 3 and empty3["displacement_std"] == [1.0] * 3
+    assert empty3["depth_mean"] == 0.0 and empty3["depth_std"] == 1.0 and empty3["pose_std"] == [1.0] * 9
+    assert empty3["imagenet_mean"] == [0.485, 0.456, 0.406] and empty3["imagenet_std"] == [0.229, 0.224, 0.225]
+    empty2 = normalization_stats(VideoStats.empty("2d"))
+    assert empty2["track_dim"] == 2 and "depth_mean" not in empty2 and "pose_mean" not in empty2
+    with_hands = VideoStats.empty("3d") + VideoStats(
+        "3d",
+        Moments.empty(3),
+        hand_uvd=Moments.from_samples(np.zeros((10, 3))),
+        hand_rot=Moments.from_samples(np.tile([1.0, 0, 0, 0, 1, 0], (10, 1))),
+    )
+    out = normalization_stats(with_hands)
+    assert out["hand_pose_num_samples"] == 10 and out["hand_rot_disp_mean"] == [1.0, 0, 0, 0, 1, 0]
+    assert out["hand_uvd_disp_std"] == [0.0] * 3
+    assert all(type(v) is float for v in out["hand_rot_disp_std"])
+
+
+def test_write_stats_yaml_is_sorted_block_style_and_atomic(tmp_path) -> None:
+    path = tmp_path / "normalization_stats.yaml"
+    path.write_text("old")
+    stats = normalization_stats(VideoStats("3d", Moments.from_samples(np.arange(9.0).reshape(3, 3))))
+    write_stats_yaml(path, stats)
+    text = path.read_text()
+    assert "track_type: '3d'\n" in text and "displacement_mean:\n- 3.0\n- 4.0\n- 5.0\n" in text
+    keys = [line.split(":")[0] for line in text.splitlines() if not line.startswith("-")]
+    assert keys == sorted(keys)
+    assert yaml.safe_load(text) == stats
+    assert os.listdir(tmp_path) == ["normalization_stats.yaml"]  # no temporary file left behind
