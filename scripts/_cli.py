@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from worker_config.settings import CONFIG_ENV, ConfigError, Settings, load_settings  # noqa: E402
+from worker_config.settings import CONFIG_ENV, ConfigError, Settings, exit_on_config_error, load_settings  # noqa: E402
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +23,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     try:
         conf = load_settings(args.config)
     except ConfigError as exc:
-        sys.exit(f"framefleet: {exc}")
+        exit_on_config_error(exc)
     if args.config:
         # Child processes (workers, Flower) read the same file.
         os.environ[CONFIG_ENV] = str(Path(args.config).resolve())

@@ -6,6 +6,7 @@ import json
 import logging
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,8 @@ def stage_timings(results: list[dict[str, Any]]) -> dict[str, Any]:
     for i, stage in enumerate(STAGES):
         spans = [r["timings"][stage] for r in results if stage in r.get("timings", {})]
         ran = [s["end"] - s["start"] for s in spans if not s.get("skipped")]
-        entry: dict[str, Any] = {"tasks": len(spans), "skipped": len(spans) - len(ran)}
+        entry: dict[str, Any] = {"tasks": len(spans), "skipped": len(spans) - len(ran),
+                                 "workers": dict(Counter(s["worker"] for s in spans))}
         if ran:
             entry.update(mean_s=statistics.fmean(ran), max_s=max(ran), total_s=sum(ran))
         if i:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 from celery import Celery
 
-from worker_config.settings import ConfigError, Settings, load_settings
+from worker_config.settings import ConfigError, Settings, exit_on_config_error, load_settings
 
 STAGES = ("preprocess", "depth", "tracks", "hands", "h5")
 GPU_STAGES = ("depth", "tracks", "hands")
@@ -24,7 +22,7 @@ def settings() -> Settings:
         try:
             configure(load_settings())
         except ConfigError as exc:
-            sys.exit(f"framefleet: {exc}")
+            exit_on_config_error(exc)
     assert _settings is not None
     return _settings
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -94,7 +95,8 @@ class Settings(BaseSettings):
         for name, stage in merged.items():
             if stage["backend"] not in BACKENDS[name]:
                 raise ValueError(
-                    f"stage {name!r} has unknown backend {stage['backend']!r}; "
+                    f"stage {name!r} has unknown backend {stage['backend']!r} (stages.{name}.backend, "
+                    f"${'FRAMEFLEET_STAGES__' + name.upper() + '__BACKEND'}); "
                     f"available: {', '.join(BACKENDS[name])}"
                 )
         return merged
@@ -128,6 +130,12 @@ class Settings(BaseSettings):
         if queue.startswith(self.gpu_queue_prefix) and suffix.isdigit():
             return int(suffix)
         return None
+
+
+def exit_on_config_error(exc: ConfigError) -> NoReturn:
+    """End a program whose settings are bad: the reason on stderr, exit status 2."""
+    print(f"framefleet: {exc}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def load_settings(config_file: str | os.PathLike[str] | None = None) -> Settings:
