@@ -20,7 +20,15 @@ import yaml  # noqa: E402
 
 from scripts import _cli  # noqa: E402
 from tasks.celery_app import STAGES
-from tasks.dataset import DatasetError, build_chord, check_folders, find_videos, new_run_id, write_manifest
+from tasks.dataset import (
+    DatasetError,
+    build_chord,
+    check_folders,
+    find_videos,
+    incomplete,
+    new_run_id,
+    write_manifest,
+)
 from tasks.redis_client import get_redis
 from tasks.storage import write_text_atomic
 from worker_config.settings import Settings, redact_url, resolved_dict
@@ -58,10 +66,13 @@ def enqueue(conf: Settings, raw_dir: Path, out_dir: Path, limit: int | None = No
     entries = write_manifest(raw_dir, out_dir, videos, run_id)
     write_text_atomic(out_dir / "settings.resolved.yaml",
                       yaml.safe_dump(resolved_dict(conf), sort_keys=True))
-    canvas, run = build_chord(entries, raw_dir, out_dir, run_id, gpus=gpus, force=force)
+    todo = entries if force or not resume else incomplete(entries, out_dir)
+    canvas, run = build_chord(todo, raw_dir, out_dir, run_id, gpus=gpus, force=force,
+                              already_complete=len(entries) - len(todo))
     callback_id = canvas.apply_async().id
     release_result_subscriptions()
-    record = {"run_id": run_id, "callback_id": callback_id, "videos": len(entries),
+    record = {"run_id": run_id, "callback_id": callback_id, "videos": len(todo),
+              "already_complete": len(entries) - len(todo),
               "gpus": gpus, "started": run["started"]}
     write_text_atomic(out_dir / "runs" / f"{run_id}.json", json.dumps(record, indent=1))
     return record
@@ -157,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force)
     except DatasetError as exc:
         return _cli.fail(str(exc))
-    print(f"run {record['run_id']}: {record['videos']} videos enqueued; outputs in {args.out}", flush=True)
+    skipped = f" ({record['already_complete']} already complete)" if record["already_complete"] else ""
+    print(f"run {record['run_id']}: {record['videos']} videos enqueued{skipped}; outputs in {args.out}",
+          flush=True)
     if args.no_wait:
         print(f"not waiting; the run record is {args.out / 'runs' / (record['run_id'] + '.json')}")
         return 0

@@ -73,6 +73,7 @@ def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, A
         "run_id": run["run_id"],
         "videos": len(results),
         "done": len(done),
+        "already_complete": run.get("already_complete", 0),
         "failed": failed,
         "done_videos": done,
         "statistics_videos": merged,

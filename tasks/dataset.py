@@ -75,20 +75,32 @@ def write_manifest(raw_dir: Path, out_dir: Path, videos: list[Path], run_id: str
     return entries
 
 
+def incomplete(entries: list[dict[str, Any]], out_dir: Path) -> list[dict[str, Any]]:
+    """Return the entries whose HDF5 output is missing or fails its hash check."""
+    from tasks.stage_io import marker_of, output_path
+    from tasks.storage import read_marker
+
+    return [e for e in entries
+            if read_marker(output_path(out_dir, e["video_id"], "h5"), marker_of(out_dir, e["video_id"], "h5")) is None]
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
 def build_chord(
     entries: list[dict[str, Any]], raw_dir: Path, out_dir: Path, run_id: str,
-    gpus: list[int] | None = None, force: bool = False,
+    gpus: list[int] | None = None, force: bool = False, already_complete: int = 0,
 ) -> tuple[Any, dict[str, Any]]:
-    """Return (the chord of one chain per video, the run record the callback receives)."""
+    """Return (the chord of one chain per video, the run record the callback receives).
+
+    With no entries, the canvas is the callback alone: the statistics are still rebuilt.
+    """
     from tasks.aggregate import aggregate
     from tasks.pipeline import STAGE_TASKS
 
     run = {"run_id": run_id, "output_root": str(out_dir.resolve()), "started": time.time(),
-           "videos": len(entries)}
+           "videos": len(entries), "already_complete": already_complete}
     chains = []
     for entry in entries:
         job = {"run_id": run_id, "video_id": entry["video_id"], "video": entry["path"],
@@ -96,4 +108,6 @@ def build_chord(
                "gpus": gpus, "gpu": None, "force": force, "text": entry.get("text", "")}
         first, *rest = STAGE_TASKS
         chains.append(chain(first.s(job), *(t.s() for t in rest)))
+    if not chains:
+        return aggregate.s([], run), run
     return chord(chains, aggregate.s(run)), run

@@ -114,6 +114,9 @@ def test_two_gpu_workers_share_the_videos_and_one_stopping_loses_nothing(
     assert state["tasks_done"] >= 6
     assert state["model_loads"] == {"depth": 1, "tracks": 1, "hands": 1}
     assert redis.Redis.from_url(pipeline_env["REDIS_URL"]).llen("gpu1") == 0
+    # Statistics merged from two workers' outputs equal one float64 pass over the files.
+    check = run_script("verify_dataset.py", str(out), env=pipeline_env)
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_corrupt_inputs_end_as_failure_records_and_the_rest_finishes(video_factory, workers, pipeline_env, tmp_path):

@@ -1,0 +1,90 @@
+"""Continue mode: a run stopped halfway and continued processes no video twice, statistics unchanged."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import redis
+import yaml
+
+from tests.conftest import run_script, wait_until
+
+SLOW_GPU = "stages:\n  depth:\n    params: {matmuls_per_frame: 60}\n"
+
+
+def outputs_of(out, vid):
+    """(inode, mtime) of every output of a video: a rewrite changes them."""
+    files = [out / f"{vid}.hdf5", *sorted((out / "work" / vid).iterdir())]
+    return {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in files}
+
+
+def close(a, b):
+    if isinstance(a, list):
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float):
+        return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-300)
+    return a == b
+
+
+def test_stop_halfway_then_continue(video_factory, workers, pipeline_env, tmp_path):
+    raw = video_factory(6)
+    config = tmp_path / "slow.yaml"
+    config.write_text(SLOW_GPU)
+    env = {"FRAMEFLEET_CONFIG": str(config)}
+    workers.start("cpu", env=env)
+    workers.start("gpu0", env=env)
+    out = tmp_path / "out"
+    assert run_script("enqueue_dataset.py", str(raw), "--out", str(out), "--no-wait", env=pipeline_env).returncode == 0
+    wait_until(lambda: len(list(out.glob("*.hdf5"))) >= 3, 180, "half of the videos")
+    for name in ("gpu0", "cpu"):
+        workers.stop(name, signal.SIGKILL)
+    redis.Redis.from_url(pipeline_env["REDIS_URL"]).flushdb()  # the whole cluster is gone
+
+    first = {p.stem: outputs_of(out, p.stem) for p in out.glob("*.hdf5")}
+    assert 3 <= len(first) < 6
+    refused = run_script("enqueue_dataset.py", str(raw), "--out", str(out), env=pipeline_env)
+    assert refused.returncode == 2 and "--continue" in refused.stderr and "--force" in refused.stderr
+
+    workers.start("cpu", name="cpu2", env=env)
+    workers.start("gpu0", name="gpu0b", env=env)
+    again = run_script("enqueue_dataset.py", str(raw), "--out", str(out), "--continue", env=pipeline_env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"{len(first)} already complete" in again.stdout
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert summary["already_complete"] == len(first)
+    assert summary["videos"] == summary["done"] == 6 - len(first)
+    assert summary["statistics_videos"] == 6  # earlier runs' videos are in the statistics
+    for vid, files in first.items():
+        assert outputs_of(out, vid) == files, f"{vid} was processed twice"
+
+    fresh = tmp_path / "fresh"
+    assert run_script("enqueue_dataset.py", str(raw), "--out", str(fresh), env=pipeline_env).returncode == 0
+    resumed = yaml.safe_load((out / "normalization_stats.yaml").read_text())
+    uninterrupted = yaml.safe_load((fresh / "normalization_stats.yaml").read_text())
+    assert resumed.keys() == uninterrupted.keys()
+    for key in resumed:
+        assert close(resumed[key], uninterrupted[key]), key
+    check = run_script("verify_dataset.py", str(out), env=pipeline_env)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_corrupted_output_is_redone_and_force_redoes_everything(video_factory, workers, pipeline_env, tmp_path):
+    raw = video_factory(2)
+    workers.start("cpu")
+    workers.start("gpu0")
+    out = tmp_path / "out"
+    assert run_script("enqueue_dataset.py", str(raw), "--out", str(out), env=pipeline_env).returncode == 0
+    victim, other = sorted(p.stem for p in out.glob("*.hdf5"))
+    before = outputs_of(out, other)
+    with open(out / f"{victim}.hdf5", "r+b") as fh:  # same size, different bytes: only the hash tells
+        fh.seek(4096)
+        fh.write(b"\x00" * 64)
+    again = run_script("enqueue_dataset.py", str(raw), "--out", str(out), "--continue", env=pipeline_env)
+    assert again.returncode == 0 and "1 already complete" in again.stdout, again.stdout + again.stderr
+    assert outputs_of(out, other) == before
+    check = run_script("verify_dataset.py", str(out), env=pipeline_env)
+    assert check.returncode == 0, check.stdout
+    forced = run_script("enqueue_dataset.py", str(raw), "--out", str(out), "--force", env=pipeline_env)
+    assert forced.returncode == 0
+    assert outputs_of(out, other)[f"{other}.hdf5"] != before[f"{other}.hdf5"]
