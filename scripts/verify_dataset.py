@@ -6,8 +6,7 @@ every pooled row of every file and calling np.mean / np.std in float64. A value 
 when |a - b| <= 1e-9 * max(|a|, |b|) or |a - b| <= 1e-12 (the absolute floor covers values
 that are 0 up to rounding, e.g. a mean displacement of a static scene); counts must be equal.
 
-Usage: python scripts/verify_dataset.py OUT [--stats FILE] [--depth-min 0.1] [--depth-max 2.5]
-Exit status 0 when everything holds, 1 on any violation.
+Usage: python scripts/verify_dataset.py OUT [--stats FILE]; exit status 0 when everything holds, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -86,7 +85,9 @@ class _Checker:
             root = f["root"]
             tt = self.string(root, "track_type", where)
             if tt not in ("3d", "2d"):
-                return self.bad(where, f"track_type is {tt!r}, want '3d' or '2d'")
+                if tt is not None:
+                    self.bad(where, f"track_type is {tt!r}, want '3d' or '2d'")
+                tt = "3d" if "depth" in root else "2d"  # go on checking the layout it looks like
             self.track_types.add(tt)
             allowed = {"video", "tracks", "num_frames", "num_track_ts", "track_type", "text"}
             allowed |= {"depth", "intrinsics"} if tt == "3d" else set()
@@ -102,7 +103,6 @@ class _Checker:
             T, size = video.shape[0], video.shape[2]
             if video.shape[3] != size or int(num_frames) != T:
                 self.bad(where, f"video is {video.shape}; num_frames is {int(num_frames)}")
-            K = None
             if tt == "3d":
                 K = self.array(root, "intrinsics", where, (3, 3), "float32")
                 if K is not None and (not np.array_equal(K[2], [0, 0, 1]) or K[0, 0] <= 0 or K[1, 1] <= 0):

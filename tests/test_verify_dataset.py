@@ -1,0 +1,132 @@
+"""verify_dataset.py: passes on a dataset made by the stages, names every violation it is shown."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+from tasks.stages import stage_class
+from tasks.stats import VideoStats, normalization_stats, write_stats_yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("verify_dataset", ROOT / "scripts" / "verify_dataset.py")
+vd = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(vd)
+
+
+def frames_of(seed: int, T: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:384, 0:512]
+    a, b, c = rng.uniform(0.01, 0.03, 3)
+    grey = np.stack([127 + 120 * np.sin(a * xx + b * yy + c * t) for t in range(T)])
+    return np.repeat(grey[..., None], 3, axis=-1).astype(np.uint8)
+
+
+def build(out: Path, track_type: str, lengths: tuple[int, ...]) -> None:
+    """Write one HDF5 file per clip length with the stages, and the merged statistics."""
+    depth, tracks, hands = (stage_class(n)() for n in ("depth", "tracks", "hands"))
+    h5 = stage_class("h5")(track_type=track_type)
+    parts = []
+    for i, T in enumerate(lengths):
+        frames = frames_of(i, T)
+        d = depth.run({"frames": frames})
+        tr = tracks.run({"frames": frames, **d})
+        ha = hands.run({"frames": frames, "intrinsics": d["intrinsics"], "fps": 10.0})
+        inputs = {"frames": frames, "depths": d["depths"], "tracks": tr, "hands": ha, "text": f"clip {i}"}
+        parts.append(VideoStats.from_dict(h5.run({**inputs, "out_path": str(out / f"v{i}.hdf5")})["stats"]))
+    write_stats_yaml(
+        out / "normalization_stats.yaml", normalization_stats(sum(parts, start=VideoStats.empty(track_type)))
+    )
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Path]:
+    dirs = {}
+    for tt, lengths in (("3d", (14, 12, 6)), ("2d", (12,))):
+        dirs[tt] = tmp_path_factory.mktemp(tt)
+        build(dirs[tt], tt, lengths)
+    return dirs
+
+
+@pytest.fixture
+def ds(built, tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(built["3d"], out)
+    return out
+
+
+def edit_yaml(path: Path, **changes) -> None:
+    stats = yaml.safe_load(path.read_text())
+    stats.update(changes)
+    write_stats_yaml(path, stats)
+
+
+def test_clean_datasets_pass(built) -> None:
+    summary: list[str] = []
+    assert vd.verify(built["3d"], summary=summary) == []
+    assert summary[0].startswith("3 files, 8 windows, ")
+    assert vd.verify(built["2d"]) == []
+    assert vd.main([str(built["3d"])]) == 0
+
+
+def test_tolerance_is_relative_1e_9_with_an_absolute_floor(ds: Path) -> None:
+    stats = yaml.safe_load((ds / "normalization_stats.yaml").read_text())
+    edit_yaml(ds / "normalization_stats.yaml", depth_mean=stats["depth_mean"] * (1 + 1e-11))
+    assert vd.verify(ds) == []
+    edit_yaml(ds / "normalization_stats.yaml", depth_mean=stats["depth_mean"] * (1 + 1e-8))
+    assert [p.split(":")[1].strip().split(" ")[0] for p in vd.verify(ds)] == ["depth_mean[0]"]
+    assert vd.close(0.0, 1e-13) and not vd.close(0.0, 1e-11) and vd.close(1e9, 1e9 + 0.5)
+
+
+def test_counts_keys_and_types_must_match(ds: Path) -> None:
+    stats = yaml.safe_load((ds / "normalization_stats.yaml").read_text())
+    path = ds / "normalization_stats.yaml"
+    edit_yaml(path, pose_num_samples=stats["pose_num_samples"] + 1, extra=1.0)
+    problems = vd.verify(ds)
+    assert any("pose_num_samples" in p for p in problems) and any("unexpected key extra" in p for p in problems)
+    stats.pop("hand_pose_num_samples")
+    write_stats_yaml(path, stats)
+    assert vd.verify(ds) == ["normalization_stats.yaml: missing key hand_pose_num_samples"]
+    path.unlink()
+    assert vd.verify(ds) == [f"{path}: missing"]
+    assert vd.main([str(ds)]) == 1
+
+
+def test_contract_violations_in_a_file_are_named(ds: Path) -> None:
+    with h5py.File(ds / "v0.hdf5", "a") as f:
+        g = f["root/tracks/frame_0000"]
+        q = g["query_coords"][()]
+        del g["query_coords"]
+        g.create_dataset("query_coords", data=q.astype(np.float64))
+        f["root/tracks/frame_0001/displacements"][0, 0, 0] = 0.5
+        f["root/depth"][0, 0, 0] = 3.0
+        del f["root/track_type"]
+        f["root"].create_dataset("track_type", data=np.bytes_("3d"))  # fixed-length, not vlen
+        f["root/tracks/frame_0002"].create_dataset("left_wrist_query_uvd_extra", data=np.zeros(3, np.float32))
+    problems = "\n".join(vd.verify(ds))
+    assert "v0.hdf5:tracks/frame_0000: query_coords is float64" in problems
+    assert "frame_0001: displacements[0] must be all zeros" in problems
+    assert "v0.hdf5: depth has" in problems
+    assert "track_type must be a scalar variable-length str dataset" in problems
+    assert "unexpected names ['left_wrist_query_uvd_extra']" in problems
+
+
+def test_hand_datasets_come_as_a_full_set(ds: Path) -> None:
+    with h5py.File(ds / "v0.hdf5", "a") as f:
+        g = next(f["root/tracks"][k] for k in f["root/tracks"] if "right_wrist_query_uvd" in f["root/tracks"][k])
+        del g["right_wrist_rot_displacements"]
+    assert any("right hand has" in p for p in vd.verify(ds))
+
+
+def test_mixed_track_types_and_empty_folders_fail(built, tmp_path: Path) -> None:
+    shutil.copytree(built["3d"], tmp_path / "mixed")
+    shutil.copy(built["2d"] / "v0.hdf5", tmp_path / "mixed" / "other.hdf5")
+    assert "files must share one track_type" in vd.verify(tmp_path / "mixed")[-1]
+    (tmp_path / "empty").mkdir()
+    assert vd.verify(tmp_path / "empty") == [f"{tmp_path / 'empty'}: no .hdf5 files"]
