@@ -26,7 +26,14 @@ class SyntheticModel:
     held during each call; ``matmuls_per_frame``: 256x256 float32 matmuls per frame processed.
     """
 
-    def __init__(self, hold_mib: float = 0, activation_mib: float = 0, matmuls_per_frame: int = 2) -> None:
+    def __init__(
+        self, hold_mib: float = 0, activation_mib: float = 0, matmuls_per_frame: int = 2, **unknown: Any
+    ) -> None:
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__} got unknown parameters {sorted(unknown)}; "
+                "its knobs are hold_mib, activation_mib and matmuls_per_frame"
+            )
         if hold_mib < 0 or activation_mib < 0 or matmuls_per_frame < 0:
             raise ValueError(
                 f"hold_mib, activation_mib and matmuls_per_frame must be >= 0, "

@@ -41,7 +41,7 @@ def test_unknown_backend_names_stage_name_and_choices() -> None:
         DepthStage(backend="vipe")
     with pytest.raises(UnknownBackend, match="'h5' has no model backends"):
         get_backend("h5", "synthetic")
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"unknown parameters \['no_such_knob'\]; its knobs are hold_mib"):
         TracksStage(no_such_knob=1)
 
 
