@@ -9,7 +9,7 @@ import numpy as np
 
 from tasks.backends import get_backend
 from tasks.errors import BadInput
-from tasks.stages import Progress, require
+from tasks.stages import Progress, report, require
 
 
 class DepthStage:
@@ -45,7 +45,7 @@ class DepthStage:
         T, H, W = frames.shape[:3]
         if T == 0:
             raise BadInput("depth: the video has no frames; preprocess produced an empty clip")
-        out = self.model.infer(frames, progress=progress)
+        out = self.model.infer(frames, progress=lambda done, total: report(progress, done, total))
         depths = np.asarray(out["depths"], dtype=np.float32)
         if depths.shape != (T, H, W):
             raise RuntimeError(

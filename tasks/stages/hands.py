@@ -9,7 +9,7 @@ import numpy as np
 from tasks.backends import get_backend
 from tasks.errors import BadInput
 from tasks.geometry import slerp
-from tasks.stages import Progress, require
+from tasks.stages import Progress, report, require
 
 SIDES = ("left", "right")
 _POSE_KEYS = ("wrist_pose", "hand_pose", "joints_3d")
@@ -81,7 +81,7 @@ class HandsStage:
         K = np.asarray(K.reshape(-1, 3, 3)[0], dtype=np.float32)
         fps = float(require(inputs, "fps", self.name, ()))
         T = frames.shape[0]
-        detections = self.model.detect(frames, K, progress=progress)
+        detections = self.model.detect(frames, K, progress=lambda done, total: report(progress, done, total))
         out: dict[str, Any] = {"intrinsics": K}
         for name in SIDES:
             side = {key: np.array(detections[name][key], dtype=np.float32) for key in _POSE_KEYS}

@@ -189,3 +189,12 @@ def test_hands_stage_outputs(depth_out) -> None:
     assert out["right_valid"].all()  # short dropouts and outliers are filled
     assert not out["left_valid"].all()  # the 22-frame gap is longer than max_interpolation_gap
     assert not np.array_equal(out["left_wrist_pose"][out["left_valid"]], out["right_wrist_pose"][out["left_valid"]])
+
+
+def test_a_failing_progress_callback_does_not_fail_the_stage(depth_out) -> None:
+    frames, _ = depth_out
+
+    def broken(done: int, total: int) -> None:
+        raise RuntimeError("display went away")
+
+    assert DepthStage().run({"frames": frames}, progress=broken)["depths"].shape == (16, 384, 512)
