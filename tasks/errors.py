@@ -46,3 +46,7 @@ class TransientIO(RetryableError):
 def error_class(exc: BaseException) -> str:
     """Return the short class name recorded in failure records and quarantine entries."""
     return type(exc).__name__
+
+
+class WorkerLost(PermanentError):
+    """A task was started too many times without finishing: its worker died or hit the deadline."""

@@ -9,12 +9,13 @@ import logging
 import os
 import platform
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import celery
 
-from tasks import registry
+from tasks import leases, registry
 from tasks.celery_app import settings
 from tasks.rebalance import rebalance
 from tasks.redis_client import get_redis
@@ -72,11 +73,30 @@ class Heartbeat(threading.Thread):
                 log.warning("heartbeat event not sent: %s", exc)
                 dispatcher = None
             try:
+                broker = get_redis(conf.broker)
+                leases.renew(broker, conf.lease_ttl_s)
+                leases.reap(self.app, broker, conf.lease_ttl_s)
                 r = get_redis(conf.redis_url)
                 registry.publish(r, state, ttl_s=conf.registry_ttl_s)
                 rebalance(r, conf)
             except Exception as exc:
                 log.warning("registry update failed: %s", exc)
+            self.enforce_deadline(state, conf)
             self.stopping.wait(interval)
         if dispatcher is not None:
             dispatcher.close()
+
+    def enforce_deadline(self, state: dict[str, Any], conf: Any) -> None:
+        """End the process when its task runs past the stage's deadline (solo has no time limit)."""
+        current = state.get("current") or {}
+        task, started = current.get("task"), current.get("started")
+        if not task or not started:
+            return
+        stage = task.rsplit(".", 1)[-1]
+        deadline = conf.stages[stage].deadline_s if stage in conf.stages else None
+        if deadline and time.time() - started > deadline:
+            log.critical("%s of %s ran %.0f s, past its %.0f s deadline: ending this worker; its lease "
+                         "lapses and the task is retried elsewhere", stage, current.get("video"),
+                         time.time() - started, deadline)
+            logging.shutdown()
+            os._exit(70)

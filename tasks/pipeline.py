@@ -11,7 +11,14 @@ from celery import Task
 
 from tasks import progress, worker
 from tasks.celery_app import TASK_PREFIX, app, settings
-from tasks.errors import FramefleetError, GpuOutOfMemory, PermanentError, RetryableError, error_class
+from tasks.errors import (
+    FramefleetError,
+    GpuOutOfMemory,
+    PermanentError,
+    RetryableError,
+    WorkerLost,
+    error_class,
+)
 from tasks.redis_client import get_redis
 from tasks.stage_io import gather_inputs, marker_of, output_path
 from tasks.storage import atomic_write, read_marker, save_npz, write_marker
@@ -54,6 +61,20 @@ def _execute(stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
+def _count_start(task: Task, ttl_s: int) -> int:
+    """Count the starts of this task id (retries and redeliveries alike), so nothing loops forever."""
+    key = f"ff:attempts:{task.request.id}"
+    try:
+        r = get_redis(settings().redis_url)
+        pipe = r.pipeline()
+        pipe.incr(key)
+        pipe.expire(key, ttl_s)
+        return int(pipe.execute()[0])
+    except Exception as exc:
+        log.warning("start of %s not counted: %s", task.request.id, exc)
+        return task.request.retries + 1
+
+
 def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
     """Run ``stage_name`` for ``job`` and return the job for the next stage, or a failure record."""
     if job.get("failed"):
@@ -62,11 +83,16 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
     stage_conf = conf.stages[stage_name]
     started = time.time()
     failure: Exception | None = None
+    attempts = _count_start(task, conf.result_expires_s)
     try:
+        if attempts > stage_conf.max_retries + 1:
+            raise WorkerLost(
+                f"{stage_name} of {job['video']} was started {attempts - 1} times without finishing: "
+                f"its worker died or passed the {stage_conf.deadline_s:.0f} s deadline each time"
+            )
         report = _execute(stage_name, job)
     except Exception as exc:
         failure = _as_framefleet_error(exc)
-    attempts = task.request.retries + 1
     if failure is not None:
         retryable = not isinstance(failure, PermanentError)
         if retryable and task.request.retries < stage_conf.max_retries:

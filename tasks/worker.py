@@ -161,10 +161,24 @@ def worker_state() -> dict[str, Any]:
     }
 
 
+@signals.task_received.connect
+def on_task_received(request: Any = None, **_: Any) -> None:
+    """Take a lease on the message at once, so a reaper never requeues what this worker holds."""
+    from tasks import leases
+    from tasks.redis_client import get_redis
+
+    conf = settings()
+    try:
+        leases.on_task_received(request, ROLE.hostname, get_redis(conf.broker), conf.lease_ttl_s)
+    except Exception as exc:  # the visibility timeout still covers this message
+        log.warning("no lease taken for %s: %s", getattr(request, "id", "?"), exc)
+
+
 @signals.task_prerun.connect
 def on_task_start(task: Any = None, args: Any = None, **_: Any) -> None:
     job = args[0] if args and isinstance(args[0], dict) else {}
-    STATE.update(busy=True, current={"task": task.name if task else None, "video": job.get("video_id")})
+    STATE.update(busy=True, frames=None, current={
+        "task": task.name if task else None, "video": job.get("video_id"), "started": time.time()})
 
 
 @signals.task_postrun.connect
