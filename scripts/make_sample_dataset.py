@@ -54,14 +54,10 @@ def make_video(
     frames. Raises ValueError for odd or non-positive sizes or an empty video.
     """
     if width <= 0 or height <= 0 or width % 2 or height % 2:
-        raise ValueError(
-            f"width and height must be positive and even for yuv420p, got {width}x{height}"
-        )
+        raise ValueError(f"width and height must be positive and even for yuv420p, got {width}x{height}")
     n_frames = round(seconds * fps)
     if n_frames < 1:
-        raise ValueError(
-            f"seconds * fps must give at least one frame, got {seconds} s at {fps} fps"
-        )
+        raise ValueError(f"seconds * fps must give at least one frame, got {seconds} s at {fps} fps")
     path = Path(path)
     scene = _Scene(width, height, fps, n_frames / fps, np.random.default_rng(seed))
     with av.open(str(path), "w") as container:
@@ -70,12 +66,50 @@ def make_video(
         stream.height = height
         stream.pix_fmt = "yuv420p"
         if codec == "libx264":
-            stream.options = {"preset": "veryfast", "crf": "23"}
+            # mbtree off: with it, libx264 read uninitialised memory in its
+            # lookahead and the same frames gave different files from run to run.
+            stream.options = {"preset": "veryfast", "crf": "23", "x264-params": "mbtree=0"}
         for index in range(n_frames):
-            frame = av.VideoFrame.from_ndarray(scene.render(index), format="rgb24")
-            container.mux(stream.encode(frame))
+            container.mux(stream.encode(yuv420p_frame(scene.render(index))))
         container.mux(stream.encode(None))
     return path
+
+
+# BT.601 limited range, what decoders assume for untagged SD video: rows Y, Cb, Cr.
+_RGB_TO_YUV = (
+    (65.481 / 255, 128.553 / 255, 24.966 / 255, 16.5),
+    (-37.797 / 255, -74.203 / 255, 112.0 / 255, 128.5),
+    (112.0 / 255, -93.786 / 255, -18.214 / 255, 128.5),
+)
+
+
+def yuv420p_frame(rgb: np.ndarray) -> av.VideoFrame:
+    """Convert an (H, W, 3) uint8 RGB array, H and W even, to a yuv420p frame.
+
+    Every byte of the frame is written, row padding included, so nothing
+    uninitialised reaches the encoder.
+    """
+    height, width = rgb.shape[:2]
+    rgb = rgb.astype(np.float32)
+    # The conversion is linear, so averaging RGB over 2x2 blocks first gives the
+    # averaged chroma at a quarter of the cost.
+    small = rgb[0::2, 0::2] + rgb[1::2, 0::2]
+    small += rgb[0::2, 1::2]
+    small += rgb[1::2, 1::2]
+    small *= np.float32(0.25)
+    frame = av.VideoFrame(width, height, "yuv420p")
+    for plane, source, coefficients in zip(frame.planes, (rgb, small, small), _RGB_TO_YUV, strict=True):
+        r, g, b, offset = (np.float32(c) for c in coefficients)
+        values = source[..., 0] * r
+        values += source[..., 1] * g
+        values += source[..., 2] * b
+        values += offset
+        np.clip(values, 0, 255, out=values)
+        rows = np.frombuffer(plane, dtype=np.uint8).reshape(-1, plane.line_size)
+        rows[: plane.height, : plane.width] = values
+        rows[: plane.height, plane.width :] = rows[: plane.height, plane.width - 1 : plane.width]
+        rows[plane.height :] = 0
+    return frame
 
 
 class _Scene:
@@ -109,12 +143,8 @@ class _Scene:
             (width + travel[1]) // NOISE_CELL_PX + 1,
         )
         cell_noise = rng.integers(-22, 23, size=cells).astype(np.float32)
-        self.noise = cell_noise.repeat(NOISE_CELL_PX, axis=0).repeat(
-            NOISE_CELL_PX, axis=1
-        )
-        self.shapes = [
-            _Shape.random(rng, width, height) for _ in range(rng.integers(3, 6))
-        ]
+        self.noise = cell_noise.repeat(NOISE_CELL_PX, axis=0).repeat(NOISE_CELL_PX, axis=1)
+        self.shapes = [_Shape.random(rng, width, height) for _ in range(rng.integers(3, 6))]
 
     def render(self, index: int) -> np.ndarray:
         """Return frame ``index`` as an (H, W, 3) uint8 RGB array."""
@@ -170,12 +200,8 @@ class _Shape:
 
     def draw(self, image: np.ndarray, t: float) -> None:
         height, width = image.shape[:2]
-        cx = self.centre[0] + self.amplitude[0] * np.sin(
-            2 * np.pi * self.frequency[0] * t + self.phase[0]
-        )
-        cy = self.centre[1] + self.amplitude[1] * np.sin(
-            2 * np.pi * self.frequency[1] * t + self.phase[1]
-        )
+        cx = self.centre[0] + self.amplitude[0] * np.sin(2 * np.pi * self.frequency[0] * t + self.phase[0])
+        cy = self.centre[1] + self.amplitude[1] * np.sin(2 * np.pi * self.frequency[1] * t + self.phase[1])
         r = self.size
         x0, x1 = max(int(cx - r), 0), min(int(cx + r) + 1, width)
         y0, y1 = max(int(cy - r), 0), min(int(cy + r) + 1, height)
@@ -207,9 +233,7 @@ def plan_videos(count: int, seed: int, seconds: tuple[float, float]) -> list[Vid
             max(round(duration * fps), int(np.ceil(seconds[0] * fps))),
             int(seconds[1] * fps),
         )
-        specs.append(
-            VideoSpec(width, height, fps, n_frames / fps, int(rng.integers(2**31)))
-        )
+        specs.append(VideoSpec(width, height, fps, n_frames / fps, int(rng.integers(2**31))))
     return specs
 
 
@@ -233,14 +257,10 @@ def make_corrupt_inputs(directory: str | Path) -> dict[str, Path]:
     }
     inputs["truncated"].write_bytes(data[: int(len(data) * 0.4)])
     inputs["empty"].write_bytes(b"")
-    inputs["not_video"].write_text(
-        "meeting notes: these are not the frames you are looking for\n"
-    )
+    inputs["not_video"].write_text("meeting notes: these are not the frames you are looking for\n")
     # empty_moov writes the track header up front; without it an mp4 with no
     # samples is read back with no video stream at all.
-    with av.open(
-        str(inputs["zero_frames"]), "w", options={"movflags": "empty_moov"}
-    ) as container:
+    with av.open(str(inputs["zero_frames"]), "w", options={"movflags": "empty_moov"}) as container:
         stream = container.add_stream("libx264", rate=15)
         stream.width, stream.height, stream.pix_fmt = 320, 240, "yuv420p"
         container.start_encoding()
@@ -251,9 +271,7 @@ def _seconds_range(text: str) -> tuple[float, float]:
     try:
         low, high = (float(part) for part in text.split("-"))
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--seconds takes A-B, like 2-4; got {text!r}"
-        ) from None
+        raise argparse.ArgumentTypeError(f"--seconds takes A-B, like 2-4; got {text!r}") from None
     if not 0 < low <= high:
         raise argparse.ArgumentTypeError(f"--seconds needs 0 < A <= B; got {text!r}")
     return low, high
@@ -262,13 +280,9 @@ def _seconds_range(text: str) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument(
-        "--videos", type=int, required=True, help="how many videos to write"
-    )
+    parser.add_argument("--videos", type=int, required=True, help="how many videos to write")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--seconds", type=_seconds_range, default=(2.0, 4.0), help="duration range, A-B"
-    )
+    parser.add_argument("--seconds", type=_seconds_range, default=(2.0, 4.0), help="duration range, A-B")
     parser.add_argument("--codec", choices=sorted(CODECS), default="h264")
     args = parser.parse_args(argv)
     if args.videos < 1:
@@ -293,9 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{spec.seconds:.2f} s {round(spec.seconds * spec.fps)} frames",
             flush=True,
         )
-    print(
-        f"wrote {len(specs)} videos in {time.monotonic() - started:.1f} s to {args.out_dir.resolve()}"
-    )
+    print(f"wrote {len(specs)} videos in {time.monotonic() - started:.1f} s to {args.out_dir.resolve()}")
     return 0
 
 
