@@ -1,0 +1,52 @@
+"""Fast failover: a worker killed mid-task loses nothing, and its task finishes elsewhere soon."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+from tests.conftest import run_script, wait_until
+
+LEASE_TTL_S = 6
+SLOW_DEPTH = "stages:\n  depth:\n    params: {matmuls_per_frame: 150}\n"
+
+
+def test_sigkilled_worker_task_completes_on_another_within_the_lease_ttl(
+    video_factory, workers, pipeline_env, tmp_path
+):
+    raw = video_factory(1)
+    config = tmp_path / "slow.yaml"
+    config.write_text(SLOW_DEPTH)
+    env = {"FRAMEFLEET_CONFIG": str(config), "FRAMEFLEET_LEASE_TTL_S": str(LEASE_TTL_S)}
+    workers.start("cpu", env=env)
+    workers.start("gpu1", env=env)
+    out = tmp_path / "out"
+    # Only GPU 1 has a worker when the depth task is sent, so it is routed there.
+    assert run_script("enqueue_dataset.py", str(raw), "--out", str(out), "--no-wait",
+                      env={**pipeline_env, **env}).returncode == 0
+    busy = wait_until(lambda: (s := workers.state("gpu1")) and s["busy"]
+                      and (s["current"] or {}).get("task") == "framefleet.depth" and s, 120, "gpu1 busy on depth")
+    victim = busy["current"]["video"]
+    workers.start("gpu0", env=env)
+    killed_at = time.monotonic()
+    workers.stop("gpu1", signal.SIGKILL)
+
+    wait_until(lambda: (s := workers.state("gpu0")) and (s["current"] or {}).get("video") == victim
+               and s["current"]["task"] == "framefleet.depth", LEASE_TTL_S + 30, f"{victim}'s depth restarting")
+    restarted_s = time.monotonic() - killed_at
+    assert restarted_s < LEASE_TTL_S + 8, restarted_s  # not the visibility timeout (12 h)
+    marker = out / "work" / victim / "depth.done.json"
+    wait_until(marker.exists, 120, f"{victim}'s depth on the surviving worker")
+    recovered_s = time.monotonic() - killed_at
+    wait_until((out / "run_summary.json").exists, 180, "the run to finish")
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert summary["done"] == 1 and summary["failed"] == []
+    assert summary["stages"]["depth"]["workers"].get("gpu0@test") >= 1
+    # Exactly one output per stage and video, no temporary file left behind.
+    assert sorted(p.name for p in out.rglob("*.tmp")) == []
+    for vid in summary["done_videos"]:
+        names = sorted(p.name for p in (out / "work" / vid).iterdir())
+        expected = [f"{s}{ext}" for s in ("preprocess", "depth", "tracks", "hands") for ext in (".npz", ".done.json")]
+        assert names == sorted([*expected, "h5.done.json"])
+    print(f"restarted after {restarted_s:.1f} s, depth done after {recovered_s:.1f} s")
