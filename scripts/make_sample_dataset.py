@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,13 +126,13 @@ class _Scene:
     ) -> None:
         self.width, self.height, self.fps = width, height, fps
         ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
-        # Coordinates in [-1, 1] along the longer side, so the gradient spans the frame.
         scale = 2.0 / max(width, height)
         self.x = xs * scale - width * scale / 2
         self.y = ys * scale - height * scale / 2
+        self.half_extent = (width * scale / 2, height * scale / 2)
         self.angle0 = rng.uniform(0, 2 * np.pi)
         self.angle_speed = rng.uniform(0.2, 0.6) * rng.choice((-1, 1))  # rad/s
-        self.tint = rng.uniform(0.6, 1.0, size=3).astype(np.float32)
+        self.tint = rng.uniform(0.75, 1.0, size=3).astype(np.float32)
         self.low, self.high = rng.uniform(15, 45), rng.uniform(200, 240)
         # The texture drifts by whole pixels; it is drawn large enough for the
         # whole video so it never wraps (a wrap would be a jump in every pixel).
@@ -150,9 +151,12 @@ class _Scene:
         """Return frame ``index`` as an (H, W, 3) uint8 RGB array."""
         t = index / self.fps
         angle = self.angle0 + self.angle_speed * t
-        ramp = self.x * np.float32(np.cos(angle))
-        ramp += self.y * np.float32(np.sin(angle))
-        np.clip(ramp, -1.0, 1.0, out=ramp)
+        # Scaled so that, whatever the direction, the ramp runs from -1 to 1
+        # corner to corner: the full brightness range is in every frame.
+        cos, sin = np.cos(angle), np.sin(angle)
+        reach = self.half_extent[0] * abs(cos) + self.half_extent[1] * abs(sin)
+        ramp = self.x * np.float32(cos / reach)
+        ramp += self.y * np.float32(sin / reach)
         span = np.float32((self.high - self.low) / 2)
         ramp *= span
         ramp += np.float32(self.low) + span
@@ -246,9 +250,9 @@ def make_corrupt_inputs(directory: str | Path) -> dict[str, Path]:
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    whole = make_video(directory / "whole.tmp.mp4", 320, 240, 15, 1.0, seed=7)
-    data = whole.read_bytes()
-    whole.unlink()
+    # The intact video is made elsewhere so that no extra video ever sits in ``directory``.
+    with tempfile.TemporaryDirectory() as scratch:
+        data = make_video(Path(scratch) / "whole.mp4", 320, 240, 15, 1.0, seed=7).read_bytes()
     inputs = {
         "truncated": directory / "truncated.mp4",
         "empty": directory / "empty.mp4",
