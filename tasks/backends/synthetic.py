@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from tasks import fake_gpu
 from tasks.geometry import axis_angle_to_matrix, content_seed
 
 MIB = 1 << 20
@@ -24,6 +25,8 @@ class SyntheticModel:
 
     ``hold_mib``: memory held on the device from ``load`` on; ``activation_mib``: extra memory
     held during each call; ``matmuls_per_frame``: 256x256 float32 matmuls per frame processed.
+    With ``$FRAMEFLEET_FAKE_GPU`` and ``$FRAMEFLEET_FAKE_GPU_INDEX`` set, both are also allocated on
+    that fake GPU (tasks.fake_gpu), which raises its OutOfMemoryError past its scripted threshold.
     """
 
     def __init__(
@@ -46,12 +49,16 @@ class SyntheticModel:
         self.peak_memory_bytes = 0
         self._held: Any = None
         self._weights: Any = None
+        self._fake: fake_gpu.FakeGpuSlot | None = None
 
     def load(self, device: str) -> None:
         """Allocate the held memory and the weights on ``device`` ("cpu", "cuda:0", ...)."""
         import torch
 
         dev = torch.device(device)
+        if self._fake is None and (slot := fake_gpu.slot_from_env()) is not None:
+            slot.allocate(self.hold_mib)
+            self._fake = slot
         generator = torch.Generator().manual_seed(0)
         self._weights = (torch.randn(256, 256, generator=generator) / 16.0).to(dev)
         self._held = torch.ones(int(self.hold_mib * MIB), dtype=torch.uint8, device=dev) if self.hold_mib else None
@@ -70,16 +77,20 @@ class SyntheticModel:
         on_cuda = self.device is not None and self.device.startswith("cuda")
         if on_cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
-        extra = None
-        if self.activation_mib:
-            extra = torch.ones(int(self.activation_mib * MIB), dtype=torch.uint8, device=self.device)
-        try:
-            yield
-        finally:
-            if on_cuda:
-                torch.cuda.synchronize(self.device)
-                self.peak_memory_bytes = int(torch.cuda.max_memory_allocated(self.device))
-            del extra
+        fake = contextlib.nullcontext(None) if self._fake is None else self._fake.held(self.activation_mib)
+        with fake as fake_mib:
+            extra = None
+            if self.activation_mib:
+                extra = torch.ones(int(self.activation_mib * MIB), dtype=torch.uint8, device=self.device)
+            try:
+                yield
+            finally:
+                if on_cuda:
+                    torch.cuda.synchronize(self.device)
+                    self.peak_memory_bytes = int(torch.cuda.max_memory_allocated(self.device))
+                elif fake_mib is not None:
+                    self.peak_memory_bytes = int(fake_mib * MIB)  # this process's MiB on the fake GPU
+                del extra
 
     def spend(self, frames: int) -> None:
         """Do the compute of ``frames`` frames: ``matmuls_per_frame`` 256x256 float32 matmuls each."""

@@ -1,0 +1,215 @@
+"""Read GPU memory, utilisation and per-process use: from NVML, from a fake ledger, or nothing.
+
+One interface, ``GpuProbe``, with three implementations chosen by ``open_probe``. NVML needs
+no CUDA context, so reading it never touches CUDA; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tasks.errors import FramefleetError
+
+if TYPE_CHECKING:
+    from tasks.fake_gpu import FakeGpuLedger
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU at one moment; memory in MiB, utilisation in percent of the last sample period."""
+
+    index: int
+    uuid: str
+    name: str
+    total_mib: float
+    used_mib: float
+    free_mib: float
+    utilization_pct: float
+
+
+@dataclass(frozen=True)
+class ProcessReading:
+    """One compute process's memory on one GPU (MiB); ``gpu`` is the NVML index."""
+
+    pid: int
+    gpu: int
+    used_mib: float
+
+
+class GpuProbe(Protocol):
+    mode: str  # "nvml" | "fake" | "none"
+
+    def gpus(self) -> list[GpuReading]: ...
+
+    def processes(self) -> list[ProcessReading]: ...
+
+    def close(self) -> None: ...
+
+
+class NvmlUnavailable(FramefleetError):
+    """NVML could not be initialised: no driver, no library, or no permission."""
+
+
+class NvmlProbe:
+    """The real GPUs, read through NVML (nvidia-ml-py); raises NvmlUnavailable when NVML cannot start."""
+
+    mode = "nvml"
+
+    def __init__(self) -> None:
+        import pynvml
+
+        self._nvml = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise NvmlUnavailable(
+                f"NVML could not be initialised ({exc}); install the NVIDIA driver (libnvidia-ml.so.1) "
+                "or run where a GPU is visible, or use a fake GPU ledger ($FRAMEFLEET_FAKE_GPU)"
+            ) from exc
+        self._open = True
+        try:
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except pynvml.NVMLError as exc:
+            self.close()
+            raise NvmlUnavailable(f"NVML started but could not list the GPUs ({exc})") from exc
+
+    @property
+    def device_count(self) -> int:
+        return len(self._handles)
+
+    def uuids(self) -> list[str]:
+        """The UUIDs ("GPU-…") of the GPUs, in NVML index order."""
+        return [_text(self._nvml.nvmlDeviceGetUUID(handle)) for handle in self._handles]
+
+    def gpus(self) -> list[GpuReading]:
+        nvml = self._nvml
+        readings = []
+        for index, handle in enumerate(self._handles):
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            readings.append(GpuReading(
+                index=index,
+                uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+                name=_text(nvml.nvmlDeviceGetName(handle)),
+                total_mib=memory.total / MIB,
+                used_mib=memory.used / MIB,
+                free_mib=memory.free / MIB,
+                utilization_pct=self._utilization(handle),
+            ))
+        return readings
+
+    def processes(self) -> list[ProcessReading]:
+        readings = []
+        for index, handle in enumerate(self._handles):
+            for proc in self._compute_processes(handle):
+                used = proc.usedGpuMemory  # None where the driver cannot tell (Windows WDDM)
+                readings.append(ProcessReading(pid=int(proc.pid), gpu=index, used_mib=(used or 0) / MIB))
+        return readings
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._nvml.nvmlShutdown()
+
+    def _utilization(self, handle: Any) -> float:
+        try:
+            return float(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except self._nvml.NVMLError_NotSupported:
+            return 0.0  # MIG instances and some virtual GPUs do not report it
+
+    def _compute_processes(self, handle: Any) -> list[Any]:
+        nvml = self._nvml
+        try:
+            return nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except nvml.NVMLLibraryMismatchError:
+            # A driver older than this nvidia-ml-py lacks the _v3 entry point.
+            return nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)
+
+
+class FakeProbe:
+    """GPUs and processes from a fake GPU ledger (tasks.fake_gpu); the ledger file must exist."""
+
+    mode = "fake"
+
+    def __init__(self, ledger: FakeGpuLedger | str | os.PathLike[str]) -> None:
+        from tasks.fake_gpu import FakeGpuLedger
+
+        self.ledger = ledger if isinstance(ledger, FakeGpuLedger) else FakeGpuLedger(ledger)
+
+    def gpus(self) -> list[GpuReading]:
+        return self.ledger.readings()[0]
+
+    def processes(self) -> list[ProcessReading]:
+        return self.ledger.readings()[1]
+
+    def close(self) -> None:
+        pass
+
+
+class NoGpuProbe:
+    """No GPU to read (no NVML, or no device); ``reason`` says which."""
+
+    mode = "none"
+
+    def __init__(self, reason: str = "no GPU visible") -> None:
+        self.reason = reason
+
+    def gpus(self) -> list[GpuReading]:
+        return []
+
+    def processes(self) -> list[ProcessReading]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def open_probe(fake_path: str | os.PathLike[str] | None = None) -> GpuProbe:
+    """Return a FakeProbe for ``fake_path`` (else ``$FRAMEFLEET_FAKE_GPU``), else an NvmlProbe with at
+    least one GPU, else a NoGpuProbe; never raises for a machine without a GPU."""
+    from tasks.fake_gpu import LEDGER_ENV
+
+    fake_path = fake_path or os.environ.get(LEDGER_ENV)
+    if fake_path:
+        return FakeProbe(fake_path)
+    try:
+        probe = NvmlProbe()
+    except NvmlUnavailable as exc:
+        return NoGpuProbe(str(exc))
+    if not probe.device_count:
+        probe.close()
+        return NoGpuProbe("NVML sees no GPU")
+    return probe
+
+
+def uuid_of_visible_device() -> str | None:
+    """Return the NVML UUID ("GPU-…") of the physical GPU that ``CUDA_VISIBLE_DEVICES``'s first entry
+    names (an index or a UUID or unique UUID prefix; unset means index 0), for a worker to check its
+    pinning; None without NVML, or when the entry names no GPU (empty, "-1", a MIG instance, unknown).
+
+    An index is read in NVML's (PCI bus) order, which is CUDA's when ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
+    and, on a host of identical GPUs, CUDA's default order too.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entry = "0" if visible is None else visible.split(",")[0].strip()
+    try:
+        probe = NvmlProbe()
+    except NvmlUnavailable:
+        return None
+    try:
+        uuids = probe.uuids()
+    finally:
+        probe.close()
+    if entry.isdigit():
+        return uuids[int(entry)] if int(entry) < len(uuids) else None
+    if entry.startswith("GPU-"):
+        matches = [u for u in uuids if u.startswith(entry)]
+        return matches[0] if len(matches) == 1 else None
+    return None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
