@@ -1,0 +1,183 @@
+"""The systemd units and the Slurm script start workers exactly as compose.yaml does, and stop them warm."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_compose import load_compose, worker_options
+
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEMD = ROOT / "deploy" / "systemd"
+SBATCH = ROOT / "deploy" / "slurm" / "framefleet-gpu.sbatch"
+ENV_FILE = "/etc/framefleet/env"
+
+
+def read_unit(name: str) -> configparser.ConfigParser:
+    unit = configparser.ConfigParser(interpolation=None, strict=False)
+    unit.optionxform = str  # systemd keys are case-sensitive
+    unit.read_string((SYSTEMD / name).read_text())
+    return unit
+
+
+def exec_argv(unit: configparser.ConfigParser, instance: str = "") -> list[str]:
+    """ExecStart as the argument list systemd runs: ``%i`` is the instance, ``%%`` a literal ``%``."""
+    line = unit["Service"]["ExecStart"].lstrip("-@:+!")
+    return [arg.replace("%%", "\0").replace("%i", instance).replace("\0", "%") for arg in shlex.split(line)]
+
+
+def compose_argv(service: str) -> list[str]:
+    return load_compose()["services"][service]["command"]
+
+
+@pytest.mark.parametrize("name", ["framefleet-worker@.service", "framefleet-cpu-worker.service"])
+def test_worker_units_stop_warm_restart_and_read_the_env_file(name):
+    service = read_unit(name)["Service"]
+    assert service["KillSignal"] == "SIGTERM"
+    assert service["TimeoutStopSec"] == "600"
+    assert service["Restart"] == "on-failure"
+    assert service["RestartForceExitStatus"].split() == ["0"]  # a recycled worker exits 0 and must come back
+    assert service["KillMode"] == "mixed"  # SIGTERM to Celery's main process, not its children
+    assert service["EnvironmentFile"] == ENV_FILE
+
+
+@pytest.mark.parametrize("gpu", ["0", "1", "7"])
+def test_gpu_unit_runs_the_compose_gpu_worker_command_for_its_instance(gpu):
+    argv = exec_argv(read_unit("framefleet-worker@.service"), gpu)
+    assert Path(argv[0]).name == "celery"
+    options = worker_options(argv)
+    assert options["queues"] == [f"gpu{gpu}"]
+    assert (options["pool"], options["concurrency"], options["hostname"]) == ("solo", "1", f"gpu{gpu}@%h")
+    # Token for token what compose.yaml runs, once the GPU index is the same.
+    compose = [arg.replace("gpu0", f"gpu{gpu}") for arg in compose_argv("worker-gpu0")]
+    assert argv[1:] == compose[1:]
+
+
+def test_cpu_unit_runs_the_compose_cpu_worker_command():
+    argv = exec_argv(read_unit("framefleet-cpu-worker.service"))
+    assert worker_options(argv)["queues"] == ["cpu"]
+    assert argv[1:] == compose_argv("worker-cpu")[1:]
+
+
+def test_flower_unit_runs_the_compose_flower_and_insists_on_auth():
+    unit = read_unit("framefleet-flower.service")
+    assert exec_argv(unit)[1:] == compose_argv("flower")[1:]
+    service = unit["Service"]
+    assert service["EnvironmentFile"] == ENV_FILE
+    assert service["ExecStartPre"] == '/usr/bin/test -n "${FLOWER_BASIC_AUTH}"'
+    assert service["KillSignal"] == "SIGTERM" and service["Restart"] == "on-failure"
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="no systemd-analyze here")
+def test_systemd_accepts_the_units(tmp_path):
+    # Point ExecStart at a celery that exists here, so that only the units' own mistakes are reported.
+    celery = shutil.which("celery") or "/bin/true"
+    for unit in SYSTEMD.glob("*.service"):
+        text = unit.read_text().replace("/opt/framefleet/.venv/bin/celery", celery)
+        (tmp_path / unit.name).write_text(text)
+    (tmp_path / "framefleet-worker@0.service").symlink_to(tmp_path / "framefleet-worker@.service")
+    names = ["framefleet-worker@0.service", "framefleet-cpu-worker.service", "framefleet-flower.service"]
+    result = subprocess.run(
+        ["systemd-analyze", "verify", *(str(tmp_path / n) for n in names)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    complaints = [line for line in (result.stdout + result.stderr).splitlines() if "framefleet" in line]
+    assert not complaints, complaints
+
+
+def test_sbatch_starts_the_compose_gpu_worker_per_gpu():
+    text = SBATCH.read_text()
+    (line,) = [line.strip() for line in text.splitlines() if line.strip().startswith("celery ")]
+    argv = shlex.split(line.rstrip("&").replace('"gpu$i"', "gpu0").replace('"gpu$i.$job@%h"', "gpu0@%h"))
+    assert argv[1:] == compose_argv("worker-gpu0")[1:]
+    assert "#SBATCH --signal=B:TERM@660" in text  # 11 minutes' warning: 10 for the tasks in hand
+    assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0
+
+
+FAKE_CELERY = """#!/usr/bin/env bash
+# Records its arguments; the first run per queue exits 0 (a recycled worker), later ones wait for SIGTERM.
+while (($#)); do [[ $1 == -Q ]] && queue=$2; shift; done
+echo "$queue $$" >> "$FAKE_LOG/starts"
+if [[ -n ${FAKE_FAIL:-} ]]; then exit 3; fi
+if [[ ! -e $FAKE_LOG/$queue.recycled ]]; then touch "$FAKE_LOG/$queue.recycled"; exit 0; fi
+trap 'echo "$queue" >> "$FAKE_LOG/terms"; exit 0' TERM
+while :; do sleep 0.05; done
+"""
+
+
+def run_sbatch(tmp_path: Path, **env: str) -> subprocess.Popen[str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "celery").write_text(FAKE_CELERY)
+    (bin_dir / "celery").chmod(0o755)
+    full_env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_LOG": str(tmp_path),
+        "FRAMEFLEET_HOME": str(tmp_path),
+        "FRAMEFLEET_ENV_FILE": str(tmp_path / "no-env-file"),
+        "FRAMEFLEET_POLL_S": "0.1",
+        "SLURM_JOB_ID": "42",
+        "CUDA_VISIBLE_DEVICES": "3,5",
+        **env,
+    }
+    return subprocess.Popen(
+        ["bash", str(SBATCH)], env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def starts(tmp_path: Path) -> list[str]:
+    log = tmp_path / "starts"
+    return [line.split()[0] for line in log.read_text().splitlines()] if log.exists() else []
+
+
+@pytest.mark.timeout(60)
+def test_sbatch_runs_one_worker_per_gpu_restarts_recycled_ones_and_stops_warm(tmp_path):
+    job = run_sbatch(tmp_path)
+    try:
+        # Each queue: a first run that recycles (exit 0), then a second that stays up.
+        wait_for(lambda: sorted(starts(tmp_path)) == ["gpu0", "gpu0", "gpu1", "gpu1"], 20, "two starts per GPU")
+        time.sleep(0.3)  # a few polls: nothing else may be started
+        assert sorted(starts(tmp_path)) == ["gpu0", "gpu0", "gpu1", "gpu1"]
+        job.send_signal(signal.SIGTERM)
+        output, _ = job.communicate(timeout=20)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, output
+    assert sorted((tmp_path / "terms").read_text().split()) == ["gpu0", "gpu1"]
+    assert "2 GPU(s)" in output and "all workers stopped" in output
+
+
+@pytest.mark.timeout(60)
+def test_sbatch_gives_up_on_a_worker_that_keeps_failing(tmp_path):
+    job = run_sbatch(tmp_path, FAKE_FAIL="1", FRAMEFLEET_MAX_FAILURES="2", CUDA_VISIBLE_DEVICES="0")
+    output, _ = job.communicate(timeout=30)
+    assert job.returncode == 1, output
+    assert starts(tmp_path) == ["gpu0", "gpu0"]
+    assert "giving up on gpu0" in output
+
+
+def test_sbatch_refuses_a_job_without_gpus(tmp_path):
+    job = run_sbatch(tmp_path, CUDA_VISIBLE_DEVICES="")
+    output, _ = job.communicate(timeout=30)
+    assert job.returncode == 2 and "--gres=gpu:N" in output
+    assert starts(tmp_path) == []
