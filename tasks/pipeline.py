@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import Task
 
-from tasks import progress, worker
+from tasks import oom, progress, worker
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.errors import (
     FramefleetError,
@@ -20,6 +20,7 @@ from tasks.errors import (
     error_class,
 )
 from tasks.redis_client import get_redis
+from tasks.routing import route_task
 from tasks.stage_io import gather_inputs, marker_of, output_path
 from tasks.storage import atomic_write, read_marker, save_npz, write_marker
 
@@ -44,6 +45,7 @@ def _execute(stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
         if done is not None:
             return {"skipped": True, **done.get("report", {})}
     stage = worker.get_stage(stage_name)
+    oom.set_chunk_scale(stage, float(job.get("chunk_scale", 1.0)))
     inputs = gather_inputs(stage_name, job)
     report: dict[str, Any] = {}
 
@@ -59,6 +61,13 @@ def _execute(stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
         digest = save_npz(output, stage.run(inputs, progress=on_progress))
     write_marker(output, digest, marker, report=report)
     return report
+
+
+def _redis_or_none(url: str) -> Any:
+    try:
+        return get_redis(url)
+    except Exception:
+        return None
 
 
 def _count_start(task: Task, ttl_s: int) -> int:
@@ -95,13 +104,23 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
         failure = _as_framefleet_error(exc)
     if failure is not None:
         retryable = not isinstance(failure, PermanentError)
+        if isinstance(failure, GpuOutOfMemory):
+            # Retry elsewhere if possible, with smaller chunks; the autoscaler reads the record.
+            job = {**job, **oom.after_oom(_redis_or_none(conf.redis_url), stage_name,
+                                          worker.STAGES.get(stage_name), job, worker.ROLE.gpu,
+                                          task.request.hostname)}
+            failure = GpuOutOfMemory(f"{failure} (peak {job['oom_peak_mib']:.0f} MiB; "
+                                     f"chunk scale now {job['chunk_scale']:g})", failure.delay_s)
         if retryable and task.request.retries < stage_conf.max_retries:
             delay = failure.delay_s if isinstance(failure, RetryableError) else 5.0
             log.warning("%s of %s failed (%s: %s); retry %d of %d",
                         stage_name, job["video_id"], error_class(failure), failure,
                         attempts, stage_conf.max_retries)
-            raise task.retry(exc=failure, countdown=delay * 2 ** task.request.retries,
-                             max_retries=stage_conf.max_retries)
+            # Celery sends a retry back to the queue it came from; route it afresh instead.
+            queue = route_task(task.name, (job,), {}, {})["queue"]
+            raise task.retry(args=(job,), exc=failure, countdown=delay * 2 ** task.request.retries,
+                             max_retries=stage_conf.max_retries, queue=queue, exchange=queue,
+                             routing_key=queue)
         log.error("%s of %s failed for good: %s: %s", stage_name, job["video_id"],
                   error_class(failure), failure)
         job = {**job, "failed": {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -12,7 +13,7 @@ from typing import Any
 
 from celery import signals
 
-from tasks import stage_factory
+from tasks import fake_gpu, stage_factory
 from tasks.celery_app import CPU_STAGES, GPU_STAGES, settings
 from tasks.errors import ModelLoadError
 
@@ -55,10 +56,19 @@ def role_for(queues: list[str], hostname: str) -> WorkerRole:
     return WorkerRole(hostname, list(queues), gpus[0] if gpus else None, "cpu", stages)
 
 
+DEVICE_ENV = "FRAMEFLEET_DEVICE"
+
+
 def pin_visible_device(gpu: int) -> None:
-    """Make physical GPU ``gpu`` the only one CUDA sees; must run before CUDA initialises."""
+    """Make physical GPU ``gpu`` the only one CUDA sees; must run before CUDA initialises.
+
+    $FRAMEFLEET_DEVICE, when set, names the device outright (a container that sees only its
+    reserved GPU sets it to 0, whatever the GPU's host index).
+    """
     inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if inherited:
+    if os.environ.get(DEVICE_ENV):
+        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ[DEVICE_ENV]
+    elif inherited:
         # Under Slurm or a supervisor, gpuN means the N-th GPU this process was given.
         visible = [d for d in inherited.split(",") if d.strip()]
         if gpu >= len(visible):
@@ -82,6 +92,8 @@ def on_celeryd_init(sender: str | None = None, options: dict[str, Any] | None = 
     ROLE = role_for(list(queues), sender or "")
     if ROLE.gpu is not None:
         pin_visible_device(ROLE.gpu)
+        if os.environ.get(fake_gpu.LEDGER_ENV):
+            os.environ.setdefault(fake_gpu.INDEX_ENV, str(ROLE.gpu))
 
 
 @signals.worker_process_init.connect
@@ -107,12 +119,50 @@ def _device_for(role: WorkerRole) -> str:
     import torch  # the worker needs it; importing `tasks` alone must not
 
     if torch.cuda.is_available():
+        check_pinning(role.gpu, torch)
         return "cuda:0"
     log.warning(
         "no GPU visible (CUDA unavailable): the models of gpu%d run on the CPU", role.gpu
     )
     print(f"framefleet: no GPU visible: gpu{role.gpu}'s models run on the CPU", file=sys.stderr)
     return "cpu"
+
+
+def check_pinning(gpu: int, torch: Any) -> None:
+    """Check by UUID that CUDA device 0 of this process is the GPU NVML calls the pinned one."""
+    from tasks.gpu_probe import uuid_of_visible_device
+
+    expected = uuid_of_visible_device()
+    actual = str(torch.cuda.get_device_properties(0).uuid)
+    if expected is not None and expected.removeprefix("GPU-") != actual.removeprefix("GPU-"):
+        raise ModelLoadError(
+            f"queue gpu{gpu} should run on {expected} but CUDA device 0 is GPU-{actual}; "
+            "set CUDA_DEVICE_ORDER=PCI_BUS_ID (CUDA and NVML then number GPUs alike)"
+        )
+    log.info("gpu%d pinned to %s", gpu, expected or f"GPU-{actual}")
+
+
+def memory_state() -> dict[str, float]:
+    """This process's device memory (used and peak, MiB) and resident host memory (MiB)."""
+    out = {"rss_mib": _rss_mib()}
+    peaks = [float(getattr(getattr(s, "model", s), "peak_memory_bytes", 0) or 0) for s in STAGES.values()]
+    torch = sys.modules.get("torch")
+    if ROLE.device.startswith("cuda") and torch is not None:
+        out["gpu_used_mib"] = torch.cuda.memory_reserved(0) / 2**20
+        peaks.append(float(torch.cuda.max_memory_reserved(0)))
+    out["gpu_peak_mib"] = max(peaks, default=0.0) / 2**20
+    return out
+
+
+def _rss_mib() -> float:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
 def load_stage(name: str, device: str) -> Any:
@@ -157,6 +207,7 @@ def worker_state() -> dict[str, Any]:
         "stages": ROLE.stages,
         "model_loads": dict(MODEL_LOADS),
         "updated": time.time(),
+        **memory_state(),
         **STATE,
     }
 
@@ -183,7 +234,17 @@ def on_task_start(task: Any = None, args: Any = None, **_: Any) -> None:
 
 @signals.task_postrun.connect
 def on_task_end(**_: Any) -> None:
-    STATE.update(busy=False, current=None, tasks_done=STATE["tasks_done"] + 1)
+    STATE.update(busy=False, current=None, frames=None, tasks_done=STATE["tasks_done"] + 1)
+    conf = settings()
+    if ROLE.gpu is None:
+        return  # recycling is for solo GPU workers; prefork has max-tasks-per-child
+    rss = _rss_mib()
+    if (conf.max_tasks_per_worker and STATE["tasks_done"] >= conf.max_tasks_per_worker) or (
+        conf.max_rss_mib and rss > conf.max_rss_mib
+    ):
+        log.warning("recycling after %d tasks at %.0f MiB RSS: warm shutdown; the supervisor "
+                    "starts a fresh worker", STATE["tasks_done"], rss)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 @signals.worker_ready.connect

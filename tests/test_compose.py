@@ -102,10 +102,12 @@ def test_each_gpu_worker_pins_the_one_gpu_its_container_sees(monkeypatch):
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     for index, service in gpu_workers(load_compose()["services"]).items():
         env = service["environment"]
-        if "CUDA_VISIBLE_DEVICES" in env:
-            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", str(env["CUDA_VISIBLE_DEVICES"]))
-        else:
-            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        for name in ("CUDA_VISIBLE_DEVICES", "FRAMEFLEET_DEVICE"):
+            if name in env:
+                monkeypatch.setenv(name, str(env[name]))
+            else:
+                monkeypatch.delenv(name, raising=False)
         pin_visible_device(index)
         assert os.environ["CUDA_VISIBLE_DEVICES"] == "0", (index, env)
 

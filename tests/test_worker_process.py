@@ -52,3 +52,19 @@ def test_without_gpu_the_gpu0_worker_runs_models_on_cpu_and_says_so(workers):
     assert state["device"] == "cpu" and state["gpu"] == 0
     assert state["model_loads"] == {"depth": 1, "tracks": 1, "hands": 1}
     assert "no GPU visible" in workers.log("gpu0")
+
+
+def test_a_worker_recycles_itself_after_n_tasks(workers, video_factory, pipeline_env, tmp_path):
+    from tests.conftest import run_script
+
+    workers.start("cpu")
+    proc = workers.start("gpu0", env={"FRAMEFLEET_MAX_TASKS_PER_WORKER": "2"})
+    out = tmp_path / "out"
+    assert run_script("enqueue_dataset.py", str(video_factory(1)), "--out", str(out), "--no-wait",
+                      env=pipeline_env).returncode == 0
+    assert proc.wait(timeout=120) == 0  # finished its second task, then a clean warm shutdown
+    assert "recycling after 2 tasks" in workers.log("gpu0")
+    r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
+    assert r.llen("gpu0") == 1  # the third GPU stage waits for the fresh worker
+    workers.start("gpu0", name="gpu0-fresh")
+    wait_until(lambda: (out / "run_summary.json").exists(), 120, "the run to finish")

@@ -22,14 +22,16 @@ class QueueLoad:
 
 
 def choose_gpu_queue(
-    loads: Iterable[QueueLoad], allowed: Iterable[int] | None = None, previous: int | None = None
+    loads: Iterable[QueueLoad], allowed: Iterable[int] | None = None, previous: int | None = None,
+    avoid: int | None = None,
 ) -> QueueLoad | None:
     """Return the live queue with the least work per worker; ties go to ``previous``, then lowest GPU.
 
+    ``avoid`` (a GPU that just ran out of memory on this task) is taken only if nothing else is live.
     Returns None when no allowed queue has a live worker.
     """
     allowed_set = None if allowed is None else set(allowed)
     live = [q for q in loads if q.workers > 0 and (allowed_set is None or q.gpu in allowed_set)]
     if not live:
         return None
-    return min(live, key=lambda q: (q.load, q.gpu != previous, q.gpu))
+    return min(live, key=lambda q: (q.gpu == avoid, q.load, q.gpu != previous, q.gpu))

@@ -70,6 +70,7 @@ class Settings(BaseSettings):
     max_queue_wait_s: float = Field(default=60.0, ge=0)
     result_expires_s: int = Field(default=30 * 24 * 3600, ge=3600)
     max_tasks_per_worker: int = Field(default=0, ge=0)
+    max_rss_mib: float = Field(default=0, ge=0)
     stages: dict[str, StageSettings] = Field(default_factory=_default_stages)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

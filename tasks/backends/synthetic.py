@@ -47,6 +47,8 @@ class SyntheticModel:
         self.matmuls_per_frame = int(matmuls_per_frame)
         self.device: str | None = None
         self.peak_memory_bytes = 0
+        # Fraction of the activation memory used per call; lowered after an out-of-memory retry.
+        self.chunk_scale = 1.0
         self._held: Any = None
         self._weights: Any = None
         self._fake: fake_gpu.FakeGpuSlot | None = None
@@ -77,11 +79,12 @@ class SyntheticModel:
         on_cuda = self.device is not None and self.device.startswith("cuda")
         if on_cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
-        fake = contextlib.nullcontext(None) if self._fake is None else self._fake.held(self.activation_mib)
+        activation_mib = self.activation_mib * self.chunk_scale
+        fake = contextlib.nullcontext(None) if self._fake is None else self._fake.held(activation_mib)
         with fake as fake_mib:
             extra = None
-            if self.activation_mib:
-                extra = torch.ones(int(self.activation_mib * MIB), dtype=torch.uint8, device=self.device)
+            if activation_mib:
+                extra = torch.ones(int(activation_mib * MIB), dtype=torch.uint8, device=self.device)
             try:
                 yield
             finally:

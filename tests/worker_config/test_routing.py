@@ -21,3 +21,8 @@ def test_gpus_restriction_and_no_live_worker():
     assert choose_gpu_queue([q(0), q(1, waiting=9), q(2, waiting=5)], allowed=[1, 2]).queue == "gpu2"
     assert choose_gpu_queue([q(0, workers=0), q(1, workers=0)]) is None
     assert choose_gpu_queue([q(0)], allowed=[3]) is None
+
+
+def test_a_gpu_that_ran_out_of_memory_is_avoided_while_another_is_live():
+    assert choose_gpu_queue([q(0), q(1, waiting=5)], avoid=0).queue == "gpu1"
+    assert choose_gpu_queue([q(0)], avoid=0).queue == "gpu0"

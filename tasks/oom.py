@@ -1,0 +1,55 @@
+"""After a GPU out-of-memory error: free the cache, report it, and shape the retry."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+import redis
+
+log = logging.getLogger("framefleet.oom")
+OOM_KEY = "ff:oom"
+MIB = 1 << 20
+
+
+def stage_peak_mib(stage: Any) -> float:
+    """The peak device memory the stage's model reported for its last call, in MiB."""
+    model = getattr(stage, "model", stage)
+    return float(getattr(model, "peak_memory_bytes", 0) or 0) / MIB
+
+
+def set_chunk_scale(stage: Any, scale: float) -> None:
+    """Tell a stage's model to use ``scale`` of its activation memory (models without chunks ignore it)."""
+    model = getattr(stage, "model", None)
+    if model is not None and hasattr(model, "chunk_scale"):
+        model.chunk_scale = scale
+
+
+def release_memory() -> None:
+    """Free cached CUDA memory: only after an OOM, never after every task."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def after_oom(r: redis.Redis | None, stage_name: str, stage: Any, job: dict[str, Any],
+              gpu: int | None, hostname: str) -> dict[str, Any]:
+    """Release memory, record the OOM for the autoscaler; return the job fields of the retry."""
+    release_memory()
+    peak = stage_peak_mib(stage)
+    record = {"gpu": gpu, "worker": hostname, "pid": os.getpid(), "stage": stage_name,
+              "video_id": job.get("video_id"), "peak_mib": peak, "time": time.time()}
+    if r is not None:
+        try:
+            r.lpush(OOM_KEY, json.dumps(record))
+            r.ltrim(OOM_KEY, 0, 999)
+        except redis.RedisError as exc:
+            log.warning("OOM not recorded: %s", exc)
+    scale = max(job.get("chunk_scale", 1.0) / 2, 1 / 64)
+    return {"avoid_gpu": gpu, "chunk_scale": scale, "oom_peak_mib": max(peak, job.get("oom_peak_mib", 0.0))}
