@@ -22,11 +22,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import contextlib
+
 import redis  # noqa: E402
 
 from scripts import _cli  # noqa: E402
 from scripts.enqueue_dataset import check_redis, enqueue, parse_gpus, report, wait_for  # noqa: E402
+from tasks import registry  # noqa: E402
 from tasks.dataset import DatasetError  # noqa: E402
+from tasks.redis_client import get_redis  # noqa: E402
+from worker_config.settings import Settings  # noqa: E402
 
 
 def free_port() -> int:
@@ -82,6 +87,21 @@ class Cluster:
                 time.sleep(0.05)
         raise DatasetError(f"the private redis-server did not answer; see {self.logs / 'redis.log'}")
 
+    def wait_for_workers(self, conf: Settings, names: list[str], timeout_s: float = 120) -> None:
+        """Wait until every worker has loaded its models and registered, or one has exited."""
+        r = get_redis(conf.redis_url)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            live = {w["hostname"].split("@")[0] for w in registry.live_workers(r)}
+            if set(names) <= live:
+                return
+            for name, proc in self.procs:
+                if proc.poll() is not None:
+                    raise DatasetError(f"the {name} process exited ({proc.returncode}); see "
+                                       f"{self.logs / (name + '.log')}")
+            time.sleep(0.2)
+        raise DatasetError(f"workers {names} did not register within {timeout_s:.0f} s; see {self.logs}")
+
     def stop(self, grace_s: float = 20.0) -> None:
         # Warm shutdown first (workers finish their task), then make sure nothing is left.
         for name, proc in reversed(self.procs):
@@ -91,15 +111,11 @@ class Cluster:
         for name, proc in self.procs:
             if name == "redis":
                 continue
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for name, proc in self.procs:
-            try:
+        for _name, proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait()
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
@@ -156,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.start("flower", [sys.executable, "-m", "celery", "-A", "tasks", "flower",
                                  "--address=127.0.0.1", f"--port={port}", "--max_tasks=10000"], env)
         print(f"Flower: http://127.0.0.1:{port}  (logs in {cluster.logs})", flush=True)
+        cluster.wait_for_workers(conf, [f"gpu{g}" for g in gpus] + ["cpu"])
         record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force)
         print(f"run {record['run_id']}: {record['videos']} videos", flush=True)
         summary = wait_for(conf, record)

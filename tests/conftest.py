@@ -115,7 +115,7 @@ class Workers:
             return proc.wait()
 
     def stop_all(self) -> None:
-        for name, proc in self.procs.items():
+        for proc in self.procs.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
         for name in self.procs:

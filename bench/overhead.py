@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""Print the per-stage task overhead of a finished run: the time from one stage's end to the next's start.
+
+    python bench/overhead.py OUT            (OUT holds run_summary.json)
+
+With several videos the gap includes time waiting in the queue behind other videos; a run of
+one video shows the dispatch overhead alone.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def main(out: Path) -> int:
+    summary = json.loads((out / "run_summary.json").read_text())
+    print(f"{summary['done']} videos, wall {summary['wall_s']:.1f} s")
+    print(f"{'stage':<11}{'run mean s':>11}{'gap before mean s':>19}{'gap max s':>11}")
+    for stage in ("preprocess", "depth", "tracks", "hands", "h5"):
+        entry = summary["stages"][stage]
+        gap = next((v for k, v in entry.items() if k.startswith("overhead_after_")), None)
+        print(f"{stage:<11}{entry.get('mean_s', 0):>11.3f}"
+              f"{gap['mean_s'] if gap else float('nan'):>19.3f}{gap['max_s'] if gap else float('nan'):>11.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))
