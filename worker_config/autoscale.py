@@ -1,0 +1,157 @@
+"""The autoscaling policy as pure code: from one GPU's readings to "up", "down" or "hold".
+
+``scripts/autoscaler.py`` gathers a ``GpuView`` per GPU each tick and acts on ``decide``'s answer;
+nothing here reads a GPU, Redis or a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+Action = Literal["up", "down", "hold"]
+
+
+@dataclass(frozen=True)
+class AutoscalePolicy:
+    """How the autoscaler packs workers on a GPU; memory in MiB, times in seconds.
+
+    ``cooldown_s``: no change within this long of the last one, except a scale-down on memory
+    pressure or after an OOM. ``idle_scale_down_s``: a GPU with nothing waiting and nothing
+    running for this long goes down to ``min_workers_per_gpu``. ``pressure_free_mib``: below this
+    much free GPU memory, one worker goes. ``host_margin_mib``: host RAM left over after another
+    worker's RSS. ``oom_recent_s``: how long an OOM counts as recent (no scale-up, scale-down
+    allowed while workers x peak do not fit). Raises ValueError naming a bad value.
+    """
+
+    headroom_mib: float = 1024.0
+    max_workers_per_gpu: int = 4
+    min_workers_per_gpu: int = 1
+    cooldown_s: float = 30.0
+    idle_scale_down_s: float = 300.0
+    pressure_free_mib: float = 512.0
+    host_margin_mib: float = 2048.0
+    oom_recent_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value < 0:
+                raise ValueError(f"autoscale policy: {f.name} = {value} must be >= 0")
+        if self.max_workers_per_gpu < max(1, self.min_workers_per_gpu):
+            raise ValueError(
+                f"autoscale policy: max_workers_per_gpu = {self.max_workers_per_gpu} must be >= 1 and >= "
+                f"min_workers_per_gpu = {self.min_workers_per_gpu}; raise --max-workers-per-gpu"
+            )
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """What the autoscaler knows of one GPU at one tick.
+
+    ``other_used_mib``: memory held by processes that are not this autoscaler's workers.
+    ``workers``: its workers that are registered and alive; ``starting``: started (or waiting to be
+    restarted) but not registered yet; ``stopping``: told to stop and not gone yet.
+    ``backlog``: tasks waiting in the GPU's queue. ``peak_mib``: the learned peak of one worker
+    (None until one is known). ``host_free_mib``: MemAvailable; ``worker_rss_mib``: the largest
+    RSS of one of its workers. ``backlog_empty_for_s``: how long nothing has waited or run.
+    """
+
+    index: int
+    name: str
+    total_mib: float
+    used_mib: float
+    free_mib: float
+    other_used_mib: float
+    workers: int
+    starting: int
+    backlog: int
+    peak_mib: float | None
+    host_free_mib: float
+    worker_rss_mib: float
+    recent_oom: bool = False
+    backlog_empty_for_s: float = 0.0
+    stopping: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One GPU's verdict for this tick, with the readings it was made from."""
+
+    action: Action
+    reason: str
+    readings: dict[str, Any] = field(default_factory=dict)
+
+
+def capacity(total_mib: float, headroom_mib: float, peak_mib: float, other_used_mib: float = 0.0) -> int:
+    """How many workers of ``peak_mib`` fit: floor((total - headroom - other_used) / peak), at least 0."""
+    if peak_mib <= 0:
+        raise ValueError(f"peak_mib must be > 0, got {peak_mib}")
+    return max(0, math.floor((total_mib - headroom_mib - other_used_mib) / peak_mib))
+
+
+def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -> Decision:
+    """Return whether to add a worker to ``view``'s GPU, remove its newest, or hold.
+
+    ``since_last_change_s``: seconds since this GPU's last scale-up or scale-down (inf if none).
+    """
+    have = view.workers + view.starting
+    budget = view.total_mib - policy.headroom_mib - view.other_used_mib
+    fits = None if view.peak_mib is None else capacity(
+        view.total_mib, policy.headroom_mib, view.peak_mib, view.other_used_mib)
+    readings = {k: _rounded(v) for k, v in asdict(view).items()}
+    readings.update(gpu=readings.pop("index"), capacity=fits, headroom_mib=policy.headroom_mib,
+                    since_last_change_s=_rounded(since_last_change_s))
+
+    def verdict(action: Action, reason: str) -> Decision:
+        return Decision(action, reason, readings)
+
+    if view.stopping:
+        return verdict("hold", f"waiting for {view.stopping} worker(s) to finish their task and stop")
+    if have < policy.min_workers_per_gpu:
+        return verdict("up", f"{have} worker(s), below the minimum of {policy.min_workers_per_gpu}")
+    if have > policy.max_workers_per_gpu:
+        return verdict("down", f"{have} workers, above the maximum of {policy.max_workers_per_gpu}")
+    if have > policy.min_workers_per_gpu:
+        if view.free_mib < policy.pressure_free_mib:
+            return verdict("down", f"memory pressure: {view.free_mib:.0f} MiB free, below "
+                                   f"{policy.pressure_free_mib:.0f} MiB")
+        if view.recent_oom and view.peak_mib is not None and have * view.peak_mib > budget:
+            return verdict("down", f"out of memory: {have} x {view.peak_mib:.0f} MiB peak + "
+                                   f"{view.other_used_mib:.0f} MiB others > {view.total_mib:.0f} MiB - "
+                                   f"{policy.headroom_mib:.0f} MiB headroom")
+        if view.backlog_empty_for_s >= policy.idle_scale_down_s and since_last_change_s >= policy.cooldown_s:
+            return verdict("down", f"idle for {view.backlog_empty_for_s:.0f} s: down towards "
+                                   f"{policy.min_workers_per_gpu}")
+    if since_last_change_s < policy.cooldown_s:
+        return verdict("hold", f"cooldown: last change {since_last_change_s:.1f} s ago, "
+                               f"under {policy.cooldown_s:g} s")
+    if view.backlog <= have:
+        return verdict("hold", f"backlog {view.backlog} <= {have} worker(s)")
+    if view.peak_mib is None:
+        if have >= 1:
+            return verdict("hold", "no learned peak yet: one worker until it has run a task")
+        return verdict("up", f"backlog {view.backlog} and no worker")
+    if have >= policy.max_workers_per_gpu:
+        return verdict("hold", f"at the maximum of {policy.max_workers_per_gpu} workers")
+    if view.recent_oom:
+        return verdict("hold", "out of memory recently: not adding")
+    if (have + 1) * view.peak_mib > budget:
+        return verdict("hold", f"another worker does not fit: {have + 1} x {view.peak_mib:.0f} MiB peak + "
+                               f"{view.other_used_mib:.0f} MiB others > {view.total_mib:.0f} MiB - "
+                               f"{policy.headroom_mib:.0f} MiB headroom (capacity {fits})")
+    if view.free_mib < policy.headroom_mib:
+        return verdict("hold", f"only {view.free_mib:.0f} MiB free, below the {policy.headroom_mib:.0f} MiB "
+                               "headroom")
+    if view.host_free_mib < view.worker_rss_mib + policy.host_margin_mib:
+        return verdict("hold", f"host RAM: {view.host_free_mib:.0f} MiB available < {view.worker_rss_mib:.0f} "
+                               f"MiB per worker + {policy.host_margin_mib:.0f} MiB margin")
+    return verdict("up", f"backlog {view.backlog} > {have} worker(s) and {have + 1} x "
+                         f"{view.peak_mib:.0f} MiB fit (capacity {fits})")
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 1) if math.isfinite(value) else None
+    return value
