@@ -19,6 +19,7 @@ import redis  # noqa: E402
 import yaml  # noqa: E402
 
 from scripts import _cli  # noqa: E402
+from tasks import quarantine, stall
 from tasks.celery_app import STAGES
 from tasks.dataset import (
     DatasetError,
@@ -58,12 +59,18 @@ def check_redis(conf: Settings) -> str | None:
 
 
 def enqueue(conf: Settings, raw_dir: Path, out_dir: Path, limit: int | None = None,
-            gpus: list[int] | None = None, resume: bool = False, force: bool = False) -> dict[str, Any]:
+            gpus: list[int] | None = None, resume: bool = False, force: bool = False,
+            retry_quarantined: bool = False) -> dict[str, Any]:
     """Send the run's chord; return {run_id, callback_id, videos}. Raises DatasetError."""
     videos = find_videos(raw_dir)[: limit or None]
-    check_folders(raw_dir, out_dir, resume, force)
+    check_folders(raw_dir, out_dir, resume or retry_quarantined, force)
     run_id = new_run_id()
     entries = write_manifest(raw_dir, out_dir, videos, run_id)
+    if retry_quarantined:
+        held = quarantine.read(out_dir)
+        if not held:
+            raise DatasetError(f"no quarantined videos in {out_dir / quarantine.FILE}; nothing to retry")
+        entries, resume = [e for e in entries if e["video_id"] in held], True
     write_text_atomic(out_dir / "settings.resolved.yaml",
                       yaml.safe_dump(resolved_dict(conf), sort_keys=True))
     todo = entries if force or not resume else incomplete(entries, out_dir)
@@ -112,10 +119,20 @@ def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dic
 
     tty = sys.stdout.isatty()
     last, last_print = "", 0.0
+    counts: dict[str, int] = {}
+    changed, reported = time.monotonic(), 0.0
     while True:
         try:
-            line = render(progress.read(get_redis(conf.redis_url), record["run_id"]),
-                          record["videos"], record["started"])
+            now_counts = progress.read(get_redis(conf.redis_url), record["run_id"])
+            if now_counts != counts:
+                counts, changed = now_counts, time.monotonic()
+            line = render(counts, record["videos"], record["started"])
+            stalled = time.monotonic() - changed
+            if stalled > conf.stall_after_s and time.monotonic() - reported > conf.stall_after_s:
+                reported = time.monotonic()
+                why = stall.diagnose(get_redis(conf.redis_url), get_redis(conf.broker), conf)
+                print(f"\nno task finished for {stalled:.0f} s: "
+                      + ("; ".join(why) or "every worker is busy with long tasks"), file=sys.stderr, flush=True)
             # Polled without an AsyncResult: its pub/sub outlives a private Redis at teardown.
             meta = app.backend.get_task_meta(record["callback_id"])
             ready = meta["status"] in ("SUCCESS", "FAILURE")
@@ -144,6 +161,8 @@ def report(summary: dict[str, Any], out_dir: Path) -> int:
         print(f"failed: {len(summary['failed'])} videos:")
         for f in summary["failed"]:
             print(f"  {f['video']} ({f['video_id']}): {f['stage']}: {f['error_class']}: {f['reason']}")
+        print(f"quarantined: {out_dir / quarantine.FILE}; after fixing, "
+              "enqueue them again with --retry-quarantined")
         return 1
     return 0
 
@@ -159,13 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--continue", dest="resume", action="store_true",
                       help="finish an earlier run in OUT, skipping complete outputs")
     mode.add_argument("--force", action="store_true", help="redo every video in OUT")
+    mode.add_argument("--retry-quarantined", action="store_true",
+                      help="enqueue again only the videos listed in OUT/quarantine.jsonl")
     _cli.add_config_argument(parser)
     args = parser.parse_args(argv)
     conf = _cli.settings_from(args)
     if (why := check_redis(conf)) is not None:
         return _cli.fail(why)
     try:
-        record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force)
+        record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force,
+                         args.retry_quarantined)
     except DatasetError as exc:
         return _cli.fail(str(exc))
     skipped = f" ({record['already_complete']} already complete)" if record["already_complete"] else ""

@@ -10,7 +10,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from tasks import quarantine
 from tasks.celery_app import STAGES, TASK_PREFIX, app, settings
+from tasks.redis_client import get_redis
 from tasks.stage_io import marker_of, output_path
 from tasks.storage import read_marker, write_text_atomic
 
@@ -69,21 +71,29 @@ def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, A
     done = sorted(r["video_id"] for r in results if not r.get("failed"))
     failed = [{"video_id": r["video_id"], "video": r["video"], **r["failed"]}
               for r in results if r.get("failed")]
+    try:
+        r = get_redis(settings().redis_url)
+    except Exception:
+        r = None
+    quarantined = quarantine.update(out_root, failed, done, r)
     summary = {
         "run_id": run["run_id"],
         "videos": len(results),
         "done": len(done),
         "already_complete": run.get("already_complete", 0),
         "failed": failed,
+        "quarantined": [q["video_id"] for q in quarantined],
         "done_videos": done,
         "statistics_videos": merged,
         "started": run.get("started"),
         "finished": time.time(),
         "wall_s": time.time() - run["started"] if run.get("started") else None,
         "stages": stage_timings([r for r in results if not r.get("failed")]),
-        "outputs": {"statistics": "normalization_stats.yaml", "hdf5": "{video_id}.hdf5"},
+        "outputs": {"statistics": "normalization_stats.yaml", "hdf5": "{video_id}.hdf5",
+                    "quarantine": quarantine.FILE},
     }
     write_text_atomic(out_root / "run_summary.json", json.dumps(summary, indent=2, sort_keys=True))
     log.info("run %s: %d done, %d failed; statistics over %d videos",
              run["run_id"], len(done), len(failed), merged)
-    return {k: summary[k] for k in ("run_id", "videos", "done", "failed", "statistics_videos", "wall_s")}
+    keys = ("run_id", "videos", "done", "failed", "quarantined", "statistics_videos", "wall_s")
+    return {k: summary[k] for k in keys}

@@ -1,0 +1,51 @@
+"""Quarantine: one record per video that failed for good, in OUT/quarantine.jsonl and in Redis."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from tasks.storage import write_text_atomic
+
+log = logging.getLogger("framefleet.quarantine")
+FILE = "quarantine.jsonl"
+
+
+def redis_key(out_root: Path) -> str:
+    return "ff:quarantine:" + hashlib.sha256(str(out_root.resolve()).encode()).hexdigest()[:12]
+
+
+def read(out_root: Path) -> dict[str, dict[str, Any]]:
+    """Return the quarantined videos of ``out_root`` by video id."""
+    path = out_root / FILE
+    if not path.exists():
+        return {}
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {r["video_id"]: r for r in records}
+
+
+def update(out_root: Path, failed: list[dict[str, Any]], done: list[str], r: redis.Redis | None) -> list[dict]:
+    """Add this run's failures, release the videos now done; return the quarantine."""
+    records = read(out_root)
+    for vid in done:
+        records.pop(vid, None)
+    for record in failed:
+        records[record["video_id"]] = record
+    ordered = [records[k] for k in sorted(records)]
+    write_text_atomic(out_root / FILE, "".join(json.dumps(rec, sort_keys=True) + "\n" for rec in ordered))
+    if r is not None:
+        try:
+            key = redis_key(out_root)
+            pipe = r.pipeline()
+            pipe.delete(key)
+            if ordered:
+                pipe.hset(key, mapping={rec["video_id"]: json.dumps(rec) for rec in ordered})
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("quarantine not mirrored to Redis: %s", exc)
+    return ordered

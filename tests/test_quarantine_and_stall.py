@@ -1,0 +1,63 @@
+"""Quarantine records, --retry-quarantined, and the stall report of the enqueue script."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import redis
+
+from scripts.make_sample_dataset import make_corrupt_inputs, make_video
+from tasks.quarantine import redis_key
+from tests.conftest import ROOT, run_script
+
+
+def test_failures_are_quarantined_and_can_be_retried_after_a_fix(video_factory, workers, pipeline_env, tmp_path):
+    raw = tmp_path / "raw"
+    shutil.copytree(video_factory(1), raw)
+    bad = make_corrupt_inputs(raw)
+    workers.start("cpu")
+    workers.start("gpu0")
+    out = tmp_path / "out"
+    first = run_script("enqueue_dataset.py", str(raw), "--out", str(out), env=pipeline_env)
+    assert first.returncode == 1 and "--retry-quarantined" in first.stdout
+    records = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
+    assert sorted(r["video"] for r in records) == sorted(p.name for p in bad.values())
+    for record in records:
+        assert {"stage", "error_class", "reason", "attempts", "worker", "time"} <= record.keys()
+        assert record["worker"] == "cpu@test" and record["attempts"] == 1  # bad input: no retry
+    mirrored = redis.Redis.from_url(pipeline_env["REDIS_URL"]).hgetall(redis_key(out))
+    assert len(mirrored) == len(records)
+    assert sorted(json.loads((out / "run_summary.json").read_text())["quarantined"]) == sorted(
+        r["video_id"] for r in records)
+
+    bad["not_video"].unlink()  # the user replaces the text file with the real video
+    make_video(bad["not_video"], 320, 240, 15, 1.5, seed=7)
+    again = run_script("enqueue_dataset.py", str(raw), "--out", str(out), "--retry-quarantined", env=pipeline_env)
+    assert again.returncode == 1
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert summary["videos"] == 4 and summary["done"] == 1  # only the quarantined ones were sent
+    assert summary["statistics_videos"] == 2
+    left = [json.loads(line)["video"] for line in (out / "quarantine.jsonl").read_text().splitlines()]
+    assert sorted(left) == sorted(p.name for k, p in bad.items() if k != "not_video")
+
+
+def test_a_stalled_run_says_which_queue_is_stuck_and_why(video_factory, workers, pipeline_env, tmp_path):
+    workers.start("cpu")  # no GPU worker at all
+    out = tmp_path / "out"
+    env = {**pipeline_env, "FRAMEFLEET_STALL_AFTER_S": "3"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(video_factory(1)),
+                             "--out", str(out)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, seen = time.monotonic() + 60, ""
+        while time.monotonic() < deadline and "no live worker" not in seen:
+            seen += proc.stderr.readline()
+        assert "queue gpu0: 1 tasks waiting and no live worker" in seen, seen
+        assert "celery -A tasks worker -Q gpu0" in seen
+    finally:
+        proc.kill()
+        proc.wait()
