@@ -1,0 +1,89 @@
+"""Learned peak GPU memory of one worker, kept in Redis so that a later run starts at the right count.
+
+Hash ``ff:profiles``, field "<gpu name>|<stage set>|<backend>|<resolution>" (e.g.
+"NVIDIA H100 80GB HBM3|depth+tracks+hands|synthetic|512x384"), value JSON
+{"peak_mib": float, "samples": int, "updated": unix time}.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from worker_config.settings import Settings
+
+PROFILES_KEY = "ff:profiles"
+OOM_RAISE_FACTOR = 1.25
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A learned peak (MiB) of one worker, how many samples it came from and when it last changed."""
+
+    peak_mib: float
+    samples: int
+    updated: float
+
+
+def profile_key(gpu_name: str, stages: Iterable[str], backend: str, resolution: str) -> str:
+    return f"{gpu_name}|{'+'.join(stages)}|{backend}|{resolution}"
+
+
+def key_for(conf: Settings, gpu_name: str, stages: Iterable[str]) -> str:
+    """The profile key of a worker hosting ``stages`` on a GPU named ``gpu_name`` under ``conf``."""
+    stages = list(stages)
+    backends = list(dict.fromkeys(conf.stages[s].backend for s in stages))
+    params = conf.stages["preprocess"].params
+    resolution = f"{int(params.get('width', 512))}x{int(params.get('height', 384))}"
+    return profile_key(gpu_name, stages, "+".join(backends), resolution)
+
+
+def load(r: redis.Redis, key: str) -> Profile | None:
+    """Return the profile under ``key``, or None when none is learned (or it is unreadable)."""
+    return _parse(r.hget(PROFILES_KEY, key))
+
+
+def learn(r: redis.Redis, key: str, peak_mib: float) -> Profile:
+    """Record one observed peak (MiB); the stored peak is the largest seen. Returns the stored profile."""
+    return _update(r, key, lambda old: max(old, float(peak_mib)))
+
+
+def raise_after_oom(r: redis.Redis, key: str, observed_mib: float) -> Profile:
+    """After an OOM, set the peak to max(peak x 1.25, ``observed_mib``): the learned one was too low."""
+    return _update(r, key, lambda old: max(old * OOM_RAISE_FACTOR, float(observed_mib)))
+
+
+def _update(r: redis.Redis, key: str, new_peak: Any) -> Profile:
+    if not key:
+        raise ValueError("a profile key must not be empty")
+    result: list[Profile] = []
+
+    def swap(pipe: Any) -> None:
+        old = _parse(pipe.hget(PROFILES_KEY, key))
+        profile = Profile(
+            peak_mib=round(float(new_peak(old.peak_mib if old else 0.0)), 1),
+            samples=(old.samples if old else 0) + 1,
+            updated=time.time(),
+        )
+        pipe.multi()
+        pipe.hset(PROFILES_KEY, key, json.dumps(profile.__dict__))
+        result[:] = [profile]
+
+    # WATCH makes read-modify-write safe against the autoscaler of another host.
+    r.transaction(swap, PROFILES_KEY)
+    return result[0]
+
+
+def _parse(raw: str | bytes | None) -> Profile | None:
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+        return Profile(float(data["peak_mib"]), int(data.get("samples", 0)), float(data.get("updated", 0)))
+    except (ValueError, KeyError, TypeError):
+        return None
