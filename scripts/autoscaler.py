@@ -1,0 +1,517 @@
+#!/usr/bin/env python3
+"""Supervise this host's solo GPU workers: one per GPU, more while backlog and memory allow, fewer on pressure.
+
+    python scripts/autoscaler.py [--gpus all|0,1] [--max-workers-per-gpu N] [--headroom-mib M]
+                                 [--tick-s S] [--cpu-workers N] [--config FILE] [--fake-gpu LEDGER]
+
+Every tick it reads NVML (or a fake GPU ledger), the worker registry, queue backlogs, host RAM and
+the OOM records (ff:oom), decides per GPU (worker_config.autoscale) and acts by starting a worker or
+warm-stopping the newest. Each change is logged, sent as a Celery event (autoscale-up,
+autoscale-down, autoscale-restart) and appended to the Redis list ff:autoscale. Without a readable
+GPU it runs --cpu-workers stand-in workers for gpu0 and only keeps them alive. SIGINT or SIGTERM
+warm-stops every worker (SIGKILL after --stop-grace-s) and exits 0; a second signal kills at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import redis  # noqa: E402
+
+from scripts import _cli  # noqa: E402
+from scripts.enqueue_dataset import parse_gpus  # noqa: E402
+from tasks.celery_app import GPU_STAGES  # noqa: E402
+from tasks.fake_gpu import INDEX_ENV, LEDGER_ENV  # noqa: E402
+from tasks.gpu_probe import GpuProbe, GpuReading, open_probe  # noqa: E402
+from tasks.redis_client import get_redis  # noqa: E402
+from tasks.registry import live_workers  # noqa: E402
+from worker_config import profiles  # noqa: E402
+from worker_config.autoscale import AutoscalePolicy, Decision, GpuView, decide  # noqa: E402
+from worker_config.settings import Settings  # noqa: E402
+
+log = logging.getLogger("framefleet.autoscaler")
+ROOT = Path(__file__).resolve().parents[1]
+DECISIONS_KEY = "ff:autoscale"
+DECISIONS_KEPT = 1000
+OOM_KEY = "ff:oom"
+MAX_BACKOFF_S = 60.0
+STABLE_RUN_S = 60.0  # a worker that ran this long before failing starts its backoff afresh
+EVENT_RESERVED = {"type", "hostname", "utcoffset", "pid", "clock", "timestamp"}
+
+
+@dataclass
+class Slot:
+    """One intended worker of a GPU; its process is replaced when it exits, until the slot is stopped."""
+
+    gpu: int
+    seq: int
+    name: str
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    failures: int = 0
+    restart_at: float | None = None
+    stopping_since: float | None = None
+    last_exit: str = ""
+    seen_peak_mib: float = 0.0
+    learned_mib: float = 0.0
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
+
+
+class Supervisor:
+    """Starts worker processes (argument lists, own session each), warm-stops them, restarts the fallen.
+
+    ``argv_for(gpu, name)`` and ``env_for(gpu)`` build a worker's command and environment;
+    ``stop_grace_s``: seconds between SIGTERM (warm shutdown) and SIGKILL.
+    """
+
+    def __init__(self, argv_for: Callable[[int, str], list[str]], env_for: Callable[[int], dict[str, str]],
+                 log_dir: Path | None = None, stop_grace_s: float = 600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.argv_for, self.env_for, self.log_dir = argv_for, env_for, log_dir
+        self.stop_grace_s, self.clock = stop_grace_s, clock
+        self.slots: list[Slot] = []
+        self.started_pids: set[int] = set()
+        self._seq: dict[int, int] = {}
+
+    def active(self, gpu: int) -> list[Slot]:
+        return [s for s in self.slots if s.gpu == gpu and s.stopping_since is None]
+
+    def stopping(self, gpu: int) -> list[Slot]:
+        return [s for s in self.slots if s.gpu == gpu and s.stopping_since is not None]
+
+    def start(self, gpu: int, name_prefix: str) -> Slot:
+        self._seq[gpu] = self._seq.get(gpu, 0) + 1
+        slot = Slot(gpu, self._seq[gpu], f"{name_prefix}-{self._seq[gpu]}")
+        self.slots.append(slot)
+        self._spawn(slot)
+        return slot
+
+    def stop_newest(self, gpu: int) -> Slot | None:
+        """Warm-stop the most recently added worker of ``gpu``; a slot waiting to restart just goes."""
+        candidates = self.active(gpu)
+        if not candidates:
+            return None
+        slot = max(candidates, key=lambda s: s.seq)
+        if slot.pid is None:
+            self.slots.remove(slot)
+        else:
+            slot.stopping_since = self.clock()
+            _signal_group(slot.pid, signal.SIGTERM)
+        return slot
+
+    def reap(self) -> list[tuple[str, Slot, str]]:
+        """Handle exits and due restarts; return (what, slot, detail) for each: restarted, stopped, killed."""
+        now, happened = self.clock(), []
+        for slot in list(self.slots):
+            code = slot.proc.poll() if slot.proc is not None else None
+            if slot.stopping_since is not None:
+                if code is not None or slot.proc is None:
+                    self.slots.remove(slot)
+                    happened.append(("stopped", slot, f"exit status {code}"))
+                elif now - slot.stopping_since > self.stop_grace_s:
+                    _signal_group(slot.proc.pid, signal.SIGKILL)
+                    happened.append(("killed", slot, f"still running {self.stop_grace_s:g} s after SIGTERM"))
+            elif code is not None:
+                ran_s = now - slot.started_at
+                slot.proc = None
+                if code == 0:
+                    slot.failures, slot.restart_at = 0, now  # recycled: replaced at once
+                    detail = "exited 0 (recycled); starting a fresh one"
+                else:
+                    slot.failures = 1 if ran_s >= STABLE_RUN_S else slot.failures + 1
+                    delay = min(MAX_BACKOFF_S, 2.0 ** (slot.failures - 1))
+                    slot.restart_at = now + delay
+                    detail = f"exited with status {code} after {ran_s:.1f} s; restarting in {delay:g} s"
+                slot.last_exit = detail
+                happened.append(("exited", slot, detail))
+            if slot.proc is None and slot.restart_at is not None and now >= slot.restart_at:
+                self._spawn(slot)
+                happened.append(("restarted", slot, f"pid {slot.pid}"))
+        return happened
+
+    def stop_all(self, grace_s: float, hurry: Callable[[], bool] = lambda: False) -> None:
+        """Warm-stop every worker, wait up to ``grace_s`` (or until ``hurry()``), then SIGKILL the rest."""
+        running = [s.proc for s in self.slots if s.proc is not None and s.proc.poll() is None]
+        for proc in running:
+            _signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while any(p.poll() is None for p in running) and time.monotonic() < deadline and not hurry():
+            time.sleep(0.1)
+        for proc in running:
+            if proc.poll() is None:
+                _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+        self.slots.clear()
+
+    def _spawn(self, slot: Slot) -> None:
+        out: Any = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_dir / f"{slot.name}.log", "ab")  # noqa: SIM115 (the child keeps its own copy)
+        try:
+            slot.proc = subprocess.Popen(self.argv_for(slot.gpu, slot.name), env=self.env_for(slot.gpu),
+                                         cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT if out else None, start_new_session=True)
+        finally:
+            if out is not None:
+                out.close()
+        slot.started_at, slot.restart_at, slot.seen_peak_mib = self.clock(), None, 0.0
+        self.started_pids.add(slot.proc.pid)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+@dataclass
+class Snapshot:
+    """One tick's readings of everything but the GPU-specific decision."""
+
+    gpus: list[GpuReading]
+    used_mib: dict[tuple[int, int], float]  # (pid, gpu) -> MiB
+    workers: dict[int, dict[str, Any]]  # pid -> registry state, this host's supervised workers only
+    backlog: dict[int, int]
+    host_free_mib: float
+    ooms: list[dict[str, Any]]
+
+
+class Autoscaler:
+    """One host's autoscaler; ``tick`` reads everything once and makes at most one change per GPU."""
+
+    def __init__(self, conf: Settings, policy: AutoscalePolicy, probe: GpuProbe, supervisor: Supervisor,
+                 gpus: list[int] | None = None, cpu_workers: int = 1,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.conf, self.policy, self.probe, self.supervisor = conf, policy, probe, supervisor
+        self.gpus, self.cpu_workers, self.clock = gpus, cpu_workers, clock
+        self.r = get_redis(conf.redis_url)
+        self.broker = get_redis(conf.broker)
+        self.host = socket.gethostname()
+        self.started_wall = time.time()
+        self.last_change: dict[int, float] = {}
+        self.last_oom: dict[int, float] = {}
+        self.last_raise: dict[int, float] = {}
+        self.idle_since: dict[int, float] = {}
+        self.last_stop_wall: dict[int, float] = {}
+        self.last_hold: dict[int, str] = {}
+        self._seen_ooms: set[str] = set()
+        self._dispatcher: Any = None
+
+    def tick(self) -> list[Decision]:
+        """Reap and restart workers, then decide and act for every GPU; return this tick's decisions."""
+        for what, slot, detail in self.supervisor.reap():
+            self._on_process_event(what, slot, detail)
+        if self.probe.mode == "none":
+            return self._keep_cpu_workers()
+        try:
+            snap = self._snapshot()
+        except Exception as exc:  # Redis or GPU unreadable: keep supervising, decide next tick
+            log.warning("no decisions this tick: %s: %s", type(exc).__name__, exc)
+            return []
+        decisions = []
+        for gpu in snap.gpus:
+            try:
+                decision = self._decide(gpu, snap)
+                self._act(gpu.index, decision)
+                decisions.append(decision)
+            except Exception:  # one GPU's trouble never stops the others
+                log.exception("GPU %d: tick failed", gpu.index)
+        return decisions
+
+    def shutdown(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.close()
+            self._dispatcher = None
+
+    def _snapshot(self) -> Snapshot:
+        gpus = [g for g in self.probe.gpus() if self.gpus is None or g.index in self.gpus]
+        used = {(p.pid, p.gpu): p.used_mib for p in self.probe.processes()}
+        ours = {s.pid for s in self.supervisor.slots if s.pid is not None}
+        workers = {int(w["pid"]): w for w in live_workers(self.r) if w.get("pid") in ours}
+        pipe = self.broker.pipeline()
+        for gpu in gpus:
+            pipe.llen(self.conf.gpu_queue(gpu.index))
+        backlog = dict(zip([g.index for g in gpus], pipe.execute(), strict=True))
+        return Snapshot(gpus, used, workers, backlog, host_available_mib(), self._new_ooms())
+
+    def _new_ooms(self) -> list[dict[str, Any]]:
+        raws = self.r.lrange(OOM_KEY, 0, -1)
+        fresh = []
+        for raw in raws:
+            if raw in self._seen_ooms:
+                continue
+            try:
+                record = json.loads(raw)
+                mine = int(record.get("pid", -1)) in self.supervisor.started_pids or \
+                    str(record.get("worker", "")).rpartition("@")[2] == self.host
+                if mine and float(record.get("time", 0)) >= self.started_wall:
+                    fresh.append(record)
+            except (ValueError, TypeError, AttributeError):
+                log.warning("ignoring an unreadable %s record: %r", OOM_KEY, raw)
+        self._seen_ooms = set(raws)
+        return fresh
+
+    def _decide(self, gpu: GpuReading, snap: Snapshot) -> Decision:
+        now, idx, policy = self.clock(), gpu.index, self.policy
+        key = profiles.key_for(self.conf, gpu.name, GPU_STAGES)
+        active, stopping = self.supervisor.active(idx), self.supervisor.stopping(idx)
+        mine = [s for s in active + stopping if s.pid is not None]
+        for slot in mine:
+            self._learn(slot, snap, key)
+        for record in (r for r in snap.ooms if int(r.get("gpu", -1)) == idx):
+            self._on_oom(idx, record, key, bool(stopping))
+        registered = [s for s in active if s.pid in snap.workers]
+        ours_used = sum(self._memory_of(s, snap) for s in mine)
+        busy = any(snap.workers[s.pid].get("busy") for s in registered if s.pid is not None)
+        if snap.backlog[idx] == 0 and not busy:
+            self.idle_since.setdefault(idx, now)
+        else:
+            self.idle_since.pop(idx, None)
+        rss = [rss_mib(s.pid) for s in registered if s.pid is not None]
+        profile = profiles.load(self.r, key)
+        view = GpuView(
+            index=idx, name=gpu.name, total_mib=gpu.total_mib, used_mib=gpu.used_mib, free_mib=gpu.free_mib,
+            other_used_mib=max(0.0, gpu.used_mib - ours_used), workers=len(registered),
+            starting=len(active) - len(registered), backlog=snap.backlog[idx],
+            peak_mib=profile.peak_mib if profile else None, host_free_mib=snap.host_free_mib,
+            worker_rss_mib=max(rss, default=0.0),
+            recent_oom=now - self.last_oom.get(idx, -float("inf")) < policy.oom_recent_s,
+            backlog_empty_for_s=now - self.idle_since.get(idx, now), stopping=len(stopping),
+        )
+        return decide(view, policy, now - self.last_change.get(idx, -float("inf")))
+
+    @staticmethod
+    def _memory_of(slot: Slot, snap: Snapshot) -> float:
+        """The worker's GPU memory (MiB): as NVML or the ledger sees its pid, else as it publishes it
+        (a container without the host's pid namespace hides the pid from NVML)."""
+        seen = snap.used_mib.get((slot.pid or -1, slot.gpu))
+        if seen is not None:
+            return seen
+        return float((snap.workers.get(slot.pid or -1) or {}).get("gpu_used_mib") or 0.0)
+
+    def _learn(self, slot: Slot, snap: Snapshot, key: str) -> None:
+        """Fold this worker's memory into the profile once it has run a task (its peak includes activations)."""
+        assert slot.pid is not None
+        seen = snap.used_mib.get((slot.pid, slot.gpu))
+        slot.seen_peak_mib = max(slot.seen_peak_mib, seen or 0.0)
+        state = snap.workers.get(slot.pid)
+        if state is None or int(state.get("tasks_done") or 0) < 1:
+            return
+        # NVML's reading holds the CUDA context and the allocator's cache (which keeps its high-water
+        # mark); the published peak catches an activation between two readings.
+        peak = max(slot.seen_peak_mib, float(state.get("gpu_peak_mib") or 0.0))
+        if peak > slot.learned_mib:
+            slot.learned_mib = peak
+            stored = profiles.learn(self.r, key, peak)
+            log.info("GPU %d: %s peaked at %.0f MiB; profile %r: %.0f MiB", slot.gpu, slot.name, peak, key,
+                     stored.peak_mib)
+
+    def _on_oom(self, idx: int, record: dict[str, Any], key: str, stopping: bool) -> None:
+        now = self.clock()
+        self.last_oom[idx] = now
+        observed = float(record.get("peak_mib") or 0.0)
+        # OOMs while a worker is leaving (or from before it left), or just after a raise, come from
+        # the crowding already answered: they must not raise the peak again.
+        stale = stopping or float(record.get("time", 0)) <= self.last_stop_wall.get(idx, 0.0)
+        if stale or now - self.last_raise.get(idx, -float("inf")) < self.policy.cooldown_s:
+            log.warning("GPU %d: OOM in %s (%s, %.0f MiB); profile already raised", idx,
+                        record.get("worker"), record.get("stage"), observed)
+            return
+        self.last_raise[idx] = now
+        stored = profiles.raise_after_oom(self.r, key, observed)
+        log.warning("GPU %d: OOM in %s (%s, %.0f MiB): profile %r raised to %.0f MiB", idx,
+                    record.get("worker"), record.get("stage"), observed, key, stored.peak_mib)
+
+    def _act(self, idx: int, decision: Decision) -> None:
+        if decision.action == "hold":
+            kind = re.sub(r"[-\d.]+", "#", decision.reason)
+            if self.last_hold.get(idx) != kind:
+                log.info("GPU %d: hold: %s %s", idx, decision.reason, json.dumps(decision.readings))
+                self.last_hold[idx] = kind
+            return
+        self.last_hold.pop(idx, None)
+        if decision.action == "up":
+            slot: Slot | None = self.supervisor.start(idx, self.conf.gpu_queue(idx))
+        else:
+            slot = self.supervisor.stop_newest(idx)
+        self.last_change[idx] = self.clock()
+        self._announce(decision.action, idx, decision.reason, decision.readings, slot)
+
+    def _keep_cpu_workers(self) -> list[Decision]:
+        decisions = []
+        while len(self.supervisor.active(0)) < self.cpu_workers:
+            have = len(self.supervisor.active(0))
+            decision = Decision("up", f"CPU mode: {have} of {self.cpu_workers} stand-in worker(s) for gpu0",
+                                {"gpu": 0, "mode": "cpu", "workers": have, "cpu_workers": self.cpu_workers})
+            slot = self.supervisor.start(0, self.conf.gpu_queue(0))
+            self._announce("up", 0, decision.reason, decision.readings, slot)
+            decisions.append(decision)
+        return decisions
+
+    def _on_process_event(self, what: str, slot: Slot, detail: str) -> None:
+        if what in ("exited", "killed"):
+            log.warning("GPU %d: worker %s %s", slot.gpu, slot.name, detail)
+        elif what == "stopped":
+            self.last_stop_wall[slot.gpu] = time.time()
+            log.info("GPU %d: worker %s stopped (%s)", slot.gpu, slot.name, detail)
+        else:
+            self._announce("restart", slot.gpu, f"{slot.name} {slot.last_exit.split(';')[0]}; restarted",
+                           {"gpu": slot.gpu, "failures": slot.failures}, slot)
+
+    def _announce(self, action: str, idx: int, reason: str, readings: dict[str, Any], slot: Slot | None) -> None:
+        """Log a change, append it to ff:autoscale and send it as the event autoscale-<action>."""
+        record = {**readings, "gpu": idx, "action": action, "reason": reason, "time": time.time(),
+                  "host": self.host, "worker": slot.name if slot else None,
+                  "worker_pid": slot.pid if slot else None}
+        log.info("GPU %d: %s (%s): %s %s", idx, action, record["worker"], reason, json.dumps(readings))
+        try:
+            pipe = self.r.pipeline()
+            pipe.rpush(DECISIONS_KEY, json.dumps(record))
+            pipe.ltrim(DECISIONS_KEY, -DECISIONS_KEPT, -1)
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("decision not recorded in %s: %s", DECISIONS_KEY, exc)
+        try:
+            if self._dispatcher is None:
+                from tasks import app
+
+                self._dispatcher = app.events.Dispatcher(app.connection_for_write(),
+                                                         hostname=f"autoscaler@{self.host}", enabled=True)
+            self._dispatcher.send(f"autoscale-{action}",
+                                  **{k: v for k, v in record.items() if k not in EVENT_RESERVED})
+        except Exception as exc:
+            log.warning("autoscale-%s event not sent: %s", action, exc)
+            self._dispatcher = None
+
+
+def host_available_mib() -> float:
+    """MemAvailable from /proc/meminfo in MiB (inf where there is no /proc/meminfo)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("inf")
+
+
+def rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def worker_argv(queue: str, name: str) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-P", "solo", "-c", "1",
+            "-n", f"{name}@%h", "-E", "--without-gossip", "--without-mingle", "--loglevel", "INFO"]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    defaults = AutoscalePolicy()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpus", type=parse_gpus, help="GPU indices to supervise, e.g. 0,1 (default: all)")
+    p.add_argument("--max-workers-per-gpu", type=int, default=defaults.max_workers_per_gpu)
+    p.add_argument("--min-workers-per-gpu", type=int, default=defaults.min_workers_per_gpu)
+    p.add_argument("--headroom-mib", type=float, default=defaults.headroom_mib,
+                   help="GPU memory kept free beyond the workers' learned peaks")
+    p.add_argument("--pressure-free-mib", type=float, default=defaults.pressure_free_mib,
+                   help="below this much free GPU memory, one worker is stopped")
+    p.add_argument("--cooldown-s", type=float, default=defaults.cooldown_s, help="seconds between changes")
+    p.add_argument("--idle-scale-down-s", type=float, default=defaults.idle_scale_down_s)
+    p.add_argument("--host-margin-mib", type=float, default=defaults.host_margin_mib,
+                   help="host RAM to leave free beyond another worker's RSS")
+    p.add_argument("--tick-s", type=float, default=2.0, help="seconds between readings")
+    p.add_argument("--stop-grace-s", type=float, default=600.0, help="SIGTERM to SIGKILL, for stopping workers")
+    p.add_argument("--cpu-workers", type=int, default=1, help="stand-in gpu0 workers when there is no GPU")
+    p.add_argument("--fake-gpu", metavar="LEDGER", help=f"a fake GPU ledger instead of NVML (else ${LEDGER_ENV})")
+    p.add_argument("--log-dir", type=Path, help="one log file per worker here (default: this program's output)")
+    _cli.add_config_argument(p)
+    args = p.parse_args(argv)
+    if args.tick_s <= 0 or args.cpu_workers < 1 or args.stop_grace_s < 0:
+        p.error("--tick-s must be > 0, --cpu-workers >= 1 and --stop-grace-s >= 0")
+    try:
+        args.policy = AutoscalePolicy(
+            headroom_mib=args.headroom_mib, max_workers_per_gpu=args.max_workers_per_gpu,
+            min_workers_per_gpu=args.min_workers_per_gpu, cooldown_s=args.cooldown_s,
+            idle_scale_down_s=args.idle_scale_down_s, pressure_free_mib=args.pressure_free_mib,
+            host_margin_mib=args.host_margin_mib)
+    except ValueError as exc:
+        p.error(str(exc))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    conf = _cli.settings_from(args)
+    logging.basicConfig(level=conf.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fake = args.fake_gpu or os.environ.get(LEDGER_ENV)
+    if fake and not Path(fake).is_file():
+        return _cli.fail(f"no fake GPU ledger at {fake}; create one with tasks.fake_gpu.FakeGpuLedger.create "
+                         f"or drop --fake-gpu / ${LEDGER_ENV}")
+    probe = open_probe(fake)
+    base_env = {k: v for k, v in os.environ.items() if k not in (LEDGER_ENV, INDEX_ENV)}
+
+    def env_for(gpu: int) -> dict[str, str]:
+        return {**base_env, LEDGER_ENV: str(Path(fake).resolve()), INDEX_ENV: str(gpu)} if fake else base_env
+
+    if probe.mode == "none":
+        print(f"framefleet autoscaler: CPU mode ({getattr(probe, 'reason', 'no GPU')}): keeping "
+              f"{args.cpu_workers} stand-in worker(s) for {conf.gpu_queue(0)} alive; no packing", flush=True)
+    else:
+        found = [g.index for g in probe.gpus()]
+        missing = sorted(set(args.gpus or []) - set(found))
+        if missing:
+            probe.close()
+            return _cli.fail(f"--gpus names GPU(s) {missing}, but the {probe.mode} probe sees {found}")
+        print(f"framefleet autoscaler: {probe.mode} mode, GPUs {args.gpus or found}", flush=True)
+    signals: list[int] = []  # a handler only appends: locks taken in a handler can deadlock
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        signals.append(signum)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    supervisor = Supervisor(lambda gpu, name: worker_argv(conf.gpu_queue(gpu), name), env_for, args.log_dir,
+                            args.stop_grace_s)
+    autoscaler = Autoscaler(conf, args.policy, probe, supervisor, args.gpus, args.cpu_workers)
+    try:
+        while not signals:
+            autoscaler.tick()
+            next_tick = time.monotonic() + args.tick_s
+            while not signals and time.monotonic() < next_tick:
+                time.sleep(min(0.1, args.tick_s))
+        print("framefleet autoscaler: stopping every worker (warm shutdown; a second signal kills them)",
+              flush=True)
+    finally:
+        supervisor.stop_all(args.stop_grace_s, lambda: len(signals) > 1)
+        autoscaler.shutdown()
+        probe.close()
+    print("framefleet autoscaler: all workers stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,388 @@
+"""The autoscaler against real Redis, real worker processes and a fake GPU ledger (no GPU needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from scripts.autoscaler import Supervisor
+from tasks.celery_app import GPU_STAGES
+from tasks.fake_gpu import LEDGER_ENV, FakeGpuLedger
+from tasks.registry import live_workers
+from tests.conftest import ROOT, wait_until
+from worker_config import profiles
+from worker_config.settings import load_settings
+
+# Scaled down from a 10000 MiB GPU: hold 200 + activation 100 = a 300 MiB peak, 100 MiB headroom,
+# so floor((1000 - 100) / 300) = 3 workers fit.
+TOTAL_MIB, PEAK_MIB = 1000, 300
+DEPTH = "stages:\n  depth:\n    params: {hold_mib: 200, activation_mib: 100, matmuls_per_frame: 10}\n"
+FAST = ["--tick-s", "0.5", "--cooldown-s", "1", "--headroom-mib", "100", "--pressure-free-mib", "20",
+        "--idle-scale-down-s", "600", "--max-workers-per-gpu", "6", "--stop-grace-s", "60"]
+
+
+class Autoscaler:
+    """scripts/autoscaler.py as a child process; stopped (and its workers with it) at teardown."""
+
+    def __init__(self, env: dict[str, str], tmp: Path) -> None:
+        self.env, self.tmp = env, tmp
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = tmp / "autoscaler.log"
+
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "scripts" / "autoscaler.py"), "--log-dir", str(self.tmp / "logs"),
+                 *args], cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return self.proc
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout_s: float = 60) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            pytest.fail(f"the autoscaler did not stop within {timeout_s} s:\n{self.log()[-3000:]}")
+
+
+@pytest.fixture
+def autoscaler(pipeline_env: dict[str, str], tmp_path: Path) -> Iterator[Autoscaler]:
+    runner = Autoscaler({k: v for k, v in pipeline_env.items() if k != LEDGER_ENV}, tmp_path)
+    yield runner
+    if runner.proc is not None and runner.proc.poll() is None:
+        runner.stop()
+    for pid in worker_pids(redis.Redis.from_url(pipeline_env["REDIS_URL"])):
+        if alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def r(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url, decode_responses=True)
+
+
+def decisions(r: redis.Redis) -> list[dict]:
+    return [json.loads(raw) for raw in r.lrange("ff:autoscale", 0, -1)]
+
+
+def worker_pids(r: redis.Redis) -> set[int]:
+    return {d["worker_pid"] for d in decisions(r) if d.get("worker_pid")}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
+
+
+def gpu0_workers(r: redis.Redis) -> list[dict]:
+    return [w for w in live_workers(r) if w.get("gpu") == 0 and w["hostname"].startswith("gpu0-")]
+
+
+def make_ledger(tmp_path: Path) -> Path:
+    path = tmp_path / "ledger.json"
+    FakeGpuLedger.create(path, [{"total_mib": TOTAL_MIB, "name": "Fake GPU 1GB"}])
+    return path
+
+
+def enqueue(raw: Path, out: Path, env: dict[str, str], tmp_path: Path) -> subprocess.Popen[bytes]:
+    """Send the run and wait for it in a child process (its output in tmp_path/enqueue.log)."""
+    with open(tmp_path / "enqueue.log", "wb") as log:
+        return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(raw),
+                                 "--out", str(out)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def finished_summary(enqueuer: subprocess.Popen[bytes], out: Path, tmp_path: Path, videos: int) -> dict:
+    assert enqueuer.wait(timeout=120) == 0, (tmp_path / "enqueue.log").read_text()
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert summary["failed"] == [] and summary["done"] == summary["videos"] == videos, summary
+    return summary
+
+
+@pytest.mark.timeout(180)
+def test_packs_to_capacity_learns_the_peak_and_stops_every_worker(
+    video_factory, workers, pipeline_env, autoscaler, r, tmp_path
+):
+    ledger, config = make_ledger(tmp_path), tmp_path / "depth.yaml"
+    config.write_text(DEPTH)
+    env = {**pipeline_env, "FRAMEFLEET_CONFIG": str(config)}
+    workers.start("cpu", env={"FRAMEFLEET_CONFIG": str(config)})
+    proc = autoscaler.start("--fake-gpu", str(ledger), "--config", str(config), *FAST)
+    wait_until(lambda: gpu0_workers(r), 60, "the first gpu0 worker")
+    out = tmp_path / "out"
+    enqueuer = enqueue(video_factory(6), out, env, tmp_path)
+    most, most_on_gpu = 0, 0
+    deadline = time.monotonic() + 150
+    while enqueuer.poll() is None and time.monotonic() < deadline:
+        most = max(most, len(gpu0_workers(r)))
+        most_on_gpu = max(most_on_gpu, len({p.pid for p in FakeGpuLedger(ledger).readings()[1]}))
+        time.sleep(0.1)
+    finished_summary(enqueuer, out, tmp_path, 6)
+    assert proc.poll() is None, autoscaler.log()
+    assert most == 3 and most_on_gpu == 3, (most, most_on_gpu, autoscaler.log()[-4000:])
+    made = decisions(r)
+    ups = [d for d in made if d["action"] == "up"]
+    assert [d["action"] for d in made] == ["up"] * 3, autoscaler.log()[-4000:]
+    assert "below the minimum" in ups[0]["reason"] and ups[0]["peak_mib"] is None
+    for d in ups[1:]:
+        assert d["peak_mib"] == PEAK_MIB and d["capacity"] == 3 and d["backlog"] > d["workers"] + d["starting"]
+        assert {"free_mib", "used_mib", "other_used_mib", "host_free_mib", "worker_rss_mib"} <= set(d)
+    assert {d["worker"] for d in ups} == {"gpu0-1", "gpu0-2", "gpu0-3"}
+    key = profiles.key_for(load_settings(config), "Fake GPU 1GB", GPU_STAGES)
+    assert key == "Fake GPU 1GB|depth+tracks+hands|synthetic|512x384"
+    assert profiles.load(r, key).peak_mib == PEAK_MIB  # the activation is in the learned peak
+
+    pids = worker_pids(r)
+    assert len(pids) == 3 and all(alive(pid) for pid in pids)
+    assert autoscaler.stop() == 0, autoscaler.log()
+    assert not [pid for pid in pids if alive(pid)]
+    assert gpu0_workers(r) == [] and FakeGpuLedger(ledger).readings()[1] == []
+    assert "all workers stopped" in autoscaler.log()
+
+
+@pytest.mark.timeout(180)
+def test_an_oom_raises_the_peak_scales_down_and_loses_nothing(
+    video_factory, workers, pipeline_env, autoscaler, r, tmp_path
+):
+    ledger, config = make_ledger(tmp_path), tmp_path / "depth.yaml"
+    config.write_text(DEPTH)
+    env = {**pipeline_env, "FRAMEFLEET_CONFIG": str(config)}
+    # A profile from an earlier run: the autoscaler goes straight to 3 workers.
+    key = profiles.key_for(load_settings(config), "Fake GPU 1GB", GPU_STAGES)
+    profiles.learn(r, key, PEAK_MIB)
+    workers.start("cpu", env={"FRAMEFLEET_CONFIG": str(config)})
+    autoscaler.start("--fake-gpu", str(ledger), "--config", str(config), *FAST)
+    out = tmp_path / "out"
+    enqueuer = enqueue(video_factory(6), out, env, tmp_path)
+    wait_until(lambda: len(gpu0_workers(r)) == 3, 90, "3 gpu0 workers")
+    assert [d["action"] for d in decisions(r)] == ["up"] * 3
+    # Now 3 workers' holds (600 MiB) plus one activation (100 MiB) pass the GPU's limit.
+    FakeGpuLedger(ledger).set_oom_at(0, 650)
+    wait_until(lambda: r.llen("ff:oom"), 60, "an OOM record")
+    down = wait_until(lambda: [d for d in decisions(r) if d["action"] == "down"], 30, "a scale-down")[0]
+    assert "out of memory" in down["reason"] and down["recent_oom"] is True, down
+    assert down["peak_mib"] >= PEAK_MIB * 1.25 and down["capacity"] == 2
+    finished_summary(enqueuer, out, tmp_path, 6)
+    ooms = [json.loads(raw) for raw in r.lrange("ff:oom", 0, -1)]
+    assert {o["stage"] for o in ooms} <= set(GPU_STAGES) and all(o["gpu"] == 0 for o in ooms)
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("gpu0-*.log"))
+    assert "GpuOutOfMemory" in logs and "retry 1 of 3" in logs  # the OOMed task was retried
+    assert len(gpu0_workers(r)) == 2
+    assert [d["action"] for d in decisions(r)] == ["up"] * 3 + ["down"], autoscaler.log()[-4000:]
+    assert profiles.load(r, key).peak_mib >= PEAK_MIB * 1.25
+    assert autoscaler.stop() == 0
+    assert not [pid for pid in worker_pids(r) if alive(pid)]
+
+
+@pytest.mark.timeout(120)
+def test_without_a_gpu_it_runs_in_cpu_mode_and_keeps_a_stand_in_alive(pipeline_env, autoscaler, r):
+    from tasks.gpu_probe import open_probe
+
+    probe = open_probe(None) if not os.environ.get(LEDGER_ENV) else None
+    if probe is not None and probe.mode == "nvml":
+        probe.close()
+        pytest.skip("NVML sees a GPU here: CPU mode needs a machine without one")
+    autoscaler.start("--tick-s", "0.5")
+    first = wait_until(lambda: gpu0_workers(r), 60, "the stand-in gpu0 worker")[0]
+    assert "CPU mode" in autoscaler.log() and first["device"] == "cpu"
+    os.killpg(first["pid"], signal.SIGKILL)
+    again = wait_until(lambda: [w for w in gpu0_workers(r) if w["pid"] != first["pid"]], 60, "a restart")
+    assert again[0]["hostname"] == first["hostname"] and len(gpu0_workers(r)) == 1
+    assert [d["action"] for d in decisions(r)] == ["up", "restart"]
+    assert "restarting in 1 s" in autoscaler.log()
+    assert autoscaler.stop() == 0
+    assert not alive(again[0]["pid"])
+
+
+def test_supervisor_restarts_with_exponential_backoff_and_a_recycled_worker_at_once(tmp_path):
+    now = [0.0]
+    code = ["1"]
+    sup = Supervisor(lambda gpu, name: [sys.executable, "-c", f"raise SystemExit({code[0]})"],
+                     lambda gpu: dict(os.environ), tmp_path, clock=lambda: now[0])
+    slot = sup.start(0, "gpu0")
+    delays = []
+    for _ in range(8):
+        slot.proc.wait()
+        assert [what for what, _, _ in sup.reap()] == ["exited"]
+        delays.append(slot.restart_at - now[0])
+        now[0] = slot.restart_at - 0.01
+        assert sup.reap() == []
+        now[0] = slot.restart_at
+        assert [what for what, _, _ in sup.reap()] == ["restarted"]
+    assert delays == [1, 2, 4, 8, 16, 32, 60, 60]
+    code[0] = "0"
+    slot.proc.wait()  # this one still exits 1
+    sup.reap()
+    now[0] = slot.restart_at
+    sup.reap()
+    slot.proc.wait()
+    assert [what for what, _, _ in sup.reap()] == ["exited", "restarted"] and slot.failures == 0
+    code[0] = "1"
+    slot.proc.wait()
+    assert [what for what, _, _ in sup.reap()] == ["exited", "restarted"]
+    slot.proc.wait()
+    assert [what for what, _, _ in sup.reap()] == ["exited"] and slot.restart_at == now[0] + 1
+    assert sup.stop_newest(0) is slot and sup.slots == []  # waiting for its restart: just dropped
+
+
+def test_supervisor_stops_warm_then_kills_after_the_grace(tmp_path):
+    now = [0.0]
+    stubborn = ("import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "pathlib.Path(sys.argv[1]).touch(); time.sleep(60)")
+    sup = Supervisor(lambda gpu, name: [sys.executable, "-c", stubborn, str(tmp_path / name)],
+                     lambda gpu: dict(os.environ), None, stop_grace_s=30, clock=lambda: now[0])
+    first, second = sup.start(1, "gpu1"), sup.start(1, "gpu1")
+    assert (first.name, second.name) == ("gpu1-1", "gpu1-2")
+    for name in ("gpu1-1", "gpu1-2"):
+        wait_until((tmp_path / name).exists, 20, f"{name} to ignore SIGTERM")
+    assert sup.stop_newest(1) is second and sup.active(1) == [first] and sup.stopping(1) == [second]
+    now[0] = 29
+    assert sup.reap() == []
+    now[0] = 31
+    assert [what for what, _, _ in sup.reap()] == ["killed"]
+    second.proc.wait(timeout=10)
+    assert [what for what, _, _ in sup.reap()] == ["stopped"] and sup.slots == [first]
+    sup.stop_all(grace_s=0.5)
+    assert first.proc.returncode == -signal.SIGKILL and sup.slots == []
+
+
+def test_profiles_keep_the_largest_peak_and_rise_after_an_oom(r):
+    key = profiles.profile_key("NVIDIA H100 80GB HBM3", GPU_STAGES, "synthetic", "512x384")
+    assert key == "NVIDIA H100 80GB HBM3|depth+tracks+hands|synthetic|512x384"
+    assert profiles.load(r, key) is None
+    assert profiles.learn(r, key, 14_000).peak_mib == 14_000
+    assert profiles.learn(r, key, 12_000).peak_mib == 14_000
+    stored = profiles.load(r, key)
+    assert stored.peak_mib == 14_000 and stored.samples == 2 and stored.updated > time.time() - 60
+    assert profiles.raise_after_oom(r, key, 15_000).peak_mib == 17_500
+    assert profiles.raise_after_oom(r, key, 30_000).peak_mib == 30_000
+    assert json.loads(r.hget("ff:profiles", key))["peak_mib"] == 30_000
+    r.hset("ff:profiles", "broken", "not json")
+    assert profiles.load(r, "broken") is None
+    assert profiles.learn(r, "broken", 100).peak_mib == 100
+    conf = load_settings()
+    assert profiles.key_for(conf, "X", ["depth"]) == "X|depth|synthetic|512x384"
+
+
+def test_tick_packs_around_other_processes_and_answers_pressure_and_oom(redis_url, r, monkeypatch, tmp_path):
+    """Autoscaler.tick in this process: stand-in worker processes, registry entries and ledger use by hand."""
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    from scripts.autoscaler import Autoscaler as Scaler
+    from tasks import configure
+    from tasks.gpu_probe import FakeProbe
+    from tasks.registry import publish
+    from worker_config.autoscale import AutoscalePolicy
+
+    conf = load_settings()
+    configure(conf)
+    ledger = FakeGpuLedger.create(tmp_path / "ledger.json", [{"total_mib": 10_000, "name": "Fake GPU 10GB"}])
+    now = [0.0]
+    sup = Supervisor(lambda gpu, name: [sys.executable, "-c", "import time; time.sleep(120)"],
+                     lambda gpu: dict(os.environ), None, stop_grace_s=5, clock=lambda: now[0])
+    policy = AutoscalePolicy(headroom_mib=1000, cooldown_s=10, max_workers_per_gpu=8)
+    scaler = Scaler(conf, policy, FakeProbe(ledger), sup, clock=lambda: now[0])
+    loaded: set[int] = set()
+
+    def tick(seconds: float = 11.0, tasks_done: int = 1):
+        now[0] += seconds
+        for slot in sup.active(0):  # each worker registers and holds 3000 MiB
+            publish(r, {"hostname": f"{slot.name}@test", "pid": slot.pid, "gpu": 0, "gpu_queues": ["gpu0"],
+                        "busy": True, "tasks_done": tasks_done, "gpu_peak_mib": 3000.0}, ttl_s=60)
+            if slot.pid not in loaded:
+                ledger.allocate(0, 3000, pid=slot.pid)
+                loaded.add(slot.pid)
+        return scaler.tick()[0]
+
+    events = EventCapture()
+    try:
+        events.start_listening()
+        r.rpush("gpu0", *["waiting"] * 20)
+        assert tick().action == "up"
+        assert "no learned peak" in tick(tasks_done=0).reason
+        actions = [tick().action for _ in range(5)]
+        assert actions == ["up", "up", "hold", "hold", "hold"] and len(sup.active(0)) == 3
+        assert "does not fit" in tick().reason
+        ledger.allocate(0, 900)  # another program takes 900 MiB: 100 MiB left
+        decision = tick(seconds=0.5)  # memory pressure does not wait for the cooldown
+        assert decision.action == "down" and decision.readings["other_used_mib"] == 900
+        wait_until(lambda: all(s.proc.poll() is not None for s in sup.stopping(0)), 10, "the worker to exit")
+        decision = tick()
+        assert decision.readings["workers"] == 2 and "does not fit" in decision.reason
+        victim = sup.active(0)[0]
+        oom = {"gpu": 0, "worker": f"{victim.name}@test", "pid": victim.pid, "stage": "depth", "peak_mib": 3100.0}
+        r.lpush("ff:oom", json.dumps({**oom, "time": time.time()}))
+        decision = tick()  # 2 x 3750 + 900 still fit: nothing to remove, nothing to add
+        assert decision.action == "hold" and decision.reason.startswith("out of memory recently")
+        assert decision.readings["peak_mib"] == 3750
+        r.lpush("ff:oom", json.dumps({**oom, "time": time.time()}))
+        decision = tick()
+        assert decision.action == "down" and "out of memory" in decision.reason
+        assert decision.readings["peak_mib"] == 4687.5 and decision.readings["capacity"] == 1
+        made = decisions(r)
+        assert [d["action"] for d in made] == ["up", "up", "up", "down", "down"]
+        assert made[3]["reason"].startswith("memory pressure") and made[3]["worker"] == "gpu0-3"
+        sent = wait_until(lambda: events.of("autoscale-") if len(events.of("autoscale-")) == 5 else None, 10,
+                          "the five autoscale events")
+        assert [e["type"] for e in sent] == ["autoscale-up"] * 3 + ["autoscale-down"] * 2
+        assert sent[4]["hostname"].startswith("autoscaler@") and sent[4]["capacity"] == 1
+    finally:
+        events.stop()
+        sup.stop_all(grace_s=5)
+        scaler.shutdown()
+
+
+class EventCapture(threading.Thread):
+    """Celery events as a monitor (Flower) receives them."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.events: list[dict] = []
+        self.receiver = None
+
+    def run(self) -> None:
+        from tasks import app
+
+        with app.connection() as conn:
+            self.receiver = app.events.Receiver(conn, handlers={"*": self.events.append})
+            self.receiver.capture(limit=None, timeout=None, wakeup=False)
+
+    def start_listening(self) -> None:
+        """Start, and return once a probe event sent now is received (the subscription is live)."""
+        from tasks import app
+
+        self.start()
+        with app.connection_for_write() as conn:
+            probe = app.events.Dispatcher(conn, hostname="test@probe", enabled=True)
+
+            def received() -> bool:
+                probe.send("test-probe")
+                return bool(self.of("test-probe"))
+
+            wait_until(received, 20, "the event receiver to subscribe", poll_s=0.2)
+            probe.close()
+
+    def of(self, prefix: str) -> list[dict]:
+        return [e for e in list(self.events) if e.get("type", "").startswith(prefix)]
+
+    def stop(self) -> None:
+        if self.receiver is not None:
+            self.receiver.should_stop = True
+        self.join(timeout=10)
