@@ -200,13 +200,13 @@ class Autoscaler:
 
     def __init__(self, conf: Settings, policy: AutoscalePolicy, probe: GpuProbe, supervisor: Supervisor,
                  gpus: list[int] | None = None, cpu_workers: int = 1,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.conf, self.policy, self.probe, self.supervisor = conf, policy, probe, supervisor
-        self.gpus, self.cpu_workers, self.clock = gpus, cpu_workers, clock
+        self.gpus, self.cpu_workers, self.clock, self.wall = gpus, cpu_workers, clock, wall
         self.r = get_redis(conf.redis_url)
         self.broker = get_redis(conf.broker)
         self.host = socket.gethostname()
-        self.started_wall = time.time()
+        self.started_wall = wall()
         self.last_change: dict[int, float] = {}
         self.last_oom: dict[int, float] = {}
         self.last_raise: dict[int, float] = {}
@@ -329,9 +329,11 @@ class Autoscaler:
         now = self.clock()
         self.last_oom[idx] = now
         observed = float(record.get("peak_mib") or 0.0)
-        # OOMs while a worker is leaving (or from before it left), or just after a raise, come from
-        # the crowding already answered: they must not raise the peak again.
-        stale = stopping or float(record.get("time", 0)) <= self.last_stop_wall.get(idx, 0.0)
+        # OOMs while a worker is leaving, within a cooldown of its leaving (a record is written after
+        # the failed allocation, and after a garbage collection), or just after a raise, come from the
+        # crowding already answered: they must not raise the peak again.
+        settled = self.last_stop_wall.get(idx, -float("inf")) + self.policy.cooldown_s
+        stale = stopping or float(record.get("time", 0)) <= settled
         if stale or now - self.last_raise.get(idx, -float("inf")) < self.policy.cooldown_s:
             log.warning("GPU %d: OOM in %s (%s, %.0f MiB); profile already raised", idx,
                         record.get("worker"), record.get("stage"), observed)
@@ -371,7 +373,7 @@ class Autoscaler:
         if what in ("exited", "killed"):
             log.warning("GPU %d: worker %s %s", slot.gpu, slot.name, detail)
         elif what == "stopped":
-            self.last_stop_wall[slot.gpu] = time.time()
+            self.last_stop_wall[slot.gpu] = self.wall()
             log.info("GPU %d: worker %s stopped (%s)", slot.gpu, slot.name, detail)
         else:
             self._announce("restart", slot.gpu, f"{slot.name} {slot.last_exit.split(';')[0]}; restarted",
@@ -379,7 +381,7 @@ class Autoscaler:
 
     def _announce(self, action: str, idx: int, reason: str, readings: dict[str, Any], slot: Slot | None) -> None:
         """Log a change, append it to ff:autoscale and send it as the event autoscale-<action>."""
-        record = {**readings, "gpu": idx, "action": action, "reason": reason, "time": time.time(),
+        record = {**readings, "gpu": idx, "action": action, "reason": reason, "time": self.wall(),
                   "host": self.host, "worker": slot.name if slot else None,
                   "worker_pid": slot.pid if slot else None}
         log.info("GPU %d: %s (%s): %s %s", idx, action, record["worker"], reason, json.dumps(readings))

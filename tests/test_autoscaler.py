@@ -298,7 +298,8 @@ def test_tick_packs_around_other_processes_and_answers_pressure_and_oom(redis_ur
     sup = Supervisor(lambda gpu, name: [sys.executable, "-c", "import time; time.sleep(120)"],
                      lambda gpu: dict(os.environ), None, stop_grace_s=5, clock=lambda: now[0])
     policy = AutoscalePolicy(headroom_mib=1000, cooldown_s=10, max_workers_per_gpu=8)
-    scaler = Scaler(conf, policy, FakeProbe(ledger), sup, clock=lambda: now[0])
+    wall = lambda: 1_800_000_000 + now[0]  # noqa: E731  (wall time, as OOM records carry it)
+    scaler = Scaler(conf, policy, FakeProbe(ledger), sup, clock=lambda: now[0], wall=wall)
     loaded: set[int] = set()
 
     def tick(seconds: float = 11.0, tasks_done: int = 1):
@@ -326,13 +327,14 @@ def test_tick_packs_around_other_processes_and_answers_pressure_and_oom(redis_ur
         wait_until(lambda: all(s.proc.poll() is not None for s in sup.stopping(0)), 10, "the worker to exit")
         decision = tick()
         assert decision.readings["workers"] == 2 and "does not fit" in decision.reason
+        now[0] += policy.cooldown_s + 1  # OOMs within a cooldown of a worker leaving are its echoes
         victim = sup.active(0)[0]
         oom = {"gpu": 0, "worker": f"{victim.name}@test", "pid": victim.pid, "stage": "depth", "peak_mib": 3100.0}
-        r.lpush("ff:oom", json.dumps({**oom, "time": time.time()}))
+        r.lpush("ff:oom", json.dumps({**oom, "time": wall()}))
         decision = tick()  # 2 x 3750 + 900 still fit: nothing to remove, nothing to add
         assert decision.action == "hold" and decision.reason.startswith("out of memory recently")
         assert decision.readings["peak_mib"] == 3750
-        r.lpush("ff:oom", json.dumps({**oom, "time": time.time()}))
+        r.lpush("ff:oom", json.dumps({**oom, "time": wall()}))
         decision = tick()
         assert decision.action == "down" and "out of memory" in decision.reason
         assert decision.readings["peak_mib"] == 4687.5 and decision.readings["capacity"] == 1
