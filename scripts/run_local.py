@@ -4,13 +4,16 @@
     python scripts/run_local.py RAW_DIR --out OUT [--continue | --force] [--gpus 0,1]
 
 Uses $REDIS_URL when it answers, else a private redis-server on a free port; starts one solo
-worker per visible GPU (or one CPU stand-in for gpu0), a CPU worker and Flower on 127.0.0.1.
+worker per visible GPU (or one CPU stand-in for gpu0), a CPU worker, Flower and the metrics
+exporter on 127.0.0.1. Flower's basic auth comes from $FLOWER_BASIC_AUTH (user:password); without
+it a random password is made for this run and written to OUT/logs/flower-auth.txt (mode 0600).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -30,6 +33,8 @@ from scripts import _cli  # noqa: E402
 from scripts.enqueue_dataset import check_redis, enqueue, parse_gpus, report, wait_for  # noqa: E402
 from tasks import registry  # noqa: E402
 from tasks.dataset import DatasetError  # noqa: E402
+from tasks.gpu_probe import open_probe  # noqa: E402
+from tasks.metrics import GpuSampler, start_exporter  # noqa: E402
 from tasks.redis_client import get_redis  # noqa: E402
 from worker_config.settings import Settings  # noqa: E402
 
@@ -121,6 +126,28 @@ class Cluster:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+FLOWER_USER = "framefleet"
+
+
+def flower_auth(env: dict[str, str], logs: Path) -> tuple[dict[str, str], str]:
+    """Return Flower's environment with basic auth and a line saying who logs in and where the password is.
+
+    $FLOWER_BASIC_AUTH is passed through; without it a random password is written to
+    ``logs/flower-auth.txt`` (mode 0600). The password itself is never printed.
+    """
+    if env.get("FLOWER_BASIC_AUTH"):
+        user = env["FLOWER_BASIC_AUTH"].split(",")[0].partition(":")[0]
+        return env, f"user {user}, password from $FLOWER_BASIC_AUTH"
+    pair = f"{FLOWER_USER}:{secrets.token_urlsafe(18)}"
+    logs.mkdir(parents=True, exist_ok=True)
+    path = logs / "flower-auth.txt"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), 0o600)  # also when the file was already there
+        fh.write(pair + "\n")
+    return {**env, "FLOWER_BASIC_AUTH": pair}, f"user {FLOWER_USER}, password in {path}"
+
+
 def worker_argv(queue: str, name: str, pool: str = "solo", concurrency: int = 1) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-P", pool,
             "-c", str(concurrency), "-n", f"{name}@%h", "-E", "--without-gossip",
@@ -135,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=parse_gpus, help="GPU indices to run workers on (default: all)")
     parser.add_argument("--cpu-workers", type=int, default=2, help="processes of the CPU worker")
     parser.add_argument("--flower-port", type=int, default=0, help="default: a free port")
+    parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus exporter; default: a free port")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--continue", dest="resume", action="store_true")
     mode.add_argument("--force", action="store_true")
@@ -150,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         return _cli.fail(str(exc))
 
     cluster = Cluster(args.out / "logs")
+    exporter, sampler = None, None
     previous_sigterm = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         env = dict(os.environ)
@@ -169,9 +198,16 @@ def main(argv: list[str] | None = None) -> int:
             cluster.start(f"gpu{gpu}", worker_argv(conf.gpu_queue(gpu), f"gpu{gpu}"), env)
         cluster.start("cpu", worker_argv(conf.cpu_queue, "cpu", "prefork", args.cpu_workers), env)
         port = args.flower_port or free_port()
+        flower_env, login = flower_auth(env, cluster.logs)
         cluster.start("flower", [sys.executable, "-m", "celery", "-A", "tasks", "flower",
-                                 "--address=127.0.0.1", f"--port={port}", "--max_tasks=10000"], env)
-        print(f"Flower: http://127.0.0.1:{port}  (logs in {cluster.logs})", flush=True)
+                                 "--address=127.0.0.1", f"--port={port}", "--max_tasks=10000"], flower_env)
+        print(f"Flower: http://127.0.0.1:{port}  ({login}; logs in {cluster.logs})", flush=True)
+        probe = open_probe()
+        exporter = start_exporter(args.metrics_port, conf, probe=probe)
+        print(f"Metrics: {exporter.url}", flush=True)
+        if probe.mode != "none":
+            sampler = GpuSampler(probe, cluster.logs / "gpu-samples.jsonl")
+            sampler.start()
         cluster.wait_for_workers(conf, [f"gpu{g}" for g in gpus] + ["cpu"])
         record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force)
         print(f"run {record['run_id']}: {record['videos']} videos", flush=True)
@@ -186,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
               "--continue finishes the run)", file=sys.stderr)
         return 130
     finally:
+        if sampler is not None:
+            sampler.stop()
+        if exporter is not None:
+            exporter.stop()
         cluster.stop()
         signal.signal(signal.SIGTERM, previous_sigterm)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import Task
 
-from tasks import oom, progress, worker
+from tasks import metrics, oom, progress, worker
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.errors import (
     FramefleetError,
@@ -140,6 +140,7 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
                         conf.result_expires_s)
     except Exception as exc:  # progress display is not worth failing a video for
         log.warning("progress not recorded: %s", exc)
+    metrics.record_stage(conf.redis_url, stage_name, job)
     return job
 
 
