@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from celery import Task
+from celery import Task, current_task
 
 from tasks import metrics, oom, progress, worker
 from tasks.celery_app import TASK_PREFIX, app, settings
@@ -25,6 +25,7 @@ from tasks.stage_io import gather_inputs, marker_of, output_path
 from tasks.storage import atomic_write, read_marker, save_npz, write_marker
 
 log = logging.getLogger("framefleet.pipeline")
+PROGRESS_EVENT_INTERVAL_S = 0.5  # at most 2 task-progress events a second per task
 
 
 def _as_framefleet_error(exc: Exception) -> FramefleetError | Exception:
@@ -48,9 +49,13 @@ def _execute(stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
     oom.set_chunk_scale(stage, float(job.get("chunk_scale", 1.0)))
     inputs = gather_inputs(stage_name, job)
     report: dict[str, Any] = {}
+    last_sent = [-PROGRESS_EVENT_INTERVAL_S]
 
     def on_progress(done_frames: int, total_frames: int) -> None:
         worker.STATE.update(frames=[done_frames, total_frames])
+        if time.monotonic() - last_sent[0] >= PROGRESS_EVENT_INTERVAL_S:
+            last_sent[0] = time.monotonic()
+            _announce_progress({"video_id": vid, "stage": stage_name, "done": done_frames, "total": total_frames})
 
     if stage_name == "h5":
         def write(tmp: Path) -> None:
@@ -61,6 +66,18 @@ def _execute(stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
         digest = save_npz(output, stage.run(inputs, progress=on_progress))
     write_marker(output, digest, marker, report=report)
     return report
+
+
+def _announce_progress(meta: dict[str, Any]) -> None:
+    """Send ``meta`` as a task-progress event and as the task's PROGRESS state, for Flower; never raises."""
+    task = current_task._get_current_object()
+    if task is None or task.request.called_directly:
+        return
+    try:
+        task.send_event("task-progress", **meta)
+        task.update_state(state="PROGRESS", meta=meta)
+    except Exception as exc:  # progress display is not worth failing a video for
+        log.warning("progress of %s not sent: %s", task.request.id, exc)
 
 
 def _redis_or_none(url: str) -> Any:
