@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO_RAW ?= demo-raw
 DEMO_OUT ?= demo-out
 
-.PHONY: install test test-gpu lint demo clean
+.PHONY: install test test-faults test-gpu lint demo clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,13 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# Everything but GPU tests and the slow fault scenarios (Redis away for 30 s, visibility timeout).
 test: install
-	$(PY) -m pytest -q -m "not gpu" tests
+	$(PY) -m pytest -q -m "not gpu and not slow" tests
+
+# The whole fault-injection suite.
+test-faults: install
+	$(PY) -m pytest -q -m "not gpu" tests/faults
 
 test-gpu: install
 	$(PY) -m pytest -q -m gpu tests

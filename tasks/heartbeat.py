@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import celery
 
-from tasks import leases, registry
+from tasks import claims, leases, registry
 from tasks.celery_app import settings
 from tasks.rebalance import rebalance
 from tasks.redis_client import get_redis
@@ -77,6 +77,7 @@ class Heartbeat(threading.Thread):
                 leases.renew(broker, conf.lease_ttl_s)
                 leases.reap(self.app, broker, conf.lease_ttl_s)
                 r = get_redis(conf.redis_url)
+                claims.renew(r, conf.lease_ttl_s)
                 registry.publish(r, state, ttl_s=conf.registry_ttl_s)
                 rebalance(r, conf)
             except Exception as exc:

@@ -8,14 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from celery import Task, current_task
+from celery.exceptions import Ignore
 
-from tasks import metrics, oom, progress, worker
+from tasks import claims, metrics, oom, progress, worker
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.errors import (
     FramefleetError,
     GpuOutOfMemory,
     PermanentError,
     RetryableError,
+    TransientIO,
     WorkerLost,
     error_class,
 )
@@ -32,6 +34,10 @@ def _as_framefleet_error(exc: Exception) -> FramefleetError | Exception:
     # torch is not imported here; its OOM error is recognised by name.
     if type(exc).__name__ == "OutOfMemoryError":
         return GpuOutOfMemory(str(exc).splitlines()[0] if str(exc) else "CUDA out of memory", 10.0)
+    if isinstance(exc, OSError) and not isinstance(exc, FramefleetError):
+        where = f" {exc.filename}" if exc.filename else ""
+        return TransientIO(f"cannot read or write{where}: {exc.strerror or exc} (a full disk, a read-only "
+                           "or unmounted output folder, or a file in the way); retrying", 10.0)
     return exc
 
 
@@ -65,6 +71,7 @@ def _execute(stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
     else:
         digest = save_npz(output, stage.run(inputs, progress=on_progress))
     write_marker(output, digest, marker, report=report)
+    log.info("ran %s of %s", stage_name, vid)
     return report
 
 
@@ -101,16 +108,40 @@ def _count_start(task: Task, ttl_s: int) -> int:
         return task.request.retries + 1
 
 
+def _claim_or_wait(task: Task, r: Any, key: str, stage_name: str, job: dict[str, Any]) -> None:
+    """Claim this video's stage, or drop a duplicate delivery, or wait for another run of it."""
+    if r is None:
+        return
+    if claims.is_done(r, task.request.id):
+        log.warning("dropped a second delivery of finished task %s (%s of %s)",
+                    task.request.id, stage_name, job["video_id"])
+        raise Ignore()
+    holder = claims.acquire(r, key, f"{task.request.hostname} {task.request.id}", settings().lease_ttl_s)
+    if holder is None:
+        return
+    if holder.rsplit(" ", 1)[-1] == task.request.id:
+        log.warning("dropped a second delivery of running task %s (%s of %s, running on %s)",
+                    task.request.id, stage_name, job["video_id"], holder.split(" ")[0])
+        raise Ignore()
+    delay = settings().lease_ttl_s / 2
+    log.info("%s of %s is being made by %s; looking again in %.0f s", stage_name, job["video_id"], holder, delay)
+    queue = route_task(task.name, (job,), {}, {})["queue"]
+    raise task.retry(countdown=delay, max_retries=None, queue=queue, exchange=queue, routing_key=queue)
+
+
 def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
     """Run ``stage_name`` for ``job`` and return the job for the next stage, or a failure record."""
     if job.get("failed"):
         return job
     conf = settings()
     stage_conf = conf.stages[stage_name]
+    r = _redis_or_none(conf.redis_url)
+    key = claims.claim_key(job["output_root"], job["video_id"], stage_name)
+    _claim_or_wait(task, r, key, stage_name, job)
     started = time.time()
     failure: Exception | None = None
-    attempts = _count_start(task, conf.result_expires_s)
     try:
+        attempts = _count_start(task, conf.result_expires_s)
         if attempts > stage_conf.max_retries + 1:
             raise WorkerLost(
                 f"{stage_name} of {job['video']} was started {attempts - 1} times without finishing: "
@@ -119,6 +150,9 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
         report = _execute(stage_name, job)
     except Exception as exc:
         failure = _as_framefleet_error(exc)
+    finally:
+        if r is not None:
+            claims.release(r, key)
     if failure is not None:
         retryable = not isinstance(failure, PermanentError)
         if isinstance(failure, GpuOutOfMemory):
@@ -153,6 +187,8 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
         if stage_name == "h5":
             job["report"] = {k: v for k, v in report.items() if k != "stats"}
     try:
+        if r is not None:
+            claims.mark_done(r, task.request.id, conf.result_expires_s)
         progress.record(get_redis(conf.redis_url), job["run_id"], stage_name, failure is None,
                         conf.result_expires_s)
     except Exception as exc:  # progress display is not worth failing a video for

@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     output_root: Path | None = None
     cpu_queue: str = "cpu"
     gpu_queue_prefix: str = "gpu"
-    visibility_timeout_s: int = Field(default=12 * 3600, ge=60)
+    visibility_timeout_s: int = Field(default=12 * 3600, ge=1)
     lease_ttl_s: float = Field(default=30.0, gt=0)
     heartbeat_interval_s: float = Field(default=2.0, gt=0)
     registry_ttl_s: float = Field(default=10.0, gt=0)

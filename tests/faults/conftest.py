@@ -1,0 +1,175 @@
+"""Fault-injection fixtures: a private redis-server with AOF, workers on it, and the checks every scenario makes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+
+from tests.conftest import PIPELINE_ENV, ROOT, Workers, run_script, wait_until
+
+VIDEOS = 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server of one test, with an append-only file so a restart keeps every key."""
+
+    def __init__(self, folder: Path, password: str | None = None) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.password = password
+        self.proc: subprocess.Popen[bytes] | None = None
+        auth = f":{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
+                "--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+        if self.password:
+            argv += ["--requirepass", self.password]
+        self.proc = subprocess.Popen(argv, stdout=open(self.folder / "redis.log", "ab"), stderr=subprocess.STDOUT)
+        client = redis.Redis.from_url(self.url)
+        wait_until(lambda: _pings(client), 20, "redis-server to answer")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url, decode_responses=True)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    server = RedisServer(folder)
+    server.start()
+    yield server
+    server.stop()
+
+
+def env_for(url: str, **extra: str) -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in PIPELINE_ENV}
+    env.update(REDIS_URL=url, PYTHONPATH=str(ROOT), FRAMEFLEET_HEARTBEAT_INTERVAL_S="0.5",
+               FRAMEFLEET_REGISTRY_TTL_S="3", FRAMEFLEET_LEASE_TTL_S="6", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+@pytest.fixture
+def fault_env(redis_server: RedisServer) -> dict[str, str]:
+    return env_for(redis_server.url)
+
+
+@pytest.fixture
+def fault_workers(fault_env: dict[str, str], tmp_path: Path) -> Iterator[Workers]:
+    pool = Workers(fault_env, tmp_path / "logs")
+    yield pool
+    pool.stop_all()
+
+
+@pytest.fixture(scope="session")
+def fault_raw(video_factory) -> Path:
+    return video_factory(VIDEOS)
+
+
+@pytest.fixture(scope="session")
+def reference_stats(fault_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """normalization_stats.yaml of a fault-free run of the same videos."""
+    folder = tmp_path_factory.mktemp("reference")
+    server = RedisServer(folder)
+    server.start()
+    pool = Workers(env_for(server.url), folder / "logs")
+    try:
+        pool.start("cpu")
+        pool.start("gpu0")
+        done = run_script("enqueue_dataset.py", str(fault_raw), "--out", str(folder / "out"), env=pool.env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return yaml.safe_load((folder / "out" / "normalization_stats.yaml").read_text())
+    finally:
+        pool.stop_all()
+        server.stop()
+
+
+def wait_for_summary(out: Path, run_index: int = 1, timeout_s: float = 300) -> dict:
+    """Wait until ``run_index`` runs have written their summaries; return the newest."""
+    def written() -> dict | None:
+        path = out / "run_summary.json"
+        if not path.exists():
+            return None
+        summary = json.loads(path.read_text())
+        return summary if len(list((out / "runs").glob("*.json"))) >= run_index else None
+
+    return wait_until(written, timeout_s, "the run summary", poll_s=0.5)
+
+
+def assert_nothing_lost(out: Path, reference: dict | None = None) -> dict:
+    """Every video complete or quarantined; no temporary or torn file; statistics as fault-free."""
+    manifest = {v["video_id"] for v in json.loads((out / "manifest.json").read_text())["videos"]}
+    complete = {p.stem for p in out.glob("*.hdf5")}
+    quarantined = set()
+    if (out / "quarantine.jsonl").exists():
+        quarantined = {json.loads(x)["video_id"] for x in (out / "quarantine.jsonl").read_text().splitlines()}
+    assert manifest == complete | quarantined, (manifest - complete - quarantined)
+    assert not complete & quarantined
+    assert [p.name for p in out.rglob("*.tmp")] == []
+    if complete:
+        check = run_script("verify_dataset.py", str(out), env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+        assert check.returncode == 0, check.stdout + check.stderr
+    stats = yaml.safe_load((out / "normalization_stats.yaml").read_text())
+    if reference is not None and not quarantined:
+        assert stats.keys() == reference.keys()
+        for key, value in reference.items():
+            got = stats[key]
+            if isinstance(value, list):
+                assert all(abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-300) for a, b in zip(got, value, strict=True))
+            elif isinstance(value, float):
+                assert abs(got - value) <= 1e-9 * max(abs(got), abs(value), 1e-300), key
+            else:
+                assert got == value, key
+    return stats
+
+
+def stage_runs(logs: Path) -> dict[tuple[str, str], int]:
+    """How many times each (stage, video) actually ran, from every worker log."""
+    counts: dict[tuple[str, str], int] = {}
+    for log in logs.glob("*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if "] ran " in line:
+                _, _, rest = line.partition("] ran ")
+                stage, _, vid = rest.partition(" of ")
+                counts[(stage, vid.strip())] = counts.get((stage, vid.strip()), 0) + 1
+    return counts
+
+
+def copy_raw(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def settle(seconds: float) -> None:
+    time.sleep(seconds)

@@ -1,0 +1,115 @@
+"""Bad inputs and hostile messages: each is processed or quarantined with a reason; nothing else is touched."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import redis
+from kombu import Connection, Exchange, Producer
+
+from scripts.make_sample_dataset import make_corrupt_inputs, make_video
+from tests.conftest import ROOT, Workers, run_script, wait_until
+from tests.faults.conftest import RedisServer, assert_nothing_lost, env_for
+
+
+def test_corrupt_and_odd_inputs_each_end_processed_or_quarantined(fault_raw, fault_workers, fault_env, tmp_path):
+    raw = tmp_path / "raw"
+    shutil.copytree(fault_raw, raw)
+    bad = make_corrupt_inputs(raw)
+    make_video(raw / "one frame.mp4", 320, 240, 10, 0.1, seed=3)
+    make_video(raw / "huge.mp4", 3840, 2160, 10, 0.5, seed=4)
+    make_video(raw / "vidéo ünïcode 東京.MOV", 480, 360, 15, 1.2, seed=5)
+    fault_workers.start("cpu")
+    fault_workers.start("gpu0")
+    out = tmp_path / "out"
+    done = run_script("enqueue_dataset.py", str(raw), "--out", str(out), env=fault_env, timeout_s=400)
+    assert done.returncode == 1, done.stdout + done.stderr
+    summary = json.loads((out / "run_summary.json").read_text())
+    failed = {f["video"]: f for f in summary["failed"]}
+    expected_bad = {p.name for p in bad.values()}  # zero_frames.mp4: a video with no decodable frame
+    assert expected_bad <= set(failed), failed.keys()
+    for name in expected_bad:
+        assert failed[name]["error_class"] == "BadInput" and name in failed[name]["reason"], failed[name]
+    for name in ("huge.mp4", "vidéo ünïcode 東京.MOV", *(p.name for p in fault_raw.iterdir())):
+        assert name not in failed, failed.get(name)
+    one = failed.get("one frame.mp4")
+    if one is not None:  # quarantined is fine, with a reason naming the problem
+        assert one["reason"]
+    assert summary["done"] == len(list(raw.iterdir())) - len(failed)
+    assert_nothing_lost(out)
+
+
+def test_pickled_messages_are_rejected_and_logged(fault_workers, fault_env, tmp_path):
+    marker = tmp_path / "pwned"
+    fault_workers.start("cpu")
+    with Connection(fault_env["REDIS_URL"]) as conn:
+        producer = Producer(conn.channel(), exchange=Exchange("cpu", type="direct"), routing_key="cpu",
+                            serializer="pickle")
+        producer.publish(((str(marker),), {}, {}), headers={"task": "framefleet.preprocess", "id": "p1",
+                                                               "lang": "py", "argsrepr": "", "kwargsrepr": ""},
+                         declare=[])
+    wait_until(lambda: "pickle" in fault_workers.log("cpu").lower(), 30, "the refusal in the log")
+    r = redis.Redis.from_url(fault_env["REDIS_URL"])
+    wait_until(lambda: r.llen("cpu") == 0, 10, "the message to be consumed")
+    assert not marker.exists()
+    assert "ContentDisallowed" in fault_workers.log("cpu") or "untrusted content" in fault_workers.log("cpu")
+
+
+def test_paths_outside_the_roots_are_refused_without_reading(fault_raw, fault_workers, fault_env, tmp_path):
+    from tasks import app
+
+    raw = tmp_path / "raw"
+    shutil.copytree(fault_raw, raw)
+    (raw / "escape.mp4").symlink_to("/etc/hostname")
+    fault_workers.start("cpu")
+    out = tmp_path / "out"
+    jobs = {"../../etc/passwd": "leaves the root", "/etc/passwd": "absolute path",
+            "escape.mp4": "leaves the root"}
+    results = {}
+    with app.connection_for_write(fault_env["REDIS_URL"]) as conn:
+        for rel in jobs:
+            job = {"run_id": "r", "video_id": "v" + str(len(results)), "video": rel, "dataset_root": str(raw),
+                   "output_root": str(out), "gpus": None, "gpu": None}
+            results[rel] = app.send_task("framefleet.preprocess", args=(job,), queue="cpu", connection=conn).id
+    r = redis.Redis.from_url(fault_env["REDIS_URL"])
+    for rel, why in jobs.items():
+        def finished(rel: str = rel) -> dict | None:
+            raw_meta = r.get(f"celery-task-meta-{results[rel]}")
+            meta = json.loads(raw_meta) if raw_meta else {}
+            return meta if meta.get("status") == "SUCCESS" else None
+
+        value = wait_until(finished, 60, f"the result for {rel}")["result"]
+        assert value["failed"]["error_class"] == "PathOutsideRoot" and why in value["failed"]["reason"], value
+    assert not list(out.rglob("*.npz"))
+
+
+def test_a_redis_password_works_and_never_shows(fault_raw, tmp_path):
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    server = RedisServer(folder, password="s3cr3t-pw")
+    server.start()
+    env = env_for(server.url)
+    pool = Workers(env, tmp_path / "logs")
+    try:
+        pool.start("cpu")
+        pool.start("gpu0")
+        out = tmp_path / "out"
+        done = run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert_nothing_lost(out)
+        texts = [done.stdout, done.stderr] + [p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*")]
+        texts += [p.read_text(errors="replace") for p in out.rglob("*") if p.suffix in {".json", ".yaml", ".jsonl"}]
+        assert not [t for t in texts if "s3cr3t-pw" in t]
+        assert "redis://:***@" in (out / "settings.resolved.yaml").read_text()
+    finally:
+        pool.stop_all()
+        server.stop()
+
+
+def test_processes_are_started_with_argument_lists_never_a_shell():
+    sources = [p for d in ("tasks", "scripts", "worker_config") for p in (ROOT / d).rglob("*.py")]
+    offenders = [str(p) for p in sources if "shell=True" in p.read_text() or "os.system(" in p.read_text()]
+    assert offenders == []
+    assert os.path.exists(ROOT / "scripts" / "run_local.py")

@@ -1,0 +1,85 @@
+"""Worker faults: SIGKILL at random moments, SIGTERM's warm shutdown, the same dataset enqueued twice."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+
+from tests.conftest import run_script, wait_until
+from tests.faults.conftest import assert_nothing_lost, stage_runs, wait_for_summary
+
+SLOW = "stages:\n  depth:\n    params: {matmuls_per_frame: 150}\n"
+
+
+def test_sigkill_a_gpu_worker_several_times_at_random_moments(
+    fault_raw, fault_workers, fault_env, reference_stats, tmp_path
+):
+    config = tmp_path / "slow.yaml"
+    config.write_text(SLOW)
+    env = {"FRAMEFLEET_CONFIG": str(config)}
+    fault_workers.start("cpu", env=env)
+    fault_workers.start("gpu0", env=env)
+    out = tmp_path / "out"
+    assert run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--no-wait",
+                      env=fault_env).returncode == 0
+    rng = random.Random(7)
+    kills = 0
+    for attempt in range(3):
+        name = f"gpu0-{attempt}" if attempt else "gpu0"
+        wait_until(lambda name=name: (fault_workers.state(name) or {}).get("busy"), 120, "the GPU worker to be busy")
+        time.sleep(rng.uniform(0.2, 2.0))
+        fault_workers.stop(name, signal.SIGKILL)
+        kills += 1
+        fault_workers.start("gpu0", name=f"gpu0-{attempt + 1}", env=env)  # what a supervisor does
+    summary = wait_for_summary(out)
+    assert kills == 3 and summary["done"] == 4 and summary["failed"] == []
+    assert_nothing_lost(out, reference_stats)
+
+
+def test_sigterm_finishes_the_task_in_hand_and_takes_no_new_one(fault_raw, fault_workers, fault_env, tmp_path):
+    config = tmp_path / "slow.yaml"
+    config.write_text(SLOW)
+    env = {"FRAMEFLEET_CONFIG": str(config)}
+    fault_workers.start("cpu", env=env)
+    fault_workers.start("gpu0", env=env)
+    out = tmp_path / "out"
+    assert run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--no-wait",
+                      env=fault_env).returncode == 0
+    busy = wait_until(lambda: (s := fault_workers.state("gpu0")) and s["busy"] and s["current"]["task"]
+                      == "framefleet.depth" and s, 120, "gpu0 busy on depth")
+    video = busy["current"]["video"]
+    assert fault_workers.stop("gpu0", signal.SIGTERM, timeout_s=120) == 0
+    log = fault_workers.log("gpu0")
+    assert f"ran depth of {video}" in log  # the task in hand was finished
+    after = log.split("Warm shutdown", 1)[1] if "Warm shutdown" in log else ""
+    assert "] received" not in after  # and no new one was taken
+    fault_workers.start("gpu0", name="gpu0-b", env=env)
+    assert wait_for_summary(out)["done"] == 4
+    assert_nothing_lost(out)
+
+
+def test_the_same_dataset_enqueued_twice_at_once_processes_each_video_once(
+    fault_raw, fault_workers, fault_env, reference_stats, tmp_path
+):
+    fault_workers.start("cpu")
+    fault_workers.start("gpu0")
+    fault_workers.start("gpu1")
+    out = tmp_path / "out"
+    first = run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--no-wait", env=fault_env)
+    second = run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--continue", "--no-wait",
+                        env=fault_env)
+    assert first.returncode == 0 and second.returncode == 0
+    wait_for_summary(out, run_index=2)
+    wait_until(lambda: all(v == 0 for v in _waiting(fault_env)), 120, "the queues to drain")
+    runs = stage_runs(fault_workers.logs)
+    assert runs and set(runs.values()) == {1}, {k: v for k, v in runs.items() if v != 1}
+    assert len(runs) == 4 * 5
+    assert_nothing_lost(out, reference_stats)
+
+
+def _waiting(env: dict[str, str]) -> list[int]:
+    import redis
+
+    r = redis.Redis.from_url(env["REDIS_URL"])
+    return [r.llen(q) for q in ("cpu", "gpu0", "gpu1")] + [r.hlen("unacked")]
