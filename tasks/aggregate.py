@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import statistics
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,6 +19,8 @@ from tasks.stage_io import marker_of, output_path
 from tasks.storage import read_marker, write_text_atomic
 
 log = logging.getLogger("framefleet.aggregate")
+REPORT_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "report.py"
+REPORT_TIMEOUT_S = 120
 
 
 def completed_videos(out_root: Path) -> dict[str, dict[str, Any]]:
@@ -62,6 +66,25 @@ def stage_timings(results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def write_report(out_root: Path) -> None:
+    """Build OUT/report.html while Redis still holds the run's stage log; never raises.
+
+    It runs in a child process: matplotlib stays out of the worker, and a crash or a hang there
+    (bounded by REPORT_TIMEOUT_S) cannot take this callback with it.
+    """
+    started = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, str(REPORT_SCRIPT), str(out_root)], capture_output=True,
+                              text=True, timeout=REPORT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("report not written: %s; run scripts/report.py %s", exc, out_root)
+        return
+    if done.returncode:
+        log.warning("report not written (exit status %d): %s", done.returncode, done.stderr.strip()[-2000:])
+    else:
+        log.info("report written in %.1f s: %s", time.monotonic() - started, out_root / "report.html")
+
+
 @app.task(name=TASK_PREFIX + "aggregate", acks_late=True)
 def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any]:
     """Chord callback: write normalization_stats.yaml and run_summary.json; return the summary."""
@@ -90,10 +113,11 @@ def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, A
         "wall_s": time.time() - run["started"] if run.get("started") else None,
         "stages": stage_timings([r for r in results if not r.get("failed")]),
         "outputs": {"statistics": "normalization_stats.yaml", "hdf5": "{video_id}.hdf5",
-                    "quarantine": quarantine.FILE},
+                    "quarantine": quarantine.FILE, "report": "report.html"},
     }
     write_text_atomic(out_root / "run_summary.json", json.dumps(summary, indent=2, sort_keys=True))
     log.info("run %s: %d done, %d failed; statistics over %d videos",
              run["run_id"], len(done), len(failed), merged)
+    write_report(out_root)
     keys = ("run_id", "videos", "done", "failed", "quarantined", "statistics_videos", "wall_s")
     return {k: summary[k] for k in keys}
