@@ -39,6 +39,7 @@ from scripts.enqueue_dataset import parse_gpus  # noqa: E402
 from tasks.celery_app import GPU_STAGES  # noqa: E402
 from tasks.fake_gpu import INDEX_ENV, LEDGER_ENV  # noqa: E402
 from tasks.gpu_probe import GpuProbe, GpuReading, open_probe  # noqa: E402
+from tasks.metrics import start_exporter  # noqa: E402
 from tasks.redis_client import get_redis  # noqa: E402
 from tasks.registry import live_workers  # noqa: E402
 from worker_config import profiles  # noqa: E402
@@ -450,6 +451,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cpu-workers", type=int, default=1, help="stand-in gpu0 workers when there is no GPU")
     p.add_argument("--fake-gpu", metavar="LEDGER", help=f"a fake GPU ledger instead of NVML (else ${LEDGER_ENV})")
     p.add_argument("--log-dir", type=Path, help="one log file per worker here (default: this program's output)")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics (tasks/metrics.py) here; 0: a free port")
+    p.add_argument("--metrics-addr", default="127.0.0.1", help="the metrics' address (0.0.0.0 for a remote Prometheus)")
     _cli.add_config_argument(p)
     args = p.parse_args(argv)
     if args.tick_s <= 0 or args.cpu_workers < 1 or args.stop_grace_s < 0:
@@ -499,6 +502,10 @@ def main(argv: list[str] | None = None) -> int:
     supervisor = Supervisor(lambda gpu, name: worker_argv(conf.gpu_queue(gpu), name), env_for, args.log_dir,
                             args.stop_grace_s)
     autoscaler = Autoscaler(conf, args.policy, probe, supervisor, args.gpus, args.cpu_workers)
+    exporter = None
+    if args.metrics_port is not None:
+        exporter = start_exporter(args.metrics_port, conf, args.metrics_addr, open_probe(fake))
+        print(f"framefleet autoscaler: metrics at {exporter.url}", flush=True)
     try:
         while not signals:
             autoscaler.tick()
@@ -511,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
         supervisor.stop_all(args.stop_grace_s, lambda: len(signals) > 1)
         autoscaler.shutdown()
         probe.close()
+        if exporter is not None:
+            exporter.stop()
     print("framefleet autoscaler: all workers stopped", flush=True)
     return 0
 

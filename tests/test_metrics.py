@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -103,6 +108,39 @@ def test_exporter_reads_gpus_workers_queues_stages_and_decisions(exporter, video
     got = scrape(running.url)
     assert got[("framefleet_autoscale_decisions_total", (("action", "up"), ("gpu", "0")))] == 1
     assert got[("framefleet_autoscale_decisions_total", (("action", "down"), ("gpu", "0")))] == 1
+
+
+def test_the_autoscaler_serves_metrics_with_its_own_decisions_and_workers(pipeline_env, tmp_path):
+    ledger = FakeGpuLedger.create(tmp_path / "gpu.json", [{"total_mib": 24576, "name": "Fake GPU 24GB"}])
+    config = tmp_path / "gpu.yaml"
+    config.write_text("stages:\n  depth: {params: {hold_mib: 2048}}\n")
+    argv = [sys.executable, str(ROOT / "scripts" / "autoscaler.py"), "--fake-gpu", str(ledger.path),
+            "--config", str(config), "--tick-s", "0.5", "--max-workers-per-gpu", "1", "--stop-grace-s", "20",
+            "--log-dir", str(tmp_path / "logs"), "--metrics-port", "0"]
+    log = tmp_path / "autoscaler.log"
+    proc = subprocess.Popen(argv, cwd=ROOT, env=pipeline_env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        url = wait_until(lambda: re.search(r"metrics at (http://\S+)", log.read_text()) or proc.poll() is not None,
+                         30, "the autoscaler's metrics address")
+        assert proc.poll() is None, log.read_text()
+        url = url.group(1)
+
+        held = ("framefleet_worker_gpu_memory_bytes", (("gpu", "0"), ("worker", f"gpu0-1@{socket.gethostname()}")))
+
+        def worker_on_gpu() -> dict | None:
+            got = scrape(url)
+            return got if got.get(held) == 2048 * MIB else None
+
+        got = wait_until(worker_on_gpu, 60, "the autoscaler's worker on GPU 0, as its metrics show it")
+        assert got[("framefleet_autoscale_decisions_total", (("action", "up"), ("gpu", "0")))] == 1
+        assert got[("framefleet_workers", (("gpu", "0"), ("stage", "idle")))] == 1
+        assert got[("framefleet_gpu_memory_used_bytes", (("gpu", "0"), ("name", "Fake GPU 24GB"),
+                                                         ("uuid", "GPU-fake-0")))] == 2048 * MIB
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=40) == 0, log.read_text()
 
 
 def test_grafana_dashboard_uses_only_metrics_that_exist(exporter):
