@@ -23,7 +23,7 @@ sample() {  # GPU memory and process counts every second
     echo; sleep 1
   done
 }
-for phase in one all; do
+for phase in ${PHASES:-one all}; do
   gpus=$([ $phase = one ] && echo 0 || echo all)
   py_redis "r.delete('ff:autoscale', 'ff:oom')" > /dev/null
   sample > "$OUT/$phase-samples.txt" &
@@ -51,4 +51,5 @@ for phase in one all; do
   grep -h "OutOfMemory\|exited\|restart" /tmp/as-$phase/*.log 2>/dev/null | tail -20 > "$OUT/$phase-worker-events.txt"
 done
 kill $cpu
+tar -czf "$OUT/results.tgz" -C "$OUT" --exclude results.tgz . 2>/dev/null
 tail -n 3 "$OUT"/*-enqueue.txt "$OUT"/*-verify.txt

@@ -10,9 +10,9 @@ from typing import Any
 import redis
 
 from tasks import registry
-from tasks.celery_app import TASK_PREFIX
+from tasks.celery_app import GPU_STAGES, TASK_PREFIX
 from tasks.routing import job_of
-from worker_config.routing import choose_gpu_queue
+from worker_config.routing import QueueLoad, choose_gpu_queue
 from worker_config.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -40,31 +40,76 @@ def _decode(raw: str) -> tuple[str, dict[str, Any] | None]:
 
 
 def rebalance(r: redis.Redis, conf: Settings, max_moves: int = 100) -> int:
-    """Move waiting tasks off GPU queues with no live worker; return how many moved."""
+    """Move waiting tasks off GPU queues with no live worker, then even out live queues' loads.
+
+    Returns how many tasks moved. Routing at send time sees only the present: tasks sent
+    before a GPU's workers registered, or before the autoscaler added workers, would
+    otherwise wait behind one GPU while another idles.
+    """
     if not r.set(LOCK_KEY, "1", nx=True, ex=max(1, int(conf.heartbeat_interval_s))):
         return 0
     workers = registry.live_workers(r)
     live = {q for w in workers for q in w.get("gpu_queues", [])}
     moved = 0
     for queue in sorted(registry.known_gpu_queues(r) - live):
-        index = -1  # the oldest message; those that cannot move yet are stepped over
-        while moved < max_moves:
-            raw = r.lindex(queue, index)
-            if raw is None:
-                break
-            try:
-                name, job = _decode(raw)
-            except (ValueError, KeyError, TypeError):
-                log.error("left an undecodable message on %s", queue)
-                index -= 1
-                continue
-            stage = name[len(TASK_PREFIX) :]
-            allowed = job.get("gpus") if job else None
-            target = choose_gpu_queue(registry.queue_loads(r, stage, workers), allowed, None)
-            if target is None:
-                index -= 1
-                continue
-            if r.eval(_MOVE_IF_SAME, 2, queue, target.queue, raw, index):
-                moved += 1
-                log.warning("moved a %s task from %s (no live worker) to %s", stage, queue, target.queue)
+        moved += _drain(r, queue, workers, max_moves - moved)
+    return moved + _balance(r, workers, max_moves - moved)
+
+
+def _drain(r: redis.Redis, queue: str, workers: list[dict[str, Any]], max_moves: int) -> int:
+    moved = 0
+    index = -1  # the oldest message; those that cannot move yet are stepped over
+    while moved < max_moves:
+        raw = r.lindex(queue, index)
+        if raw is None:
+            break
+        try:
+            name, job = _decode(raw)
+        except (ValueError, KeyError, TypeError):
+            log.error("left an undecodable message on %s", queue)
+            index -= 1
+            continue
+        stage = name[len(TASK_PREFIX) :]
+        target = choose_gpu_queue(registry.queue_loads(r, stage, workers), job.get("gpus") if job else None)
+        if target is not None and r.eval(_MOVE_IF_SAME, 2, queue, target.queue, raw, index):
+            moved += 1
+            log.warning("moved a %s task from %s (no live worker) to %s", stage, queue, target.queue)
+        else:
+            index -= 1
     return moved
+
+
+def _balance(r: redis.Redis, workers: list[dict[str, Any]], max_moves: int) -> int:
+    """Move tasks from the busiest live GPU queue to the least busy while that lowers the imbalance."""
+    loads = {q.queue: q for q in registry.queue_loads(r, GPU_STAGES[0], workers)}
+    work = {name: q.waiting + q.busy for name, q in loads.items()}
+    moved = 0
+    while moved < max_moves and len(loads) > 1:
+        src = max(loads, key=lambda n: (work[n] / loads[n].workers, n))
+        dst = min(loads, key=lambda n: (work[n] / loads[n].workers, n))
+        if src == dst or (work[dst] + 1) / loads[dst].workers >= work[src] / loads[src].workers:
+            break
+        if not _move_one(r, src, loads[dst]):
+            break
+        work[src] -= 1
+        work[dst] += 1
+        moved += 1
+    if moved:
+        log.info("balanced %d waiting task(s) across GPU queues", moved)
+    return moved
+
+
+def _move_one(r: redis.Redis, src: str, dst: QueueLoad) -> bool:
+    """Move the oldest task of ``src`` that may run on ``dst``'s GPU; False when there is none."""
+    index = -1
+    while (raw := r.lindex(src, index)) is not None:
+        try:
+            _, job = _decode(raw)
+        except (ValueError, KeyError, TypeError):
+            index -= 1
+            continue
+        allowed = (job or {}).get("gpus")
+        if (allowed is None or dst.gpu in allowed) and r.eval(_MOVE_IF_SAME, 2, src, dst.queue, raw, index):
+            return True
+        index -= 1
+    return False
