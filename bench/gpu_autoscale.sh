@@ -4,6 +4,7 @@
 # HOLD_MIB after loading and ACT_MIB more at peak; one worker is SIGKILLed mid-task. -> $OUT
 set -u
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
+rm -rf /tmp/out-one /tmp/out-all /tmp/as-one /tmp/as-all  # a warm machine keeps earlier runs
 HOLD_MIB=${HOLD_MIB:-13000}; ACT_MIB=${ACT_MIB:-3000}; MATMULS=${MATMULS:-20000}
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/gpus.csv"
 python3 bench/spawn_until_failure.py --gpu 0 --hold-mib "$HOLD_MIB" --activation-mib "$ACT_MIB" \
@@ -26,6 +27,7 @@ sample() {  # GPU memory and process counts every second
 for phase in ${PHASES:-one all}; do
   gpus=$([ $phase = one ] && echo 0 || echo all)
   py_redis "r.delete('ff:autoscale', 'ff:oom')" > /dev/null
+  [ "${FRESH_PROFILES:-0}" = 1 ] && py_redis "r.delete('ff:profiles')"
   sample > "$OUT/$phase-samples.txt" &
   sampler=$!
   python3 scripts/autoscaler.py --gpus "$gpus" --max-workers-per-gpu 16 --headroom-mib 2048 --tick-s 1 \
