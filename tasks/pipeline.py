@@ -23,7 +23,7 @@ from tasks.errors import (
 )
 from tasks.redis_client import get_redis
 from tasks.routing import route_task
-from tasks.stage_io import gather_inputs, marker_of, output_path
+from tasks.stage_io import check_roots, gather_inputs, marker_of, output_path
 from tasks.storage import atomic_write, read_marker, save_npz, write_marker
 
 log = logging.getLogger("framefleet.pipeline")
@@ -43,6 +43,7 @@ def _as_framefleet_error(exc: Exception) -> FramefleetError | Exception:
 
 def _execute(stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
     """Run one stage for ``job`` unless its valid output exists; return what the stage reports."""
+    check_roots(job, settings())
     out_root = Path(job["output_root"])
     vid = job["video_id"]
     output = output_path(out_root, vid, stage_name)

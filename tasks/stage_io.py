@@ -5,9 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import PathOutsideRoot
 from tasks.storage import confine, load_npz
+from worker_config.settings import Settings
 
 NPZ_STAGES = ("preprocess", "depth", "tracks", "hands")
+
+
+def check_roots(job: dict[str, Any], conf: Settings) -> None:
+    """Refuse a job whose roots lie outside the roots this worker's settings allow (when set)."""
+    for key, allowed in (("dataset_root", conf.dataset_root), ("output_root", conf.output_root)):
+        if allowed is None:
+            continue
+        root, base = Path(job[key]).resolve(), Path(allowed).resolve()
+        if root != base and base not in root.parents:
+            raise PathOutsideRoot(f"{key} {root} is outside {base}, the {key} this worker serves; refused "
+                                  f"(set {key} in the worker's settings to change it)")
 
 
 def work_dir(out_root: Path, video_id: str) -> Path:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 
 import redis
 from kombu import Connection, Exchange, Producer
 
 from scripts.make_sample_dataset import make_corrupt_inputs, make_video
 from tests.conftest import ROOT, Workers, run_script, wait_until
-from tests.faults.conftest import RedisServer, assert_nothing_lost, env_for
+from tests.faults.conftest import RedisServer, _pings, assert_nothing_lost, env_for, free_port
 
 
 def test_corrupt_and_odd_inputs_each_end_processed_or_quarantined(fault_raw, fault_workers, fault_env, tmp_path):
@@ -63,14 +64,16 @@ def test_paths_outside_the_roots_are_refused_without_reading(fault_raw, fault_wo
     raw = tmp_path / "raw"
     shutil.copytree(fault_raw, raw)
     (raw / "escape.mp4").symlink_to("/etc/hostname")
-    fault_workers.start("cpu")
+    fault_workers.start("cpu", env={"FRAMEFLEET_DATASET_ROOT": str(raw)})
     out = tmp_path / "out"
     jobs = {"../../etc/passwd": "leaves the root", "/etc/passwd": "absolute path",
-            "escape.mp4": "leaves the root"}
+            "escape.mp4": "leaves the root", "clip 00.mp4": "outside"}
     results = {}
     with app.connection_for_write(fault_env["REDIS_URL"]) as conn:
         for rel in jobs:
-            job = {"run_id": "r", "video_id": "v" + str(len(results)), "video": rel, "dataset_root": str(raw),
+            # The last names a real video, but of a dataset root the worker does not serve.
+            root = fault_raw if rel == "clip 00.mp4" else raw
+            job = {"run_id": "r", "video_id": "v" + str(len(results)), "video": rel, "dataset_root": str(root),
                    "output_root": str(out), "gpus": None, "gpu": None}
             results[rel] = app.send_task("framefleet.preprocess", args=(job,), queue="cpu", connection=conn).id
     r = redis.Redis.from_url(fault_env["REDIS_URL"])
@@ -113,3 +116,48 @@ def test_processes_are_started_with_argument_lists_never_a_shell():
     offenders = [str(p) for p in sources if "shell=True" in p.read_text() or "os.system(" in p.read_text()]
     assert offenders == []
     assert os.path.exists(ROOT / "scripts" / "run_local.py")
+
+
+def _certificates(folder):
+    """A throw-away CA and a server certificate for 127.0.0.1, made with openssl."""
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+            "-subj", "/CN=framefleet-test-ca")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+            "-subj", "/CN=127.0.0.1")
+    (folder / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.crt", "-days", "2", "-extfile", "ext.cnf")
+
+
+def test_tls_with_a_password_works_and_the_password_never_shows(fault_raw, tmp_path):
+    folder = tmp_path / "tls"
+    folder.mkdir()
+    _certificates(folder)
+    port = free_port()
+    server = subprocess.Popen(["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+                               "--tls-cert-file", "server.crt", "--tls-key-file", "server.key",
+                               "--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no",
+                               "--requirepass", "tls-s3cret", "--save", "", "--dir", str(folder)],
+                              cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"rediss://:tls-s3cret@127.0.0.1:{port}/0?ssl_cert_reqs=required&ssl_ca_certs={folder / 'ca.crt'}"
+    client = redis.Redis.from_url(url)
+    wait_until(lambda: _pings(client), 20, "the TLS redis-server")
+    env = env_for(url)
+    pool = Workers(env, tmp_path / "logs")
+    try:
+        pool.start("cpu")
+        pool.start("gpu0")
+        out = tmp_path / "out"
+        done = run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--limit", "2", env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert_nothing_lost(out)
+        texts = [done.stdout, done.stderr] + [p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*")]
+        texts += [p.read_text(errors="replace") for p in out.rglob("*") if p.suffix in {".json", ".yaml", ".jsonl"}]
+        assert not [t for t in texts if "tls-s3cret" in t]
+    finally:
+        pool.stop_all()
+        server.terminate()
+        server.wait()
