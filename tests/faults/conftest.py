@@ -127,6 +127,42 @@ def wait_for_summary(out: Path, run_index: int = 1, timeout_s: float = 300) -> d
     return wait_until(written, timeout_s, "the run summary", poll_s=0.5)
 
 
+def record(scenario: str, faults: str, out: Path, reference: dict | None, recovered_s: float | None) -> None:
+    """Append one row of the fault table to $FRAMEFLEET_FAULT_REPORT (bench/faults.sh reads it)."""
+    import os
+
+    path = os.environ.get("FRAMEFLEET_FAULT_REPORT")
+    if not path:
+        return
+    manifest = {v["video_id"] for v in json.loads((out / "manifest.json").read_text())["videos"]}
+    complete = {p.stem for p in out.glob("*.hdf5")}
+    quarantined = set()
+    if (out / "quarantine.jsonl").exists():
+        quarantined = {json.loads(x)["video_id"] for x in (out / "quarantine.jsonl").read_text().splitlines()}
+    expected = {f"{s}{ext}" for s in ("preprocess", "depth", "tracks", "hands") for ext in (".npz", ".done.json")}
+    extra = [p for p in out.glob("work/*/*") if p.name not in expected | {"h5.done.json"}]
+    diff = None
+    if reference is not None and (out / "normalization_stats.yaml").exists():
+        stats = yaml.safe_load((out / "normalization_stats.yaml").read_text())
+        diff = max(_rel(a, b) for key in reference for a, b in _pairs(stats.get(key), reference[key]))
+    row = {"scenario": scenario, "faults": faults, "videos": len(manifest), "complete": len(complete),
+           "quarantined": len(quarantined), "lost": len(manifest - complete - quarantined),
+           "duplicated": len(extra),
+           "temporary": len(list(out.rglob("*.tmp"))), "stats_rel_diff": diff, "recovered_s": recovered_s}
+    with open(path, "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
+def _pairs(a, b):
+    if isinstance(b, list):
+        return list(zip(a, b, strict=True))
+    return [(a, b)] if isinstance(b, float) else []
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(a), abs(b), 1e-300)
+
+
 def assert_nothing_lost(out: Path, reference: dict | None = None) -> dict:
     """Every video complete or quarantined; no temporary or torn file; statistics as fault-free."""
     manifest = {v["video_id"] for v in json.loads((out / "manifest.json").read_text())["videos"]}

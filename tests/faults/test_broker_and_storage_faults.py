@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT, run_script, wait_until
-from tests.faults.conftest import assert_nothing_lost, stage_runs, wait_for_summary
+from tests.faults.conftest import assert_nothing_lost, record, stage_runs, wait_for_summary
 
 SLOW = "stages:\n  depth:\n    params: {matmuls_per_frame: 150}\n"
 
@@ -35,6 +35,7 @@ def test_redis_restarted_or_away_mid_run(down_s, fault_raw, fault_workers, fault
     redis_server.stop()
     time.sleep(down_s)
     redis_server.start()
+    back_at = time.time()
     try:
         output, _ = watcher.communicate(timeout=400)
     finally:
@@ -43,6 +44,8 @@ def test_redis_restarted_or_away_mid_run(down_s, fault_raw, fault_workers, fault
     summary = json.loads((out / "run_summary.json").read_text())
     assert summary["done"] == 4, summary
     assert_nothing_lost(out, reference_stats)
+    record(f"Redis {'restarted' if not down_s else f'stopped {down_s} s'} mid-run", "Redis stopped and started (AOF)",
+           out, reference_stats, summary["finished"] - back_at)
 
 
 @pytest.mark.slow
@@ -63,6 +66,7 @@ def test_a_task_longer_than_the_visibility_timeout_runs_once(fault_raw, fault_wo
     runs = stage_runs(fault_workers.logs)
     assert set(runs.values()) == {1}, runs
     assert_nothing_lost(out)
+    record("task longer than the visibility timeout", "redelivery to a second worker", out, None, None)
 
 
 def test_an_unwritable_output_gives_a_clear_error_retries_and_no_torn_file(fault_raw, fault_workers, fault_env,
@@ -85,3 +89,4 @@ def test_an_unwritable_output_gives_a_clear_error_retries_and_no_torn_file(fault
     assert "depth.npz" in failure["reason"] and "retrying" in failure["reason"]
     assert [p.name for p in out.rglob("*.tmp")] == []
     assert_nothing_lost(out)
+    record("unwritable output for one stage", "a directory where depth.npz goes", out, None, None)

@@ -12,7 +12,7 @@ from kombu import Connection, Exchange, Producer
 
 from scripts.make_sample_dataset import make_corrupt_inputs, make_video
 from tests.conftest import ROOT, Workers, run_script, wait_until
-from tests.faults.conftest import RedisServer, _pings, assert_nothing_lost, env_for, free_port
+from tests.faults.conftest import RedisServer, _pings, assert_nothing_lost, env_for, free_port, record
 
 
 def test_corrupt_and_odd_inputs_each_end_processed_or_quarantined(fault_raw, fault_workers, fault_env, tmp_path):
@@ -40,6 +40,8 @@ def test_corrupt_and_odd_inputs_each_end_processed_or_quarantined(fault_raw, fau
         assert one["reason"]
     assert summary["done"] == len(list(raw.iterdir())) - len(failed)
     assert_nothing_lost(out)
+    record("corrupt and odd inputs", "truncated, empty, text, zero-frame, 1-frame, 4K, non-ASCII names", out,
+           None, None)
 
 
 def test_pickled_messages_are_rejected_and_logged(fault_workers, fault_env, tmp_path):

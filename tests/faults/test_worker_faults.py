@@ -7,7 +7,7 @@ import signal
 import time
 
 from tests.conftest import run_script, wait_until
-from tests.faults.conftest import assert_nothing_lost, stage_runs, wait_for_summary
+from tests.faults.conftest import assert_nothing_lost, record, stage_runs, wait_for_summary
 
 SLOW = "stages:\n  depth:\n    params: {matmuls_per_frame: 150}\n"
 
@@ -30,11 +30,14 @@ def test_sigkill_a_gpu_worker_several_times_at_random_moments(
         wait_until(lambda name=name: (fault_workers.state(name) or {}).get("busy"), 120, "the GPU worker to be busy")
         time.sleep(rng.uniform(0.2, 2.0))
         fault_workers.stop(name, signal.SIGKILL)
+        killed_at = time.time()
         kills += 1
         fault_workers.start("gpu0", name=f"gpu0-{attempt + 1}", env=env)  # what a supervisor does
     summary = wait_for_summary(out)
     assert kills == 3 and summary["done"] == 4 and summary["failed"] == []
     assert_nothing_lost(out, reference_stats)
+    record("SIGKILL a GPU worker mid-task", "3 SIGKILLs at random moments", out, reference_stats,
+           summary["finished"] - killed_at)
 
 
 def test_sigterm_finishes_the_task_in_hand_and_takes_no_new_one(fault_raw, fault_workers, fault_env, tmp_path):
@@ -57,6 +60,7 @@ def test_sigterm_finishes_the_task_in_hand_and_takes_no_new_one(fault_raw, fault
     fault_workers.start("gpu0", name="gpu0-b", env=env)
     assert wait_for_summary(out)["done"] == 4
     assert_nothing_lost(out)
+    record("SIGTERM a GPU worker", "1 SIGTERM (warm shutdown)", out, None, None)
 
 
 def test_the_same_dataset_enqueued_twice_at_once_processes_each_video_once(
@@ -76,6 +80,7 @@ def test_the_same_dataset_enqueued_twice_at_once_processes_each_video_once(
     assert runs and set(runs.values()) == {1}, {k: v for k, v in runs.items() if v != 1}
     assert len(runs) == 4 * 5
     assert_nothing_lost(out, reference_stats)
+    record("same dataset enqueued twice at once", "2 chords over 4 videos", out, reference_stats, None)
 
 
 def _waiting(env: dict[str, str]) -> list[int]:
