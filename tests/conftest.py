@@ -129,6 +129,29 @@ def workers(pipeline_env: dict[str, str], tmp_path: Path) -> Iterator[Workers]:
     pool.stop_all()
 
 
+def send_task(url: str, name: str, args: tuple, queue: str) -> str:
+    """Send a task message to the Redis at ``url`` as a producer would; return its id.
+
+    A Celery app of its own, so the tests' process never caches a broker or result backend
+    of one test's Redis in the shared ``tasks`` app.
+    """
+    from celery import Celery
+
+    sender = Celery("test-sender", broker=url, backend=url, set_as_current=False)
+    sender.conf.update(task_serializer="json", accept_content=["json"])
+    try:
+        return sender.send_task(name, args=args, queue=queue).id
+    finally:
+        sender.close()
+
+
+def task_result(url: str, task_id: str) -> dict | None:
+    """The stored meta of a finished task (status SUCCESS or FAILURE), read straight from Redis."""
+    raw = redis.Redis.from_url(url).get(f"celery-task-meta-{task_id}")
+    meta = json.loads(raw) if raw else {}
+    return meta if meta.get("status") in ("SUCCESS", "FAILURE") else None
+
+
 def run_script(script: str, *args: str, env: dict[str, str], timeout_s: float = 240) -> subprocess.CompletedProcess:
     """Run ``scripts/<script>`` as a user would; return the completed process (text output)."""
     return subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], cwd=ROOT, env=env,

@@ -12,7 +12,7 @@ import h5py
 import redis
 
 from scripts.make_sample_dataset import make_corrupt_inputs
-from tests.conftest import run_script, wait_until
+from tests.conftest import run_script, task_result, wait_until
 
 SLOW_GPU = "stages:\n  depth:\n    params: {matmuls_per_frame: 60}\n"
 
@@ -73,11 +73,10 @@ def _windows(path: Path) -> int:
 
 
 def _wait_for_run(out: Path, redis_url: str, timeout_s: float = 240) -> dict:
-    from tasks import app
-
     record = json.loads(next((out / "runs").glob("*.json")).read_text())
-    wait_until(lambda: app.backend.get_task_meta(record["callback_id"])["status"] == "SUCCESS",
-               timeout_s, "the statistics callback", poll_s=0.5)
+    meta = wait_until(lambda: task_result(redis_url, record["callback_id"]), timeout_s, "the statistics callback",
+                      poll_s=0.5)
+    assert meta["status"] == "SUCCESS", meta
     return json.loads((out / "run_summary.json").read_text())
 
 

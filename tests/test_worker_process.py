@@ -7,7 +7,7 @@ import sys
 
 import redis
 
-from tests.conftest import ROOT, wait_until
+from tests.conftest import ROOT, send_task, wait_until
 
 
 def test_importing_tasks_touches_no_cuda_and_loads_no_model(pipeline_env):
@@ -28,12 +28,8 @@ def test_a_worker_refuses_two_gpus_queues(workers):
 
 
 def test_a_failed_model_load_exits_non_zero_and_consumes_nothing(workers, pipeline_env, tmp_path):
-    from tasks import app
-
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
-    with app.connection_for_write(pipeline_env["REDIS_URL"]) as conn:
-        app.send_task("framefleet.depth", args=({"run_id": "r", "video_id": "v"},), queue="gpu0",
-                      connection=conn)
+    send_task(pipeline_env["REDIS_URL"], "framefleet.depth", ({"run_id": "r", "video_id": "v"},), "gpu0")
     assert r.llen("gpu0") == 1
     config = tmp_path / "huge.yaml"
     config.write_text("stages:\n  depth:\n    params: {hold_mib: 1.0e12}\n")  # an exbibyte

@@ -11,7 +11,7 @@ import redis
 from kombu import Connection, Exchange, Producer
 
 from scripts.make_sample_dataset import make_corrupt_inputs, make_video
-from tests.conftest import ROOT, Workers, run_script, wait_until
+from tests.conftest import ROOT, Workers, run_script, send_task, task_result, wait_until
 from tests.faults.conftest import RedisServer, _pings, assert_nothing_lost, env_for, free_port, record
 
 
@@ -61,8 +61,6 @@ def test_pickled_messages_are_rejected_and_logged(fault_workers, fault_env, tmp_
 
 
 def test_paths_outside_the_roots_are_refused_without_reading(fault_raw, fault_workers, fault_env, tmp_path):
-    from tasks import app
-
     raw = tmp_path / "raw"
     shutil.copytree(fault_raw, raw)
     (raw / "escape.mp4").symlink_to("/etc/hostname")
@@ -71,21 +69,15 @@ def test_paths_outside_the_roots_are_refused_without_reading(fault_raw, fault_wo
     jobs = {"../../etc/passwd": "leaves the root", "/etc/passwd": "absolute path",
             "escape.mp4": "leaves the root", "clip 00.mp4": "outside"}
     results = {}
-    with app.connection_for_write(fault_env["REDIS_URL"]) as conn:
-        for rel in jobs:
-            # The last names a real video, but of a dataset root the worker does not serve.
-            root = fault_raw if rel == "clip 00.mp4" else raw
-            job = {"run_id": "r", "video_id": "v" + str(len(results)), "video": rel, "dataset_root": str(root),
-                   "output_root": str(out), "gpus": None, "gpu": None}
-            results[rel] = app.send_task("framefleet.preprocess", args=(job,), queue="cpu", connection=conn).id
-    r = redis.Redis.from_url(fault_env["REDIS_URL"])
+    for rel in jobs:
+        # The last names a real video, but of a dataset root the worker does not serve.
+        root = fault_raw if rel == "clip 00.mp4" else raw
+        job = {"run_id": "r", "video_id": "v" + str(len(results)), "video": rel, "dataset_root": str(root),
+               "output_root": str(out), "gpus": None, "gpu": None}
+        results[rel] = send_task(fault_env["REDIS_URL"], "framefleet.preprocess", (job,), "cpu")
     for rel, why in jobs.items():
-        def finished(rel: str = rel) -> dict | None:
-            raw_meta = r.get(f"celery-task-meta-{results[rel]}")
-            meta = json.loads(raw_meta) if raw_meta else {}
-            return meta if meta.get("status") == "SUCCESS" else None
-
-        value = wait_until(finished, 60, f"the result for {rel}")["result"]
+        value = wait_until(lambda rel=rel: task_result(fault_env["REDIS_URL"], results[rel]), 60,
+                           f"the result for {rel}")["result"]
         assert value["failed"]["error_class"] == "PathOutsideRoot" and why in value["failed"]["reason"], value
     assert not list(out.rglob("*.npz"))
 
