@@ -29,6 +29,25 @@ STAGE_NAMES = tuple(_CLASSES)
 __all__ = ["STAGE_NAMES", "stage_class", "require", "report", *(cls for _, cls in _CLASSES.values())]
 
 
+class ModelStage:
+    """What the three model stages share: a backend model built from its name, loaded on a device."""
+
+    name = ""
+
+    def __init__(self, backend: str = "synthetic", **backend_params: Any) -> None:
+        from tasks.backends import get_backend
+
+        self.backend_name = backend
+        self.model = get_backend(self.name, backend, **backend_params)
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return int(getattr(self.model, "peak_memory_bytes", 0))
+
+    def load(self, device: str) -> None:
+        self.model.load(device)
+
+
 def stage_class(name: str) -> type:
     """Return the stage class named ``name`` (one of STAGE_NAMES); raises KeyError naming the choices."""
     if name not in _CLASSES:

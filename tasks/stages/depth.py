@@ -7,12 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from tasks.backends import get_backend
 from tasks.errors import BadInput
-from tasks.stages import Progress, report, require
+from tasks.stages import ModelStage, Progress, report, require
 
 
-class DepthStage:
+class DepthStage(ModelStage):
     """Turn ``{"frames"}`` into ``{"depths" (T, H, W) float16, "intrinsics" (T, 3, 3), "extrinsics" (T, 4, 4)}``.
 
     Raises BadInput when the depth is flat (per-frame std < ``flat_std_threshold`` m) on more
@@ -28,17 +27,9 @@ class DepthStage:
         max_flat_frame_pct: float = 10.0,
         **backend_params: Any,
     ) -> None:
-        self.backend_name = backend
         self.flat_std_threshold = float(flat_std_threshold)
         self.max_flat_frame_pct = float(max_flat_frame_pct)
-        self.model = get_backend("depth", backend, **backend_params)
-
-    @property
-    def peak_memory_bytes(self) -> int:
-        return int(getattr(self.model, "peak_memory_bytes", 0))
-
-    def load(self, device: str) -> None:
-        self.model.load(device)
+        super().__init__(backend, **backend_params)
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
         frames = require(inputs, "frames", self.name, (None, None, None, 3), "u")

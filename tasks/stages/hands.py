@@ -6,10 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from tasks.backends import get_backend
 from tasks.errors import BadInput
 from tasks.geometry import slerp
-from tasks.stages import Progress, report, require
+from tasks.stages import ModelStage, Progress, report, require
 
 SIDES = ("left", "right")
 _POSE_KEYS = ("wrist_pose", "hand_pose", "joints_3d")
@@ -44,7 +43,7 @@ def fill_gaps(side: dict[str, np.ndarray], max_gap: int) -> None:
             valid[j] = True
 
 
-class HandsStage:
+class HandsStage(ModelStage):
     """Turn ``{"frames", "intrinsics", "fps"}`` into per side ``{side}_valid`` (T,) bool, ``{side}_wrist_pose``
     (T, 4, 4), ``{side}_hand_pose`` (T, 15, 3, 3), ``{side}_joints_3d`` (T, 21, 3) float32 (NaN where
     invalid), ``{side}_betas`` (10,), and ``intrinsics`` (3, 3).
@@ -61,17 +60,9 @@ class HandsStage:
         max_interpolation_gap: int = 20,
         **backend_params: Any,
     ) -> None:
-        self.backend_name = backend
         self.max_hand_velocity = float(max_hand_velocity)
         self.max_interpolation_gap = int(max_interpolation_gap)
-        self.model = get_backend("hands", backend, **backend_params)
-
-    @property
-    def peak_memory_bytes(self) -> int:
-        return int(getattr(self.model, "peak_memory_bytes", 0))
-
-    def load(self, device: str) -> None:
-        self.model.load(device)
+        super().__init__(backend, **backend_params)
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
         frames = require(inputs, "frames", self.name, (None, None, None, 3), "u")

@@ -6,9 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from tasks.backends import get_backend
 from tasks.geometry import content_seed, unproject, window_poses, window_starts
-from tasks.stages import Progress, report, require
+from tasks.stages import ModelStage, Progress, report, require
 
 
 def sample_queries(depth: np.ndarray, K: np.ndarray, target_points: int, seed: int) -> np.ndarray:
@@ -27,7 +26,7 @@ def sample_queries(depth: np.ndarray, K: np.ndarray, target_points: int, seed: i
     return unproject(pixels, d.reshape(-1)[chosen], K)
 
 
-class TracksStage:
+class TracksStage(ModelStage):
     """Turn ``{"frames", "depths", "intrinsics", "extrinsics"}`` into fixed-shape window arrays.
 
     Outputs: ``window_starts`` (W,) int64, ``tracks`` (W, L, P, 3) float32 zero-padded past
@@ -51,18 +50,10 @@ class TracksStage:
                 f"window_length and stride must be >= 1 and target_points >= 0, "
                 f"got {window_length}, {stride}, {target_points}"
             )
-        self.backend_name = backend
         self.window_length = int(window_length)
         self.stride = int(stride)
         self.target_points = int(target_points)
-        self.model = get_backend("tracks", backend, **backend_params)
-
-    @property
-    def peak_memory_bytes(self) -> int:
-        return int(getattr(self.model, "peak_memory_bytes", 0))
-
-    def load(self, device: str) -> None:
-        self.model.load(device)
+        super().__init__(backend, **backend_params)
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
         frames = require(inputs, "frames", self.name, (None, None, None, 3), "u")
