@@ -36,6 +36,7 @@ from tasks.dataset import DatasetError  # noqa: E402
 from tasks.gpu_probe import open_probe  # noqa: E402
 from tasks.metrics import GpuSampler, start_exporter  # noqa: E402
 from tasks.redis_client import get_redis  # noqa: E402
+from tasks.supervisor import worker_argv  # noqa: E402
 from worker_config.settings import Settings  # noqa: E402
 
 
@@ -146,12 +147,6 @@ def flower_auth(env: dict[str, str], logs: Path) -> tuple[dict[str, str], str]:
         os.fchmod(fh.fileno(), 0o600)  # also when the file was already there
         fh.write(pair + "\n")
     return {**env, "FLOWER_BASIC_AUTH": pair}, f"user {FLOWER_USER}, password in {path}"
-
-
-def worker_argv(queue: str, name: str, pool: str = "solo", concurrency: int = 1) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-P", pool,
-            "-c", str(concurrency), "-n", f"{name}@%h", "-E", "--without-gossip",
-            "--without-mingle", "--loglevel", "INFO"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from scripts.autoscaler import Supervisor
 from tasks.celery_app import GPU_STAGES
 from tasks.fake_gpu import LEDGER_ENV, FakeGpuLedger
 from tasks.registry import live_workers
+from tasks.supervisor import Supervisor
 from tests.conftest import ROOT, wait_until
 from worker_config import profiles
 from worker_config.settings import load_settings

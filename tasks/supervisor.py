@@ -1,0 +1,154 @@
+"""Worker processes under supervision: started from argument lists, warm-stopped, restarted with backoff."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_BACKOFF_S = 60.0
+STABLE_RUN_S = 60.0  # a worker that ran this long before failing starts its backoff afresh
+
+
+def worker_argv(queue: str, name: str, pool: str = "solo", concurrency: int = 1) -> list[str]:
+    """The command of one framefleet worker: ``celery -A tasks worker -Q queue -n name@%h`` and our flags."""
+    return [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-P", pool,
+            "-c", str(concurrency), "-n", f"{name}@%h", "-E", "--without-gossip", "--without-mingle",
+            "--loglevel", "INFO"]
+
+
+@dataclass
+class Slot:
+    """One intended worker of a GPU; its process is replaced when it exits, until the slot is stopped."""
+
+    gpu: int
+    seq: int
+    name: str
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    failures: int = 0
+    restart_at: float | None = None
+    stopping_since: float | None = None
+    last_exit: str = ""
+    seen_peak_mib: float = 0.0
+    learned_mib: float = 0.0
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
+
+
+class Supervisor:
+    """Starts worker processes (argument lists, own session each), warm-stops them, restarts the fallen.
+
+    ``argv_for(gpu, name)`` and ``env_for(gpu)`` build a worker's command and environment;
+    ``stop_grace_s``: seconds between SIGTERM (warm shutdown) and SIGKILL.
+    """
+
+    def __init__(self, argv_for: Callable[[int, str], list[str]], env_for: Callable[[int], dict[str, str]],
+                 log_dir: Path | None = None, stop_grace_s: float = 600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.argv_for, self.env_for, self.log_dir = argv_for, env_for, log_dir
+        self.stop_grace_s, self.clock = stop_grace_s, clock
+        self.slots: list[Slot] = []
+        self.started_pids: set[int] = set()
+        self._seq: dict[int, int] = {}
+
+    def active(self, gpu: int) -> list[Slot]:
+        return [s for s in self.slots if s.gpu == gpu and s.stopping_since is None]
+
+    def stopping(self, gpu: int) -> list[Slot]:
+        return [s for s in self.slots if s.gpu == gpu and s.stopping_since is not None]
+
+    def start(self, gpu: int, name_prefix: str) -> Slot:
+        self._seq[gpu] = self._seq.get(gpu, 0) + 1
+        slot = Slot(gpu, self._seq[gpu], f"{name_prefix}-{self._seq[gpu]}")
+        self.slots.append(slot)
+        self._spawn(slot)
+        return slot
+
+    def stop_newest(self, gpu: int) -> Slot | None:
+        """Warm-stop the most recently added worker of ``gpu``; a slot waiting to restart just goes."""
+        candidates = self.active(gpu)
+        if not candidates:
+            return None
+        slot = max(candidates, key=lambda s: s.seq)
+        if slot.pid is None:
+            self.slots.remove(slot)
+        else:
+            slot.stopping_since = self.clock()
+            signal_group(slot.pid, signal.SIGTERM)
+        return slot
+
+    def reap(self) -> list[tuple[str, Slot, str]]:
+        """Handle exits and due restarts; return (what, slot, detail) for each: restarted, stopped, killed."""
+        now, happened = self.clock(), []
+        for slot in list(self.slots):
+            code = slot.proc.poll() if slot.proc is not None else None
+            if slot.stopping_since is not None:
+                if code is not None or slot.proc is None:
+                    self.slots.remove(slot)
+                    happened.append(("stopped", slot, f"exit status {code}"))
+                elif now - slot.stopping_since > self.stop_grace_s:
+                    signal_group(slot.proc.pid, signal.SIGKILL)
+                    happened.append(("killed", slot, f"still running {self.stop_grace_s:g} s after SIGTERM"))
+            elif code is not None:
+                ran_s = now - slot.started_at
+                slot.proc = None
+                if code == 0:
+                    slot.failures, slot.restart_at = 0, now  # recycled: replaced at once
+                    detail = "exited 0 (recycled); starting a fresh one"
+                else:
+                    slot.failures = 1 if ran_s >= STABLE_RUN_S else slot.failures + 1
+                    delay = min(MAX_BACKOFF_S, 2.0 ** (slot.failures - 1))
+                    slot.restart_at = now + delay
+                    detail = f"exited with status {code} after {ran_s:.1f} s; restarting in {delay:g} s"
+                slot.last_exit = detail
+                happened.append(("exited", slot, detail))
+            if slot.proc is None and slot.restart_at is not None and now >= slot.restart_at:
+                self._spawn(slot)
+                happened.append(("restarted", slot, f"pid {slot.pid}"))
+        return happened
+
+    def stop_all(self, grace_s: float, hurry: Callable[[], bool] = lambda: False) -> None:
+        """Warm-stop every worker, wait up to ``grace_s`` (or until ``hurry()``), then SIGKILL the rest."""
+        running = [s.proc for s in self.slots if s.proc is not None and s.proc.poll() is None]
+        for proc in running:
+            signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while any(p.poll() is None for p in running) and time.monotonic() < deadline and not hurry():
+            time.sleep(0.1)
+        for proc in running:
+            if proc.poll() is None:
+                signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+        self.slots.clear()
+
+    def _spawn(self, slot: Slot) -> None:
+        out: Any = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_dir / f"{slot.name}.log", "ab")  # noqa: SIM115 (the child keeps its own copy)
+        try:
+            slot.proc = subprocess.Popen(self.argv_for(slot.gpu, slot.name), env=self.env_for(slot.gpu),
+                                         cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT if out else None, start_new_session=True)
+        finally:
+            if out is not None:
+                out.close()
+        slot.started_at, slot.restart_at, slot.seen_peak_mib = self.clock(), None, 0.0
+        self.started_pids.add(slot.proc.pid)
+
+
+def signal_group(pid: int, sig: int) -> None:
+    """Send ``sig`` to the process group of ``pid`` (each worker leads its own); gone is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
