@@ -13,6 +13,7 @@ from kombu import Connection, Exchange, Producer
 from scripts.make_sample_dataset import make_corrupt_inputs, make_video
 from tests.conftest import ROOT, Workers, run_script, send_task, task_result, wait_until
 from tests.faults.conftest import RedisServer, _pings, assert_nothing_lost, env_for, free_port, record
+from tests.test_flower_monitoring import Flower
 
 
 def test_corrupt_and_odd_inputs_each_end_processed_or_quarantined(fault_raw, fault_workers, fault_env, tmp_path):
@@ -100,6 +101,18 @@ def test_a_redis_password_works_and_never_shows(fault_raw, tmp_path):
         texts += [p.read_text(errors="replace") for p in out.rglob("*") if p.suffix in {".json", ".yaml", ".jsonl"}]
         assert not [t for t in texts if "s3cr3t-pw" in t]
         assert "redis://:***@" in (out / "settings.resolved.yaml").read_text()
+        # Flower's pages, the worker's configuration page included, show the URL masked.
+        flower = Flower(env, tmp_path / "flower.log", "ops:flower-pw", "--address=127.0.0.1")
+        try:
+            flower.wait_ready()
+            wait_until(lambda: "gpu0@test" in flower.get("/api/workers")[1], 30, "Flower to see the worker")
+            pages = {path: flower.get(path) for path in ("/", "/workers", "/broker", "/tasks", "/api/workers",
+                                                          "/api/tasks", "/worker/gpu0@test")}
+            assert all(status == 200 for status, _ in pages.values()), {p: s for p, (s, _) in pages.items()}
+            assert not [path for path, (_, body) in pages.items() if "s3cr3t-pw" in body]
+            assert "s3cr3t-pw" not in flower.log.read_text()
+        finally:
+            flower.stop()
     finally:
         pool.stop_all()
         server.stop()
