@@ -6,6 +6,7 @@ import gc
 import json
 import logging
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -17,10 +18,18 @@ OOM_KEY = "ff:oom"
 MIB = 1 << 20
 
 
-def stage_peak_mib(stage: Any) -> float:
-    """The peak device memory the stage's model reported for its last call, in MiB."""
+def stage_peak_mib(stage: Any, message: str = "") -> float:
+    """The device memory the failed call needed, in MiB: what the process held at its peak plus
+    the allocation that failed (from torch's message), or the model's own last peak if larger."""
     model = getattr(stage, "model", stage)
-    return float(getattr(model, "peak_memory_bytes", 0) or 0) / MIB
+    reported = float(getattr(model, "peak_memory_bytes", 0) or 0) / MIB
+    held = 0.0
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        held = torch.cuda.max_memory_reserved() / MIB
+    tried = re.search(r"Tried to allocate ([\d.]+) (GiB|MiB)", message)
+    wanted = float(tried.group(1)) * (1024 if tried.group(2) == "GiB" else 1) if tried else 0.0
+    return max(reported, held + wanted)
 
 
 def set_chunk_scale(stage: Any, scale: float) -> None:
@@ -39,10 +48,10 @@ def release_memory() -> None:
 
 
 def after_oom(r: redis.Redis | None, stage_name: str, stage: Any, job: dict[str, Any],
-              gpu: int | None, hostname: str) -> dict[str, Any]:
+              gpu: int | None, hostname: str, message: str = "") -> dict[str, Any]:
     """Release memory, record the OOM for the autoscaler; return the job fields of the retry."""
+    peak = stage_peak_mib(stage, message)
     release_memory()
-    peak = stage_peak_mib(stage)
     record = {"gpu": gpu, "worker": hostname, "pid": os.getpid(), "stage": stage_name,
               "video_id": job.get("video_id"), "peak_mib": peak, "time": time.time()}
     if r is not None:

@@ -160,7 +160,7 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
             # Retry elsewhere if possible, with smaller chunks; the autoscaler reads the record.
             job = {**job, **oom.after_oom(_redis_or_none(conf.redis_url), stage_name,
                                           worker.STAGES.get(stage_name), job, worker.ROLE.gpu,
-                                          task.request.hostname)}
+                                          task.request.hostname, str(failure))}
             failure = GpuOutOfMemory(f"{failure} (peak {job['oom_peak_mib']:.0f} MiB; "
                                      f"chunk scale now {job['chunk_scale']:g})", failure.delay_s)
         if retryable and task.request.retries < stage_conf.max_retries:
