@@ -49,6 +49,15 @@ from worker_config.settings import Settings  # noqa: E402
 log = logging.getLogger("framefleet.autoscaler")
 DECISIONS_KEY = "ff:autoscale"
 DECISIONS_KEPT = 1000
+POLICY_FLAGS = {  # AutoscalePolicy field: (type, help)
+    "max_workers_per_gpu": (int, "at most this many workers on one GPU"),
+    "min_workers_per_gpu": (int, "at least this many workers on each GPU"),
+    "headroom_mib": (float, "GPU memory kept free beyond the workers' learned peaks"),
+    "pressure_free_mib": (float, "below this much free GPU memory, one worker is stopped"),
+    "cooldown_s": (float, "seconds between changes"),
+    "idle_scale_down_s": (float, "seconds without work before a GPU goes down to its minimum"),
+    "host_margin_mib": (float, "host RAM to leave free beyond another worker's RSS"),
+}
 EVENT_RESERVED = {"type", "hostname", "utcoffset", "pid", "clock", "timestamp"}
 
 
@@ -299,16 +308,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     defaults = AutoscalePolicy()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpus", type=parse_gpus, help="GPU indices to supervise, e.g. 0,1 (default: all)")
-    p.add_argument("--max-workers-per-gpu", type=int, default=defaults.max_workers_per_gpu)
-    p.add_argument("--min-workers-per-gpu", type=int, default=defaults.min_workers_per_gpu)
-    p.add_argument("--headroom-mib", type=float, default=defaults.headroom_mib,
-                   help="GPU memory kept free beyond the workers' learned peaks")
-    p.add_argument("--pressure-free-mib", type=float, default=defaults.pressure_free_mib,
-                   help="below this much free GPU memory, one worker is stopped")
-    p.add_argument("--cooldown-s", type=float, default=defaults.cooldown_s, help="seconds between changes")
-    p.add_argument("--idle-scale-down-s", type=float, default=defaults.idle_scale_down_s)
-    p.add_argument("--host-margin-mib", type=float, default=defaults.host_margin_mib,
-                   help="host RAM to leave free beyond another worker's RSS")
+    for name, (kind, text) in POLICY_FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
+                       help=f"{text} (default: `autoscale: {{{name}: …}}` in --config, else {getattr(defaults, name)})")
     p.add_argument("--tick-s", type=float, default=2.0, help="seconds between readings")
     p.add_argument("--stop-grace-s", type=float, default=600.0, help="SIGTERM to SIGKILL, for stopping workers")
     p.add_argument("--cpu-workers", type=int, default=1, help="stand-in gpu0 workers when there is no GPU")
@@ -320,20 +322,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.tick_s <= 0 or args.cpu_workers < 1 or args.stop_grace_s < 0:
         p.error("--tick-s must be > 0, --cpu-workers >= 1 and --stop-grace-s >= 0")
-    try:
-        args.policy = AutoscalePolicy(
-            headroom_mib=args.headroom_mib, max_workers_per_gpu=args.max_workers_per_gpu,
-            min_workers_per_gpu=args.min_workers_per_gpu, cooldown_s=args.cooldown_s,
-            idle_scale_down_s=args.idle_scale_down_s, pressure_free_mib=args.pressure_free_mib,
-            host_margin_mib=args.host_margin_mib)
-    except ValueError as exc:
-        p.error(str(exc))
     return args
+
+
+def policy_from(args: argparse.Namespace, conf: Settings) -> AutoscalePolicy:
+    """The settings file's `autoscale:` section, overridden by the flags given. Raises ValueError."""
+    flags = {name: getattr(args, name) for name in POLICY_FLAGS if getattr(args, name) is not None}
+    return AutoscalePolicy(**{**conf.autoscale, **flags})
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     conf = _cli.settings_from(args)
+    try:
+        args.policy = policy_from(args, conf)
+    except ValueError as exc:
+        return _cli.fail(str(exc))
     logging.basicConfig(level=conf.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     fake = args.fake_gpu or os.environ.get(LEDGER_ENV)
     if fake and not Path(fake).is_file():

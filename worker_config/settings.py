@@ -72,6 +72,8 @@ class Settings(BaseSettings):
     max_tasks_per_worker: int = Field(default=0, ge=0)
     max_rss_mib: float = Field(default=0, ge=0)
     stages: dict[str, StageSettings] = Field(default_factory=_default_stages)
+    # The autoscaler's policy (worker_config.autoscale.AutoscalePolicy fields); its flags override it.
+    autoscale: dict[str, float] = Field(default_factory=dict)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("redis_url", "broker_url", "result_backend")
@@ -101,6 +103,18 @@ class Settings(BaseSettings):
                     f"available: {', '.join(BACKENDS[name])}"
                 )
         return merged
+
+    @field_validator("autoscale")
+    @classmethod
+    def _autoscale_policy(cls, value: dict[str, float]) -> dict[str, float]:
+        from worker_config.autoscale import AutoscalePolicy
+
+        try:
+            AutoscalePolicy(**value)
+        except TypeError:
+            known = ", ".join(AutoscalePolicy.__dataclass_fields__)
+            raise ValueError(f"unknown autoscale setting among {sorted(value)}; the settings are {known}") from None
+        return value
 
     @classmethod
     def settings_customise_sources(

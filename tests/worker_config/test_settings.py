@@ -64,3 +64,19 @@ def test_passwords_never_leave_in_resolved_settings(monkeypatch):
     assert data["redis_url"] == "rediss://user:***@redis.example:6380/0"
     assert redact_url("redis://:pw@h:1/0") == "redis://:***@h:1/0"
     assert redact_url("redis://h:1/0") == "redis://h:1/0"
+
+
+def test_the_autoscaler_policy_lives_in_the_settings_file_and_flags_override_it(tmp_path):
+    from scripts.autoscaler import parse_args, policy_from
+
+    config = tmp_path / "ff.yaml"
+    config.write_text("autoscale: {headroom_mib: 3000, max_workers_per_gpu: 6}\n")
+    conf = load_settings(config)
+    policy = policy_from(parse_args(["--config", str(config), "--max-workers-per-gpu", "3"]), conf)
+    assert (policy.headroom_mib, policy.max_workers_per_gpu, policy.cooldown_s) == (3000, 3, 30.0)
+    (tmp_path / "bad.yaml").write_text("autoscale: {headroom_gib: 3}\n")
+    with pytest.raises(ConfigError, match="unknown autoscale setting.*headroom_mib"):
+        load_settings(tmp_path / "bad.yaml")
+    (tmp_path / "neg.yaml").write_text("autoscale: {cooldown_s: -1}\n")
+    with pytest.raises(ConfigError, match="cooldown_s = -1"):
+        load_settings(tmp_path / "neg.yaml")
