@@ -35,6 +35,13 @@ def wait_until(condition: Callable[[], object], timeout_s: float, what: str, pol
     pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def settings_env(tmp_path: Path, yaml_text: str, **extra: str) -> dict[str, str]:
+    """Environment for workers and scripts that read this YAML settings text (plus ``extra``)."""
+    config = tmp_path / "settings.yaml"
+    config.write_text(yaml_text)
+    return {"FRAMEFLEET_CONFIG": str(config), **extra}
+
+
 @pytest.fixture
 def redis_url() -> Iterator[str]:
     """A flushed Redis database used by this test alone."""

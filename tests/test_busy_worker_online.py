@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from tests.conftest import run_script, wait_until
+from tests.conftest import run_script, settings_env, wait_until
 
 LONG_DEPTH = "stages:\n  depth:\n    params: {matmuls_per_frame: 4000}\n"
 
@@ -27,9 +27,7 @@ def test_busy_worker_stays_online_through_a_long_task(video_factory, workers, pi
 
     listener = threading.Thread(target=listen, daemon=True)
     listener.start()
-    config = tmp_path / "long.yaml"
-    config.write_text(LONG_DEPTH)
-    env = {"FRAMEFLEET_CONFIG": str(config), "FRAMEFLEET_HEARTBEAT_INTERVAL_S": "2", "FRAMEFLEET_REGISTRY_TTL_S": "10"}
+    env = settings_env(tmp_path, LONG_DEPTH, FRAMEFLEET_HEARTBEAT_INTERVAL_S="2", FRAMEFLEET_REGISTRY_TTL_S="10")
     workers.start("cpu", env=env)
     workers.start("gpu0", env=env)
     out = tmp_path / "out"

@@ -8,7 +8,7 @@ import signal
 import redis
 import yaml
 
-from tests.conftest import run_script, wait_until
+from tests.conftest import run_script, settings_env, wait_until
 
 SLOW_GPU = "stages:\n  depth:\n    params: {matmuls_per_frame: 60}\n"
 
@@ -29,9 +29,7 @@ def close(a, b):
 
 def test_stop_halfway_then_continue(video_factory, workers, pipeline_env, tmp_path):
     raw = video_factory(6)
-    config = tmp_path / "slow.yaml"
-    config.write_text(SLOW_GPU)
-    env = {"FRAMEFLEET_CONFIG": str(config)}
+    env = settings_env(tmp_path, SLOW_GPU)
     workers.start("cpu", env=env)
     workers.start("gpu0", env=env)
     out = tmp_path / "out"

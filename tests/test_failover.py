@@ -6,7 +6,7 @@ import json
 import signal
 import time
 
-from tests.conftest import run_script, wait_until
+from tests.conftest import run_script, settings_env, wait_until
 
 LEASE_TTL_S = 6
 SLOW_DEPTH = "stages:\n  depth:\n    params: {matmuls_per_frame: 150}\n"
@@ -16,9 +16,7 @@ def test_sigkilled_worker_task_completes_on_another_within_the_lease_ttl(
     video_factory, workers, pipeline_env, tmp_path
 ):
     raw = video_factory(1)
-    config = tmp_path / "slow.yaml"
-    config.write_text(SLOW_DEPTH)
-    env = {"FRAMEFLEET_CONFIG": str(config), "FRAMEFLEET_LEASE_TTL_S": str(LEASE_TTL_S)}
+    env = settings_env(tmp_path, SLOW_DEPTH, FRAMEFLEET_LEASE_TTL_S=str(LEASE_TTL_S))
     workers.start("cpu", env=env)
     workers.start("gpu1", env=env)
     out = tmp_path / "out"

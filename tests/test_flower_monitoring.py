@@ -21,7 +21,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ROOT, run_script, wait_until
+from tests.conftest import ROOT, run_script, settings_env, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -113,9 +113,7 @@ def test_flower_beyond_loopback_starts_with_auth_from_the_environment(pipeline_e
 
 def test_flower_shows_a_busy_gpu_worker_online_with_its_task_and_live_progress(
         flower, video_factory, workers, pipeline_env, tmp_path):
-    config = tmp_path / "long.yaml"
-    config.write_text(LONG_DEPTH)
-    env = {"FRAMEFLEET_CONFIG": str(config)}
+    env = settings_env(tmp_path, LONG_DEPTH)
     workers.start("cpu", env=env, wait=False)
     workers.start("gpu0", env=env, wait=False)
     wait_until(lambda: workers.state("cpu") and workers.state("gpu0"), 60, "both workers to register")

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tasks.fake_gpu import FakeGpuLedger
 from tasks.gpu_probe import FakeProbe
-from tests.conftest import ROOT, run_script, wait_until
+from tests.conftest import ROOT, run_script, settings_env, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -64,9 +64,7 @@ def exported_names(text: str) -> set[str]:
 def test_exporter_reads_gpus_workers_queues_stages_and_decisions(exporter, video_factory, workers, pipeline_env,
                                                                   tmp_path):
     running, ledger = exporter
-    config = tmp_path / "gpu.yaml"
-    config.write_text("stages:\n  depth: {params: {hold_mib: 3000}}\n")
-    env = {"FRAMEFLEET_FAKE_GPU": str(ledger.path), "FRAMEFLEET_CONFIG": str(config)}
+    env = settings_env(tmp_path, "stages:\n  depth: {params: {hold_mib: 3000}}\n", FRAMEFLEET_FAKE_GPU=str(ledger.path))
     workers.start("cpu", env=env, wait=False)
     workers.start("gpu0", env=env, wait=False)
     wait_until(lambda: workers.state("cpu") and workers.state("gpu0"), 60, "both workers to register")

@@ -7,7 +7,7 @@ import json
 import redis
 
 from tasks.fake_gpu import FakeGpuLedger
-from tests.conftest import run_script
+from tests.conftest import run_script, settings_env
 
 BIG_ACTIVATIONS = "stages:\n  depth:\n    params: {hold_mib: 1000, activation_mib: 4000}\n"
 
@@ -18,9 +18,7 @@ def test_oom_is_retried_on_another_gpu_with_smaller_chunks(video_factory, worker
         {"index": 0, "total_mib": 24000, "oom_at_mib": 3000},  # holds the model, not the activations
         {"index": 1, "total_mib": 24000, "oom_at_mib": 4500},  # fits them once halved
     ])
-    config = tmp_path / "big.yaml"
-    config.write_text(BIG_ACTIVATIONS)
-    env = {"FRAMEFLEET_CONFIG": str(config), "FAKE": "", "FRAMEFLEET_FAKE_GPU": str(ledger)}
+    env = settings_env(tmp_path, BIG_ACTIVATIONS, FRAMEFLEET_FAKE_GPU=str(ledger))
     workers.start("cpu", env=env)
     workers.start("gpu0", env=env)
     workers.start("gpu1", env=env)
@@ -40,10 +38,7 @@ def test_oom_is_retried_on_another_gpu_with_smaller_chunks(video_factory, worker
 def test_a_video_that_never_fits_is_failed_with_its_peak_not_looped(video_factory, workers, pipeline_env, tmp_path):
     ledger = tmp_path / "gpus.json"
     FakeGpuLedger.create(ledger, [{"index": 0, "total_mib": 24000, "oom_at_mib": 1010}])
-    config = tmp_path / "big.yaml"
-    config.write_text(BIG_ACTIVATIONS.replace("}", ", }").replace(", }", "}") +
-                      "    max_retries: 2\n")
-    env = {"FRAMEFLEET_CONFIG": str(config), "FRAMEFLEET_FAKE_GPU": str(ledger)}
+    env = settings_env(tmp_path, BIG_ACTIVATIONS + "    max_retries: 2\n", FRAMEFLEET_FAKE_GPU=str(ledger))
     workers.start("cpu", env=env)
     workers.start("gpu0", env=env)
     out = tmp_path / "out"

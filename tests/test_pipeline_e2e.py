@@ -12,7 +12,7 @@ import h5py
 import redis
 
 from scripts.make_sample_dataset import make_corrupt_inputs
-from tests.conftest import run_script, task_result, wait_until
+from tests.conftest import run_script, settings_env, task_result, wait_until
 
 SLOW_GPU = "stages:\n  depth:\n    params: {matmuls_per_frame: 60}\n"
 
@@ -84,9 +84,7 @@ def test_two_gpu_workers_share_the_videos_and_one_stopping_loses_nothing(
     video_factory, workers, pipeline_env, tmp_path, monkeypatch
 ):
     raw = video_factory(6)
-    config = tmp_path / "slow.yaml"
-    config.write_text(SLOW_GPU)
-    env = {"FRAMEFLEET_CONFIG": str(config)}
+    env = settings_env(tmp_path, SLOW_GPU)
     workers.start("cpu", env=env)
     workers.start("gpu0", env=env)
     workers.start("gpu1", env=env)

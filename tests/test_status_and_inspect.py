@@ -11,7 +11,7 @@ import pytest
 
 from tasks.fake_gpu import FakeGpuLedger
 from tasks.gpu_probe import NoGpuProbe
-from tests.conftest import ROOT, run_script, wait_until
+from tests.conftest import ROOT, run_script, settings_env, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -21,9 +21,7 @@ TWO_GPUS = [{"total_mib": 16384, "name": "Fake GPU 16GB", "utilization_pct": 5},
 
 def test_inspect_gpu_answers_with_the_worker_state_and_its_own_gpu(workers, pipeline_env, tmp_path):
     ledger = FakeGpuLedger.create(tmp_path / "gpu.json", TWO_GPUS)
-    config = tmp_path / "hold.yaml"
-    config.write_text("stages:\n  depth: {params: {hold_mib: 2000}}\n")
-    env = {"FRAMEFLEET_FAKE_GPU": str(ledger.path), "FRAMEFLEET_CONFIG": str(config)}
+    env = settings_env(tmp_path, "stages:\n  depth: {params: {hold_mib: 2000}}\n", FRAMEFLEET_FAKE_GPU=str(ledger.path))
     workers.start("gpu1", env=env)
     argv = [sys.executable, "-m", "celery", "-A", "tasks", "inspect", "gpu", "-t", "10", "-d", "gpu1@test"]
     done = subprocess.run([*argv, "--json"], cwd=ROOT, env={**pipeline_env, **env}, capture_output=True, text=True,
@@ -43,9 +41,8 @@ def test_inspect_gpu_answers_with_the_worker_state_and_its_own_gpu(workers, pipe
 def test_status_shows_gpus_workers_queues_the_run_and_the_quarantine(workers, pipeline_env, video_factory, tmp_path,
                                                                     monkeypatch):
     ledger = FakeGpuLedger.create(tmp_path / "gpu.json", TWO_GPUS[1:])
-    config = tmp_path / "long.yaml"
-    config.write_text("stages:\n  depth: {params: {hold_mib: 3072, matmuls_per_frame: 5000}}\n")
-    env = {"FRAMEFLEET_FAKE_GPU": str(ledger.path), "FRAMEFLEET_CONFIG": str(config)}
+    env = settings_env(tmp_path, "stages:\n  depth: {params: {hold_mib: 3072, matmuls_per_frame: 5000}}\n",
+                       FRAMEFLEET_FAKE_GPU=str(ledger.path))
     workers.start("cpu", env=env, wait=False)
     workers.start("gpu0", env=env, wait=False)
     wait_until(lambda: workers.state("cpu") and workers.state("gpu0"), 60, "both workers to register")

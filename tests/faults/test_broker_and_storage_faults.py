@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, run_script, wait_until
+from tests.conftest import ROOT, run_script, settings_env, wait_until
 from tests.faults.conftest import assert_nothing_lost, record, stage_runs, wait_for_summary
 
 SLOW = "stages:\n  depth:\n    params: {matmuls_per_frame: 150}\n"
@@ -24,9 +24,7 @@ def _enqueue_and_watch(raw, out, env):
 @pytest.mark.parametrize("down_s", [0, pytest.param(30, marks=pytest.mark.slow)])
 def test_redis_restarted_or_away_mid_run(down_s, fault_raw, fault_workers, fault_env, redis_server,
                                          reference_stats, tmp_path):
-    config = tmp_path / "slow.yaml"
-    config.write_text(SLOW)
-    env = {"FRAMEFLEET_CONFIG": str(config)}
+    env = settings_env(tmp_path, SLOW)
     fault_workers.start("cpu", env=env)
     fault_workers.start("gpu0", env=env)
     out = tmp_path / "out"
@@ -50,9 +48,7 @@ def test_redis_restarted_or_away_mid_run(down_s, fault_raw, fault_workers, fault
 
 @pytest.mark.slow
 def test_a_task_longer_than_the_visibility_timeout_runs_once(fault_raw, fault_workers, fault_env, tmp_path):
-    config = tmp_path / "long.yaml"
-    config.write_text("visibility_timeout_s: 5\nstages:\n  depth:\n    params: {matmuls_per_frame: 1500}\n")
-    env = {"FRAMEFLEET_CONFIG": str(config)}
+    env = settings_env(tmp_path, "visibility_timeout_s: 5\nstages:\n  depth:\n    params: {matmuls_per_frame: 1500}\n")
     fault_workers.start("cpu", env=env)
     fault_workers.start("gpu0", env=env)
     out = tmp_path / "out"
@@ -71,9 +67,7 @@ def test_a_task_longer_than_the_visibility_timeout_runs_once(fault_raw, fault_wo
 
 def test_an_unwritable_output_gives_a_clear_error_retries_and_no_torn_file(fault_raw, fault_workers, fault_env,
                                                                           tmp_path):
-    config = tmp_path / "quick.yaml"
-    config.write_text("stages:\n  depth:\n    max_retries: 2\n")
-    env = {"FRAMEFLEET_CONFIG": str(config)}
+    env = settings_env(tmp_path, "stages:\n  depth:\n    max_retries: 2\n")
     fault_workers.start("cpu", env=env)
     fault_workers.start("gpu0", env=env)
     out = tmp_path / "out"

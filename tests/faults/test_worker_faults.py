@@ -6,7 +6,7 @@ import random
 import signal
 import time
 
-from tests.conftest import run_script, wait_until
+from tests.conftest import run_script, settings_env, wait_until
 from tests.faults.conftest import assert_nothing_lost, record, stage_runs, wait_for_summary
 
 SLOW = "stages:\n  depth:\n    params: {matmuls_per_frame: 150}\n"
@@ -15,9 +15,7 @@ SLOW = "stages:\n  depth:\n    params: {matmuls_per_frame: 150}\n"
 def test_sigkill_a_gpu_worker_several_times_at_random_moments(
     fault_raw, fault_workers, fault_env, reference_stats, tmp_path
 ):
-    config = tmp_path / "slow.yaml"
-    config.write_text(SLOW)
-    env = {"FRAMEFLEET_CONFIG": str(config)}
+    env = settings_env(tmp_path, SLOW)
     fault_workers.start("cpu", env=env)
     fault_workers.start("gpu0", env=env)
     out = tmp_path / "out"
@@ -41,9 +39,7 @@ def test_sigkill_a_gpu_worker_several_times_at_random_moments(
 
 
 def test_sigterm_finishes_the_task_in_hand_and_takes_no_new_one(fault_raw, fault_workers, fault_env, tmp_path):
-    config = tmp_path / "slow.yaml"
-    config.write_text(SLOW)
-    env = {"FRAMEFLEET_CONFIG": str(config)}
+    env = settings_env(tmp_path, SLOW)
     fault_workers.start("cpu", env=env)
     fault_workers.start("gpu0", env=env)
     out = tmp_path / "out"
