@@ -71,6 +71,8 @@ def test_exporter_reads_gpus_workers_queues_stages_and_decisions(exporter, video
     done = run_script("enqueue_dataset.py", str(video_factory(1)), "--out", str(tmp_path / "out"),
                       env={**pipeline_env, **env}, timeout_s=80)
     assert done.returncode == 0, done.stdout + done.stderr
+    # The workers publish their state on their next heartbeat after the last task.
+    wait_until(lambda: not workers.state("cpu")["busy"] and not workers.state("gpu0")["busy"], 10, "idle workers")
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
     r.sadd("ff:gpu-queues", "gpu7")  # a GPU queue with waiting messages and no worker
     r.rpush("gpu7", "a", "b", "c")
