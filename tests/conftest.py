@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,8 +23,53 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.make_sample_dataset import make_video  # noqa: E402
 
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_private_redis() -> str:
+    """Start a redis-server of this test session on a free port; it ends when the session does.
+
+    Two test sessions on one machine never share a database, and no Redis needs to be running
+    beforehand. $FRAMEFLEET_TEST_REDIS (redis://host:port) points the tests at another server.
+    """
+    if shutil.which("redis-server") is None:
+        raise RuntimeError("the tests start their own redis-server and none is installed: "
+                           "`apt install redis-server` (or `brew install redis`), or set FRAMEFLEET_TEST_REDIS")
+    folder = tempfile.mkdtemp(prefix="framefleet-test-redis-")
+    for _ in range(5):
+        port = free_port()
+        proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                 "--appendonly", "no", "--dir", folder, "--databases", "32"],
+                                stdout=open(Path(folder) / "redis.log", "ab"), stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        client = redis.Redis(port=port)
+        for _ in range(200):
+            if proc.poll() is not None:
+                break  # the port was taken in between: try another
+            try:
+                client.ping()
+            except redis.ConnectionError:
+                time.sleep(0.025)
+                continue
+
+            def stop(proc: subprocess.Popen[bytes] = proc) -> None:
+                proc.terminate()
+                proc.wait(timeout=10)
+                shutil.rmtree(folder, ignore_errors=True)
+
+            atexit.register(stop)
+            return f"redis://127.0.0.1:{port}"
+        proc.kill()
+    raise RuntimeError(f"the tests' private redis-server did not start; see {folder}/redis.log")
+
+
+BASE_REDIS = os.environ.get("FRAMEFLEET_TEST_REDIS") or _start_private_redis()
 TEST_DB = int(os.environ.get("FRAMEFLEET_TEST_DB", "11"))
-BASE_REDIS = os.environ.get("FRAMEFLEET_TEST_REDIS", "redis://127.0.0.1:6379")
 PIPELINE_ENV = ("REDIS_URL", "FRAMEFLEET_CONFIG", "FRAMEFLEET_REDIS_URL", "CUDA_VISIBLE_DEVICES")
 
 
