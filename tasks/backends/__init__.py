@@ -1,36 +1,72 @@
-"""Model backends of the GPU stages, looked up by stage and name; ``synthetic`` is built in."""
+"""Model backends, one registry keyed by (stage, name): the built-in ones, then the ``framefleet.backends`` entry points.
+
+A backend living in its own package (beside its heavy dependencies) registers itself with
+an entry point in that package's ``pyproject.toml``::
+
+    [project.entry-points."framefleet.backends"]
+    "hands.mybackend" = "my_package.module:MyHandsBackend"
+
+The name is ``<stage>.<backend>``; the value is the class. Nothing is imported until the
+backend is built, so validating settings never pulls in torch or a model package.
+"""
 
 from __future__ import annotations
 
 import importlib
+from functools import cache
+from importlib.metadata import entry_points
 from typing import Any
 
 from tasks.errors import UnknownBackend
 
-# stage -> backend name -> "module:Class"; real adapters (vipe, tapip3d, wilor) register here.
-BACKENDS: dict[str, dict[str, str]] = {
-    "depth": {"synthetic": "tasks.backends.synthetic:SyntheticDepth"},
-    "tracks": {"synthetic": "tasks.backends.synthetic:SyntheticTracker"},
-    "hands": {"synthetic": "tasks.backends.synthetic:SyntheticHands"},
+ENTRY_POINT_GROUP = "framefleet.backends"
+
+# (stage, backend name) -> "module:Class" of the backends that ship with framefleet.
+BUILTIN: dict[tuple[str, str], str] = {
+    ("depth", "synthetic"): "tasks.backends.synthetic:SyntheticDepth",
+    ("tracks", "synthetic"): "tasks.backends.synthetic:SyntheticTracker",
+    ("hands", "synthetic"): "tasks.backends.synthetic:SyntheticHands",
 }
+
+
+@cache
+def _entry_points() -> dict[tuple[str, str], str]:
+    found: dict[tuple[str, str], str] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        stage, _, name = ep.name.partition(".")
+        if stage and name:
+            found[(stage, name)] = ep.value
+    return found
+
+
+def registry() -> dict[tuple[str, str], str]:
+    """Every known backend, (stage, name) -> "module:Class"; built-in names win over entry points."""
+    return {**_entry_points(), **BUILTIN}
 
 
 def available(stage: str) -> list[str]:
     """Return the backend names of ``stage`` (empty for a stage without a model)."""
-    return sorted(BACKENDS.get(stage, {}))
+    return sorted(name for s, name in registry() if s == stage)
+
+
+def check_backend(stage: str, name: str) -> None:
+    """Raise UnknownBackend, naming the choices, when ``name`` is not a backend of ``stage``."""
+    if (stage, name) not in registry():
+        choices = available(stage)
+        raise UnknownBackend(
+            f"unknown {stage} backend {name!r}; available: {', '.join(choices) or 'none'}. "
+            f"Fix stages.{stage}.backend in the settings, or install the package that provides it "
+            f"(an entry point '{stage}.{name}' in the group {ENTRY_POINT_GROUP!r})."
+        )
+
+
+def backend_class(stage: str, name: str) -> type:
+    """Import and return the class of backend ``name`` of ``stage``; raises UnknownBackend."""
+    check_backend(stage, name)
+    module, _, cls = registry()[(stage, name)].partition(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def get_backend(stage: str, name: str, **params: Any) -> Any:
     """Return an unloaded backend ``name`` of ``stage`` built with ``params``; raises UnknownBackend."""
-    if stage not in BACKENDS:
-        raise UnknownBackend(
-            f"stage {stage!r} has no model backends (asked for {name!r}); "
-            f"stages with backends: {', '.join(sorted(BACKENDS))}"
-        )
-    if name not in BACKENDS[stage]:
-        raise UnknownBackend(
-            f"unknown {stage} backend {name!r}; available: {', '.join(available(stage))}. "
-            "Fix the stage's backend setting."
-        )
-    module, _, cls = BACKENDS[stage][name].partition(":")
-    return getattr(importlib.import_module(module), cls)(**params)
+    return backend_class(stage, name)(**params)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from tasks import fake_gpu
+from tasks.backends.base import DepthBackend, HandsBackend, TrackBackend
 from tasks.geometry import axis_angle_to_matrix, content_seed
 
 MIB = 1 << 20
@@ -125,10 +126,12 @@ def _box_blur(x: np.ndarray, radius: int, axis: int) -> np.ndarray:
     return np.moveaxis(out, -1, axis)
 
 
-class SyntheticDepth(SyntheticModel):
+class SyntheticDepth(SyntheticModel, DepthBackend):
     """ViPE's role: metric depth from smoothed luminance (0.4-2.4 m), fx = fy = 0.9 W, a smooth camera path."""
 
-    def infer(self, frames: np.ndarray, progress: Any = None) -> dict[str, np.ndarray]:
+    name = "synthetic"
+
+    def infer(self, frames: np.ndarray, progress: Any = None) -> Any:
         """Return ``depths`` (T, H, W) float32, ``intrinsics`` [fx, fy, cx, cy], ``cam_to_world`` (T, 4, 4)."""
         T, H, W = frames.shape[:3]
         depths = np.empty((T, H, W), dtype=np.float32)
@@ -151,10 +154,12 @@ class SyntheticDepth(SyntheticModel):
         return {"depths": depths, "intrinsics": intrinsics, "cam_to_world": pose}
 
 
-class SyntheticTracker(SyntheticModel):
+class SyntheticTracker(SyntheticModel, TrackBackend):
     """TAPIP3D's role: scene points drift along a smooth, frame-seeded flow, in the window's first camera."""
 
-    def track(self, frames: np.ndarray, queries: np.ndarray, **_context: Any) -> np.ndarray:
+    name = "synthetic"
+
+    def track(self, frames: np.ndarray, queries: np.ndarray, *_context: Any, **_named: Any) -> np.ndarray:
         """Return positions (L, N, 3) float32 of query points (N, 3) over a window of frames (L, H, W, 3)."""
         L = frames.shape[0]
         with self.activations():
@@ -182,10 +187,12 @@ def _hand_skeleton() -> np.ndarray:
     return np.array(joints)
 
 
-class SyntheticHands(SyntheticModel):
+class SyntheticHands(SyntheticModel, HandsBackend):
     """WiLoR's role: two hands on smooth paths, with dropouts, a long left gap and right-hand outliers."""
 
-    def detect(self, frames: np.ndarray, intrinsics: np.ndarray, progress: Any = None) -> dict[str, dict]:
+    name = "synthetic"
+
+    def detect(self, frames: np.ndarray, intrinsics: np.ndarray, depths: Any = None, progress: Any = None) -> Any:
         """Return raw detections per side: ``valid`` (T,), ``wrist_pose``, ``hand_pose``, ``joints_3d``, ``betas``."""
         T = frames.shape[0]
         with self.activations():
