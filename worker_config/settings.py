@@ -14,9 +14,9 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 CONFIG_ENV = "FRAMEFLEET_CONFIG"
 BACKENDS = {
     "preprocess": ("builtin",),
-    "depth": ("synthetic",),
-    "tracks": ("synthetic",),
-    "hands": ("synthetic",),
+    "depth": ("synthetic", "vipe"),
+    "tracks": ("synthetic", "tapip3d"),
+    "hands": ("synthetic", "wilor"),
     "h5": ("builtin",),
 }
 

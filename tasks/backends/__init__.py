@@ -26,6 +26,11 @@ BUILTIN: dict[tuple[str, str], str] = {
     ("depth", "synthetic"): "tasks.backends.synthetic:SyntheticDepth",
     ("tracks", "synthetic"): "tasks.backends.synthetic:SyntheticTracker",
     ("hands", "synthetic"): "tasks.backends.synthetic:SyntheticHands",
+    ("depth", "vipe"): "tasks.backends.vipe:VipeDepth",
+    ("tracks", "tapip3d"): "tasks.backends.tapip3d:Tapip3dTracker",
+    ("tracks2d", "cotracker"): "tasks.backends.cotracker:CoTrackerTracks2D",
+    ("hands", "wilor"): "tasks.backends.wilor:WilorHands",
+    ("masks", "grounded_sam"): "tasks.backends.grounded_sam:GroundedSamMasks",
 }
 
 
