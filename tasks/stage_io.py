@@ -56,7 +56,9 @@ def gather_inputs(stage: str, job: dict[str, Any]) -> dict[str, Any]:
     if stage == "tracks":
         return {"frames": pre["frames"], **depth}
     if stage == "hands":
-        return {"frames": pre["frames"], "intrinsics": depth["intrinsics"][0], "fps": float(pre["fps"])}
+        # The depth too: a backend may place the wrist on it (y2r's WiLoR step does).
+        return {"frames": pre["frames"], "intrinsics": depth["intrinsics"][0], "depths": depth["depths"],
+                "fps": float(pre["fps"])}
     if stage == "h5":
         return {
             "frames": pre["frames"],

@@ -72,7 +72,12 @@ class HandsStage(ModelStage):
         K = np.asarray(K.reshape(-1, 3, 3)[0], dtype=np.float32)
         fps = float(require(inputs, "fps", self.name, ()))
         T = frames.shape[0]
-        detections = self.model.detect(frames, K, progress=lambda done, total: report(progress, done, total))
+        depths = inputs.get("depths")
+        if depths is not None:
+            depths = require(inputs, "depths", self.name, (T, *frames.shape[1:3]), "f").astype(np.float32)
+        detections = self.model.detect(
+            frames, K, depths=depths, progress=lambda done, total: report(progress, done, total)
+        )
         out: dict[str, Any] = {"intrinsics": K}
         for name in SIDES:
             side = {key: np.array(detections[name][key], dtype=np.float32) for key in _POSE_KEYS}
