@@ -45,7 +45,9 @@ def standin_python() -> Path:
         purelib = Path(
             subprocess.run(
                 [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                check=True, capture_output=True, text=True,
+                check=True,
+                capture_output=True,
+                text=True,
             ).stdout.strip()
         )
         ours = [p for p in site.getsitepackages() if Path(p).is_dir()] or [sysconfig.get_paths()["purelib"]]
@@ -61,7 +63,7 @@ def standin_python() -> Path:
 
 
 def lay_out_upstream(base: Path) -> dict[str, Path]:
-    """Make the checkouts (from the stand-ins) and the weight, cache and MANO files under ``base``; return their folders."""
+    """Make the checkouts (from the stand-ins) and weight, cache and MANO files under ``base``; return the folders."""
     tapip3d = base / "TAPIP3D"
     wilor = base / "WiLoR"
     shutil.copytree(STANDINS / "TAPIP3D", tapip3d, ignore=shutil.ignore_patterns("__pycache__"))

@@ -69,5 +69,14 @@ class ProcessedVideoStream(VideoStream):
         self.stream = stream
         self.processors = processors
 
+    def __iter__(self):
+        return iter(self.stream)
+
+    def fps(self) -> float:
+        return self.stream.fps()
+
+    def frame_size(self) -> tuple[int, int]:
+        return self.stream.frame_size()
+
     def cache(self, desc: str = "", online: bool = False) -> CachedVideoStream:
         return CachedVideoStream(self.stream)
