@@ -46,6 +46,11 @@ def _default_stages() -> dict[str, StageSettings]:
     }
 
 
+def _runs_here(python: str) -> bool:
+    """Whether ``python`` is the interpreter of this process's environment."""
+    return os.path.realpath(os.path.dirname(python)) == os.path.realpath(os.path.dirname(sys.executable))
+
+
 def _check_stages(stages: dict[str, Any]) -> None:
     """Refuse unknown backends, interpreters for CPU stages and chains with a missing stage."""
     from tasks.backends import available
@@ -54,7 +59,10 @@ def _check_stages(stages: dict[str, Any]) -> None:
     for name, stage in stages.items():
         cls = stage_class(name)
         choices = available(name) if cls.device == "gpu" else ["builtin"]
-        if stage["backend"] not in choices:
+        elsewhere = bool(stage.get("python")) and not _runs_here(stage["python"])
+        # A stage with its own environment may use a backend only that environment has: its
+        # worker checks the name when it starts (and exits naming the choices).
+        if stage["backend"] not in choices and not elsewhere:
             raise ValueError(
                 f"stage {name!r} has unknown backend {stage['backend']!r} (stages.{name}.backend, "
                 f"${'FRAMEFLEET_STAGES__' + name.upper() + '__BACKEND'}); available: {', '.join(choices)}"
