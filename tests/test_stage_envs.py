@@ -1,4 +1,4 @@
-"""A stage in its own Python environment: its tasks go to gpuN.<stage>, a worker started from that interpreter runs them."""
+"""A stage in its own Python environment: tasks on gpuN.<stage>, run by a worker started from that interpreter."""
 
 from __future__ import annotations
 
