@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -196,3 +198,40 @@ def test_a_missing_piece_stops_the_worker_naming_the_fix(
         assert phrase in log, log
     assert "exits without consuming tasks" in log
     assert workers.state("gpu0") is None  # it never registered, so it never took a task
+
+
+def real_gpu_yaml_on(models: Path, python: str) -> str:
+    """configs/real-gpu.yaml with its environments and model folders moved onto the stand-ins (tracks2d on too)."""
+    text = (ROOT / "configs" / "real-gpu.yaml").read_text()
+    for model in ("vipe", "tapip3d", "cotracker", "wilor", "grounded_sam"):
+        text = text.replace(f"/opt/framefleet/envs/{model}/bin/python", python)
+    text = text.replace("/opt/framefleet/models", str(models))
+    return text.replace("enabled: false ", "enabled: true ")
+
+
+def test_real_gpu_config_runs_each_model_in_its_own_environment(video_factory, pipeline_env, tmp_path, standin_py):
+    models = tmp_path / "models"
+    lay_out_upstream(models)
+    raw, out = video_factory(2), tmp_path / "out"
+    env = {k: v for k, v in pipeline_env.items() if k != "REDIS_URL"}
+    env.update(settings_env(tmp_path, real_gpu_yaml_on(models, standin_py)))
+    done = run_script("run_local.py", str(raw), "--out", str(out), env=env, timeout_s=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((out / "run_summary.json").read_text())
+    host = os.uname().nodename
+    for stage in ("masks", "depth", "tracks", "tracks2d", "hands"):
+        # Each model stage ran on its own queue, in a worker started from the stage's interpreter.
+        assert summary["stages"][stage]["workers"] == {f"gpu0.{stage}@{host}": 2}, summary["stages"][stage]
+    check = run_script("verify_dataset.py", str(out), env=env)
+    assert check.returncode == 0, check.stdout + check.stderr
+    work = next((out / "work").iterdir())
+    masks = np.load(work / "masks.npz")["masks"]
+    tracks2d = np.load(work / "tracks2d.npz")
+    assert masks.dtype == bool and masks.shape[1:] == (384, 512)
+    n = int(tracks2d["num_points"][0])
+    # CoTracker's stand-in: every query moves (1.5, -0.5) px per step, and point 3 mod 7 is hidden at step 5.
+    np.testing.assert_allclose(
+        tracks2d["tracks"][0, 9, :n] - tracks2d["tracks"][0, 0, :n], np.tile([13.5, -4.5], (n, 1)), atol=1e-4
+    )
+    hidden = np.arange(n) % 7 == 3
+    assert not tracks2d["visible"][0, 5, :n][hidden].any() and tracks2d["visible"][0, 4, :n].all()
