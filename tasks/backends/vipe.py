@@ -10,7 +10,9 @@ key-frame gaps (``kf_gap_sec``) come out as in y2r.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import tempfile
 from typing import Any
 
@@ -28,6 +30,7 @@ FILL_CACHE = (
     "Fill it once on a machine with network access: "
     "TORCH_HOME=<weights_dir>/torch HF_HOME=<weights_dir>/huggingface vipe infer any_video.mp4 --pipeline lyra"
 )
+log = logging.getLogger(__name__)
 # The frame rate ViPE assumes for a folder of frames, which is how y2r feeds it.
 STREAM_FPS = 30.0
 
@@ -60,7 +63,6 @@ class VipeDepth(DepthBackend):
         )
         super().__init__()
         self.weights_dir = weights_dir
-        self.pipeline_name = pipeline
         self.overrides = vipe_overrides(
             pipeline, tempfile.gettempdir(), fixed_fov_degrees, fov_min_degrees, fov_max_degrees, optimize_intrinsics
         )
@@ -73,6 +75,13 @@ class VipeDepth(DepthBackend):
         # DroidNet is loaded for every pipeline (vipe/model_cache.py:82-84) from torch hub's folder
         # (vipe/slam/networks/droid_net.py:534): its presence says the cache was filled.
         need_file(weights / "torch" / "hub" / "droid_slam" / "droid.pth", "ViPE's DroidNet checkpoint", FILL_CACHE)
+        if "huggingface_hub" in sys.modules:
+            # It reads HF_HOME once, at import: another model loaded first in this process wins.
+            log.warning(
+                "huggingface_hub was imported before ViPE loaded: HF_HOME=%s may not apply; "
+                "give the depth stage its own worker (stages.depth.python)",
+                weights / "huggingface",
+            )
         os.environ["TORCH_HOME"] = str(weights / "torch")
         os.environ["HF_HOME"] = str(weights / "huggingface")
         os.environ["HF_HUB_OFFLINE"] = "1"
