@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from tasks.errors import BadInput
-from tasks.geometry import crop_intrinsics, pose_9d, project_uvd, rot_6d, square_crop
+from tasks.geometry import crop_intrinsics, pose_9d, project_step, rot_6d, square_crop
 from tasks.stages import Progress, report, require
 from tasks.stats import Moments, VideoStats
 
@@ -23,32 +23,88 @@ def clip_depth(depth: np.ndarray, depth_min: float, depth_max: float) -> np.ndar
 
 
 def track_window(
-    points: np.ndarray, K: np.ndarray, size: int, depth_min: float, depth_max: float, dims: int = 3
+    points: np.ndarray, K: np.ndarray, size: int, depth_min: float, depth_max: float
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``query_coords`` (N, dims) and ``displacements`` (L, N, dims) float32 of window-local points (L, P, 3).
+    """Return ``query_coords`` (N, 3) and ``displacements`` (L, N, 3) float32 of window-local points (L, P, 3).
 
     A point is kept only if u, v in [0, 1] and d > 0 at every step; the query depth is clipped
-    to [depth_min, depth_max], the displacements are not.
+    to [depth_min, depth_max], the displacements are not. Each step is projected in float32
+    with the stored K, as y2r does (create_h5_dataset.py L446-471), so edge points agree.
     """
-    uvd = project_uvd(points, K, size)
-    inside = (uvd[..., 0] >= 0) & (uvd[..., 0] <= 1) & (uvd[..., 1] >= 0) & (uvd[..., 1] <= 1) & (uvd[..., 2] > 0)
-    uvd = uvd[:, inside.all(axis=0), :dims].astype(np.float32)
+    pts = np.asarray(points, dtype=np.float32)
+    uvd = np.zeros(pts.shape, dtype=np.float32)
+    for t in range(len(pts)):
+        uvd[t] = project_step(pts[t], K, size)
+    with np.errstate(invalid="ignore"):
+        inside = (uvd[..., 0] >= 0) & (uvd[..., 0] <= 1) & (uvd[..., 1] >= 0) & (uvd[..., 1] <= 1) & (uvd[..., 2] > 0)
+    uvd = uvd[:, inside.all(axis=0)]
     query = uvd[0].copy()
-    if dims == 3:
-        query[:, 2] = np.clip(query[:, 2], depth_min, depth_max)
-    return query, uvd - uvd[0]
+    query[:, 2] = np.clip(query[:, 2], np.float32(depth_min), np.float32(depth_max))
+    return query, uvd - uvd[0:1]
+
+
+def frame_pixels(points: np.ndarray, K: np.ndarray) -> np.ndarray:
+    """Return pixel positions (L, P, 2) float32 at frame resolution of window-local points (L, P, 3).
+
+    The 2D tracker's output (CoTracker's role) when 2D tracks come from the 3D tracks: each step
+    projected with the frame's K in float32; a point on or behind the camera plane has no pixel
+    and is NaN, which the crop test drops.
+    """
+    pts = np.asarray(points, dtype=np.float32)
+    K = np.asarray(K, dtype=np.float32)
+    out = np.full(pts.shape[:-1] + (2,), np.nan, dtype=np.float32)
+    for t in range(len(pts)):
+        uvd = project_step(pts[t], K, 1)
+        front = uvd[:, 2] > 0
+        out[t, front] = uvd[front, :2]
+    return out
+
+
+def track_window_2d(pixels: np.ndarray, crop_x: int, crop_y: int, side: int, size: int) -> tuple | None:
+    """Return ``query_coords`` (N, 2) and ``displacements`` (L, N, 2) float32 of pixel tracks (L, P, 2), or None.
+
+    y2r's 2D rule (create_h5_dataset.py L344-367 and L597-627), which its trainer expects:
+    each step keeps, in query order, the points whose pixel lies inside the square crop at that
+    step (0 <= x - crop_x < side, same for y), and then every step is cut to the smallest count.
+    So row i of step t is the i-th point still inside at step t, not always query i: where a
+    point leaves, the later rows of that step belong to other queries. A window whose smallest
+    count is 0 gets no group (None), unlike the 3D rule where every window gets one.
+    """
+    steps = []
+    for step in np.asarray(pixels, dtype=np.float32):
+        shifted = step.copy()
+        shifted[:, 0] = step[:, 0] - crop_x
+        shifted[:, 1] = step[:, 1] - crop_y
+        with np.errstate(invalid="ignore"):
+            inside = (shifted[:, 0] >= 0) & (shifted[:, 0] < side) & (shifted[:, 1] >= 0) & (shifted[:, 1] < side)
+        steps.append(shifted[inside] * (size / side) / size)
+    count = min(len(s) for s in steps) if steps else 0
+    if count == 0:
+        return None
+    uv = np.stack([s[:count] for s in steps]).astype(np.float32)
+    return uv[0], uv - uv[0:1]
 
 
 def hand_window(wrist_poses: np.ndarray, K: np.ndarray, size: int) -> dict[str, np.ndarray]:
-    """Return one side's four hand datasets for a window of wrist poses (L, 4, 4), unclipped."""
-    P = np.asarray(wrist_poses, dtype=np.float64)
-    uvd = project_uvd(P[:, :3, 3], K, size)
-    R = P[:, :3, :3]
+    """Return one side's four hand datasets for a window of wrist poses (L, 4, 4), unclipped.
+
+    In float32 step by step as y2r's ``process_hand_poses_for_window`` (create_h5_dataset.py
+    L115-140, L197-223): ``K @ p`` per step, R_t @ R_0^T per step.
+    """
+    P = np.asarray(wrist_poses, dtype=np.float32)
+    uvd = np.zeros((len(P), 3), dtype=np.float32)
+    rot = np.zeros((len(P), 6), dtype=np.float32)
+    R0 = P[0, :3, :3]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for t in range(len(P)):
+            p = K @ P[t, :3, 3]
+            uvd[t] = [p[0] / p[2] / size, p[1] / p[2] / size, P[t, 2, 3]]
+            rot[t] = rot_6d(P[t, :3, :3] @ R0.T)
     return {
-        "wrist_query_uvd": uvd[0].astype(np.float32),
-        "wrist_uvd_displacements": (uvd - uvd[0]).astype(np.float32),
-        "wrist_query_rot_6d": rot_6d(R[0]).astype(np.float32),
-        "wrist_rot_displacements": rot_6d(R @ R[0].T).astype(np.float32),
+        "wrist_query_uvd": uvd[0].copy(),
+        "wrist_uvd_displacements": uvd - uvd[0:1],
+        "wrist_query_rot_6d": rot_6d(R0).astype(np.float32),
+        "wrist_rot_displacements": rot,
     }
 
 
@@ -107,18 +163,17 @@ class H5Stage:
                 )
         crop_x, crop_y, side_px = square_crop(H, W)
         S = self.image_size
-        K = crop_intrinsics(tracks["intrinsics"], crop_x, crop_y, side_px, S).astype(np.float32)
-        K64 = K.astype(np.float64)  # project with exactly the K stored in the file
+        # y2r projects with the K it computed (ViPE's float32) and stores it as float32.
+        K = crop_intrinsics(np.asarray(tracks["intrinsics"]), crop_x, crop_y, side_px, S)
+        crop = (crop_x, crop_y, side_px)
 
-        groups, acc = self._windows(tracks, hands, K64, T, progress)
-        root: dict[str, Any] = {"video": self._video(frames, crop_x, crop_y, side_px)}
+        groups, acc = self._windows(tracks, hands, K, crop, T, progress)
+        root: dict[str, Any] = {"video": self._video(frames, crop)}
         if self.track_type == "3d":
             depths = require(inputs, "depths", self.name, (None, H, W), "f")
-            rows = crop_y + (np.arange(S) * side_px) // S  # nearest neighbour, cv2's convention
-            cols = crop_x + (np.arange(S) * side_px) // S
-            depth = clip_depth(depths[: min(T, len(depths))][:, rows][:, :, cols], self.depth_min, self.depth_max)
+            depth = self._depth(depths[: min(T, len(depths))], crop)
             root["depth"] = depth
-            root["intrinsics"] = K
+            root["intrinsics"] = K.astype(np.float32)
             acc["depth"].insert(0, depth[depth > 0])
 
         with h5py.File(inputs["out_path"], "w") as f:
@@ -148,7 +203,13 @@ class H5Stage:
         return {"stats": stats.to_dict(), "num_frames": T, "num_windows": len(groups)}
 
     def _windows(
-        self, tracks: dict[str, Any], hands: dict[str, Any], K: np.ndarray, T: int, progress: Progress | None
+        self,
+        tracks: dict[str, Any],
+        hands: dict[str, Any],
+        K: np.ndarray,
+        crop: tuple[int, int, int],
+        T: int,
+        progress: Progress | None,
     ) -> tuple[list[tuple[int, dict[str, np.ndarray]]], dict[str, list[np.ndarray]]]:
         n = self.num_track_ts
         acc: dict[str, list[np.ndarray]] = {k: [] for k in ("displacement", "depth", "pose", "hand_uvd", "hand_rot")}
@@ -158,25 +219,30 @@ class H5Stage:
         if all_points.ndim != 4 or all_points.shape[1] < n:
             return groups, acc  # windows shorter than num_track_ts are not training samples
         for w, start in enumerate(starts.tolist()):
-            points = all_points[w, :n, : int(np.asarray(tracks["num_points"])[w])]
-            query, disp = track_window(points, K, self.image_size, self.depth_min, self.depth_max, self.dims)
-            datasets = {"query_coords": query, "displacements": disp}
-            if len(query):
-                acc["displacement"].append(disp.reshape(-1, self.dims))
-            if self.track_type == "3d":
-                poses = pose_9d(np.asarray(tracks["window_poses"])[w, :n]).astype(np.float32)
-                datasets["poses"] = poses
-                acc["pose"].append(poses)
-                acc["depth"].append(query[:, 2][query[:, 2] > 0])
-                for side in SIDES:
-                    hand = self._hand(hands, side, start, n, K)
-                    if hand is not None:
-                        datasets.update({f"{side}_{k}": v for k, v in hand.items()})
-                        acc["hand_uvd"].append(hand["wrist_uvd_displacements"])
-                        acc["hand_rot"].append(hand["wrist_rot_displacements"])
-            groups.append((int(start), datasets))
             if w % 16 == 15:
                 report(progress, start + 1, T)
+            points = all_points[w, :n, : int(np.asarray(tracks["num_points"])[w])]
+            if self.track_type == "2d":
+                pixels = frame_pixels(points, tracks["intrinsics"])
+                window = track_window_2d(pixels, *crop, self.image_size)
+                if window is not None:
+                    groups.append((int(start), {"query_coords": window[0], "displacements": window[1]}))
+                    acc["displacement"].append(window[1].reshape(-1, 2))
+                continue
+            query, disp = track_window(points, K, self.image_size, self.depth_min, self.depth_max)
+            poses = pose_9d(np.asarray(tracks["window_poses"])[w, :n]).astype(np.float32)
+            datasets = {"query_coords": query, "displacements": disp, "poses": poses}
+            if len(query):
+                acc["displacement"].append(disp.reshape(-1, 3))
+            acc["pose"].append(poses)
+            acc["depth"].append(query[:, 2][query[:, 2] > 0])
+            for side in SIDES:
+                hand = self._hand(hands, side, start, n, K)
+                if hand is not None:
+                    datasets.update({f"{side}_{k}": v for k, v in hand.items()})
+                    acc["hand_uvd"].append(hand["wrist_uvd_displacements"])
+                    acc["hand_rot"].append(hand["wrist_rot_displacements"])
+            groups.append((int(start), datasets))
         report(progress, T, T)
         return groups, acc
 
@@ -189,13 +255,26 @@ class H5Stage:
             return None
         return hand_window(poses, K, self.image_size)
 
-    def _video(self, frames: np.ndarray, crop_x: int, crop_y: int, side: int) -> np.ndarray:
-        from PIL import Image
+    def _video(self, frames: np.ndarray, crop: tuple[int, int, int]) -> np.ndarray:
+        """Return (T, 3, S, S) uint8: the square crop, then y2r's ``cv2.resize(..., INTER_LANCZOS4)`` (L286-291)."""
+        import cv2
 
+        x, y, side = crop
         S = self.image_size
-        box = (crop_x, crop_y, crop_x + side, crop_y + side)
         out = np.empty((len(frames), 3, S, S), dtype=np.uint8)
         for t, frame in enumerate(frames):
-            image = Image.fromarray(frame).crop(box).resize((S, S), Image.Resampling.LANCZOS)
-            out[t] = np.asarray(image).transpose(2, 0, 1)
+            resized = cv2.resize(frame[y : y + side, x : x + side], (S, S), interpolation=cv2.INTER_LANCZOS4)
+            out[t] = resized.transpose(2, 0, 1)
+        return out
+
+    def _depth(self, depths: np.ndarray, crop: tuple[int, int, int]) -> np.ndarray:
+        """Return (T', S, S) float32: float16 -> float32, the crop, ``cv2.INTER_NEAREST`` (L646-656), then clipped."""
+        import cv2
+
+        x, y, side = crop
+        S = self.image_size
+        out = np.empty((len(depths), S, S), dtype=np.float32)
+        for t, d in enumerate(np.asarray(depths, dtype=np.float32)):
+            resized = cv2.resize(d[y : y + side, x : x + side], (S, S), interpolation=cv2.INTER_NEAREST)
+            out[t] = clip_depth(resized, self.depth_min, self.depth_max)
         return out
