@@ -213,7 +213,12 @@ def test_text_noun_and_modes_of_what_users_get(run: Path) -> None:
         assert (entry["noun"], entry["text"]) == (noun, text)
         assert datasets(run / f"{entry['video_id']}.hdf5")["root/text"] == text
     plain = 0o666 & ~UMASK
-    for path in [run / "normalization_stats.yaml", run / "run_summary.json", *run.glob("*.hdf5")]:
+    for path in [
+        run / "normalization_stats.yaml",
+        run / "run_summary.json",
+        run / "manifest.json",
+        *run.glob("*.hdf5"),
+    ]:
         assert stat.S_IMODE(path.stat().st_mode) == plain, f"{path.name} is {oct(path.stat().st_mode)}"
     check = run_script("verify_dataset.py", str(run), "--y2r-strict", env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert check.returncode == 0, check.stdout + check.stderr
