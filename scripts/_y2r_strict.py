@@ -6,7 +6,8 @@ run's intermediates are still in OUT/work/<video_id>/: the stored K is y2r's flo
 from the tracks' K (create_h5_dataset.py L298-319); the video is ``cv2.resize(..., INTER_LANCZOS4)``
 of the preprocessed frames, pixel for pixel (L259-295); each window keeps as many points as
 y2r's rule gives (3D: inside at every step, projected in float32, L446-465; 2D: per-step crop
-test, then the smallest count, L597-627). Line numbers: hgupt3/y2r at 0d82983.
+test, then the smallest count, L597-627, on the tracks2d stage's pixels when it ran). Line
+numbers: hgupt3/y2r at 0d82983.
 """
 
 from __future__ import annotations
@@ -43,13 +44,17 @@ def _count_3d(points: np.ndarray, K: np.ndarray, size: int) -> int:
     return int(ok.sum())
 
 
-def _count_2d(points: np.ndarray, K_frame: np.ndarray, x: int, y: int, side: int) -> int:
+def _count_2d(points: np.ndarray, K_frame: np.ndarray | None, x: int, y: int, side: int) -> int:
+    """y2r's 2D count of pixel tracks (L, N, 2), or of 3D tracks (L, N, 3) seen by the frame's camera K_frame."""
     counts = []
     with np.errstate(divide="ignore", invalid="ignore"):
         for step in points:
-            uv = (K_frame @ np.ascontiguousarray(step).T).T
-            px, py = uv[:, 0] / uv[:, 2] - x, uv[:, 1] / uv[:, 2] - y
-            counts.append(int(((step[:, 2] > 0) & (px >= 0) & (px < side) & (py >= 0) & (py < side)).sum()))
+            if K_frame is None:
+                px, py, front = step[:, 0] - x, step[:, 1] - y, True
+            else:
+                uv = (K_frame @ np.ascontiguousarray(step).T).T
+                px, py, front = uv[:, 0] / uv[:, 2] - x, uv[:, 1] / uv[:, 2] - y, step[:, 2] > 0
+            counts.append(int((front & (px >= 0) & (px < side) & (py >= 0) & (py < side)).sum()))
     return min(counts) if counts else 0
 
 
@@ -97,11 +102,16 @@ def check_file(path: Path, tt: str, work: Path) -> list[str]:
                 f"{path.name}: intrinsics {root['intrinsics'][()].tolist()} are not y2r's float32 "
                 f"steps {K.astype(np.float32).tolist()}"
             )
-        for w, start in enumerate(tracks["window_starts"].tolist()):
-            pts = tracks["tracks"][w, :n, : int(tracks["num_points"][w])].astype(np.float32)
+        pixels = _load(work / "tracks2d.npz") if tt == "2d" else None
+        source = tracks if pixels is None else pixels
+        for w, start in enumerate(source["window_starts"].tolist()):
+            pts = source["tracks"][w, :n, : int(source["num_points"][w])].astype(np.float32)
             if pts.shape[0] < n:
                 continue
-            count = _count_3d(pts, K, size) if tt == "3d" else _count_2d(pts, tracks["intrinsics"], x, y, side)
+            if tt == "3d":
+                count = _count_3d(pts, K, size)
+            else:
+                count = _count_2d(pts, None if pixels is not None else tracks["intrinsics"], x, y, side)
             have = len(groups[start]["query_coords"]) if start in groups else 0
             if have != count:
                 problems.append(f"{path.name}: window {start} keeps {have} points, y2r's {tt} rule keeps {count}")

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from tasks.geometry import crop_intrinsics, square_crop
+from tasks.stages import stage_class
 from tasks.stages.h5 import H5Stage, frame_pixels
 from tasks.stats import VideoStats, normalization_stats
 from tasks.storage import load_npz
@@ -134,12 +135,24 @@ def y2r_tracks(tracks: dict[str, np.ndarray], pixels: bool = False) -> dict[str,
     return out
 
 
-def oracle(out: Path, entry: dict[str, Any], track_type: str, scratch: Path) -> tuple[dict, dict]:
+def cotracker(tracks2d: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The CoTracker dict y2r's 2D writer reads (process_cotracker.py), from the tracks2d stage's output."""
+    out: dict[str, Any] = {"windows": [], "tracks": []}
+    L = int(tracks2d["window_length"])
+    for w, s in enumerate(tracks2d["window_starts"].tolist()):
+        out["windows"].append((s, s + L))
+        out["tracks"].append(np.ascontiguousarray(tracks2d["tracks"][w, :, : int(tracks2d["num_points"][w])])[None])
+    return out
+
+
+def oracle(
+    out: Path, entry: dict[str, Any], track_type: str, scratch: Path, tracks2d: dict | None = None
+) -> tuple[dict, dict]:
     parts = intermediates(out, entry["video_id"])
     frames = png_frames(parts["preprocess"]["frames"], scratch / entry["video_id"])
     return y2r_oracle.process_video(
         frames,
-        y2r_tracks(parts["tracks"], pixels=track_type == "2d"),
+        cotracker(tracks2d) if tracks2d else y2r_tracks(parts["tracks"], pixels=track_type == "2d"),
         track_type,
         depths_f16=parts["depth"]["depths"],
         hand_data=parts["hands"],
@@ -159,29 +172,33 @@ def test_3d_files_equal_y2r_writer_output(run: Path, tmp_path: Path) -> None:
     assert found["displacement_num_samples"] > 0 and "hand_pose_num_samples" in found
 
 
-def test_2d_files_equal_y2r_writer_output(run: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["tracks2d stage", "3d tracks"])
+def test_2d_files_equal_y2r_writer_output(run: Path, tmp_path: Path, source: str) -> None:
     stage = H5Stage(track_type="2d")
+    tracker = stage_class("tracks2d")()
+    tracker.load("cpu")
     pools: dict[str, list] = {k: [] for k in ("disp", "depth", "pose", "hand_uvd", "hand_rot")}
     parts_2d = []
     cut = 0
     for entry in videos(run):
         parts = intermediates(run, entry["video_id"])
-        path = tmp_path / f"{entry['video_id']}.hdf5"
-        result = stage.run(
-            {
-                "frames": parts["preprocess"]["frames"],
-                "depths": parts["depth"]["depths"],
-                "tracks": parts["tracks"],
-                "hands": parts["hands"],
-                "text": entry["text"],
-                "out_path": str(path),
-            }
-        )
+        inputs = {
+            "frames": parts["preprocess"]["frames"],
+            "depths": parts["depth"]["depths"],
+            "tracks": parts["tracks"],
+            "hands": parts["hands"],
+            "text": entry["text"],
+            "out_path": str(tmp_path / f"{entry['video_id']}.hdf5"),
+        }
+        if source == "tracks2d stage":
+            inputs["tracks2d"] = tracker.run({"frames": inputs["frames"], "depths": inputs["depths"]})
+        result = stage.run(inputs)
         parts_2d.append(VideoStats.from_dict(result["stats"]))
-        want, video_pools = oracle(run, entry, "2d", tmp_path)
-        assert_same(datasets(path), want, entry["path"])
+        want, video_pools = oracle(run, entry, "2d", tmp_path, inputs.get("tracks2d"))
+        assert_same(datasets(Path(inputs["out_path"])), want, entry["path"])
         pools["disp"] += video_pools["disp"]
-        cut += sum(int(n) for n in parts["tracks"]["num_points"]) * 10 - sum(p.size // 2 for p in video_pools["disp"])
+        points = (inputs.get("tracks2d") or parts["tracks"])["num_points"]
+        cut += int(points.sum()) * 10 - sum(p.size // 2 for p in video_pools["disp"])
     assert_stats(
         normalization_stats(sum(parts_2d, start=VideoStats.empty("2d"))), y2r_oracle.float64_stats(pools, "2d")
     )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from tasks.errors import BadInput
 from tasks.geometry import crop_intrinsics, pose_9d, project_step, rot_6d, square_crop
-from tasks.stages import Progress, report, require
+from tasks.stages.base import Outputs, Progress, Stage, report, require
 from tasks.stats import Moments, VideoStats
 
 SIDES = ("left", "right")
@@ -112,13 +113,19 @@ def _concat(parts: list[np.ndarray], dim: int) -> np.ndarray:
     return np.concatenate(parts).reshape(-1, dim) if parts else np.zeros((0, dim))
 
 
-class H5Stage:
-    """Turn ``{"frames", "depths", "tracks", "hands", "text", "out_path"}`` into the HDF5 file at ``out_path``.
+class H5Stage(Stage):
+    """Turn ``{"frames", "depths", "tracks", "hands", "text", "out_path"[, "tracks2d"]}`` into the HDF5 file.
 
-    Returns ``{"stats": VideoStats.to_dict(), "num_frames", "num_windows"}``.
+    For ``track_type: 2d`` the pixel tracks are the tracks2d stage's when it ran, else the 3D
+    tracks seen by the frame's camera (``frame_pixels``). Returns ``{"stats":
+    VideoStats.to_dict(), "num_frames", "num_windows"}``.
     """
 
     name = "h5"
+    reads = ("preprocess", "depth", "tracks", "hands")
+    uses = ("tracks2d",)
+    writes = "hdf5"
+    default_deadline_s = 1800.0
 
     def __init__(
         self,
@@ -139,8 +146,13 @@ class H5Stage:
         self.track_type = track_type
         self.dims = 3 if track_type == "3d" else 2
 
-    def load(self, device: str) -> None:
-        """Nothing to load: writing runs on the CPU."""
+    @classmethod
+    def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
+        inputs = {"frames": outputs["preprocess"]["frames"], "depths": outputs["depth"]["depths"],
+                  "tracks": dict(outputs["tracks"]), "hands": dict(outputs["hands"]), "text": job.get("text", "")}
+        if "tracks2d" in outputs:
+            inputs["tracks2d"] = dict(outputs["tracks2d"])
+        return inputs
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
         import h5py
@@ -167,7 +179,10 @@ class H5Stage:
         K = crop_intrinsics(np.asarray(tracks["intrinsics"]), crop_x, crop_y, side_px, S)
         crop = (crop_x, crop_y, side_px)
 
-        groups, acc = self._windows(tracks, hands, K, crop, T, progress)
+        if self.track_type == "2d":
+            groups, acc = self._windows_2d(tracks, inputs.get("tracks2d"), crop, (T, H, W), progress)
+        else:
+            groups, acc = self._windows(tracks, hands, K, T, progress)
         root: dict[str, Any] = {"video": self._video(frames, crop)}
         if self.track_type == "3d":
             depths = require(inputs, "depths", self.name, (None, H, W), "f")
@@ -203,13 +218,7 @@ class H5Stage:
         return {"stats": stats.to_dict(), "num_frames": T, "num_windows": len(groups)}
 
     def _windows(
-        self,
-        tracks: dict[str, Any],
-        hands: dict[str, Any],
-        K: np.ndarray,
-        crop: tuple[int, int, int],
-        T: int,
-        progress: Progress | None,
+        self, tracks: dict[str, Any], hands: dict[str, Any], K: np.ndarray, T: int, progress: Progress | None
     ) -> tuple[list[tuple[int, dict[str, np.ndarray]]], dict[str, list[np.ndarray]]]:
         n = self.num_track_ts
         acc: dict[str, list[np.ndarray]] = {k: [] for k in ("displacement", "depth", "pose", "hand_uvd", "hand_rot")}
@@ -219,16 +228,7 @@ class H5Stage:
         if all_points.ndim != 4 or all_points.shape[1] < n:
             return groups, acc  # windows shorter than num_track_ts are not training samples
         for w, start in enumerate(starts.tolist()):
-            if w % 16 == 15:
-                report(progress, start + 1, T)
             points = all_points[w, :n, : int(np.asarray(tracks["num_points"])[w])]
-            if self.track_type == "2d":
-                pixels = frame_pixels(points, tracks["intrinsics"])
-                window = track_window_2d(pixels, *crop, self.image_size)
-                if window is not None:
-                    groups.append((int(start), {"query_coords": window[0], "displacements": window[1]}))
-                    acc["displacement"].append(window[1].reshape(-1, 2))
-                continue
             query, disp = track_window(points, K, self.image_size, self.depth_min, self.depth_max)
             poses = pose_9d(np.asarray(tracks["window_poses"])[w, :n]).astype(np.float32)
             datasets = {"query_coords": query, "displacements": disp, "poses": poses}
@@ -243,6 +243,43 @@ class H5Stage:
                     acc["hand_uvd"].append(hand["wrist_uvd_displacements"])
                     acc["hand_rot"].append(hand["wrist_rot_displacements"])
             groups.append((int(start), datasets))
+            if w % 16 == 15:
+                report(progress, start + 1, T)
+        report(progress, T, T)
+        return groups, acc
+
+    def _windows_2d(
+        self,
+        tracks: dict[str, Any],
+        tracks2d: dict[str, Any] | None,
+        crop: tuple[int, int, int],
+        shape: tuple[int, int, int],
+        progress: Progress | None,
+    ) -> tuple[list[tuple[int, dict[str, np.ndarray]]], dict[str, list[np.ndarray]]]:
+        n, T = self.num_track_ts, shape[0]
+        acc: dict[str, list[np.ndarray]] = {k: [] for k in ("displacement", "depth", "pose", "hand_uvd", "hand_rot")}
+        groups = []
+        source = tracks if tracks2d is None else tracks2d
+        if tracks2d is not None and (
+            int(np.asarray(tracks2d["num_frames"])) != T or tuple(np.asarray(tracks2d["resolution"])) != shape[1:]
+        ):
+            raise BadInput(
+                f"h5: tracks2d were made for {int(np.asarray(tracks2d['num_frames']))} frames of "
+                f"{tuple(np.asarray(tracks2d['resolution']))}, but the video has {T} frames of {shape[1:]}"
+            )
+        all_points = np.asarray(source["tracks"])
+        if all_points.ndim != 4 or all_points.shape[1] < n:
+            return groups, acc
+        for w, start in enumerate(np.asarray(source["window_starts"]).tolist()):
+            points = all_points[w, :n, : int(np.asarray(source["num_points"])[w])]
+            # y2r's writer reads CoTracker's positions and ignores its visibility; so does this.
+            pixels = points if tracks2d is not None else frame_pixels(points, tracks["intrinsics"])
+            window = track_window_2d(pixels, *crop, self.image_size)
+            if window is not None:
+                groups.append((int(start), {"query_coords": window[0], "displacements": window[1]}))
+                acc["displacement"].append(window[1].reshape(-1, 2))
+            if w % 16 == 15:
+                report(progress, start + 1, T)
         report(progress, T, T)
         return groups, acc
 
