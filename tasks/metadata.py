@@ -85,13 +85,16 @@ def read_metadata(path: Path, raw_dir: Path, videos: list[Path]) -> dict[str, Cl
             unmatched.append(row["clip_id"])
             continue
         if key in found:
-            raise MetadataError(
-                f"{path}: lines {row_of[key]} and {line} both describe {key!r}; keep one row per video"
-            )
+            raise MetadataError(f"{path}: lines {row_of[key]} and {line} both describe {key!r}; keep one row per video")
         found[key], row_of[key] = ClipText(text=row["text"], noun=row["noun"]), line
     if unmatched:
-        log.warning("%s: %d rows name no video under %s (ignored), e.g. %s", path, len(unmatched), raw_dir,
-                    ", ".join(repr(u) for u in unmatched[:3]))
+        log.warning(
+            "%s: %d rows name no video under %s (ignored), e.g. %s",
+            path,
+            len(unmatched),
+            raw_dir,
+            ", ".join(repr(u) for u in unmatched[:3]),
+        )
     return found
 
 
@@ -128,6 +131,11 @@ def texts_for(
             "or drop --require-text to write those files without root/text"
         )
     if lacking:
-        log.warning("%s: %d of %d videos have no text and get none in their HDF5 file, e.g. %s",
-                    path, len(lacking), len(selected), ", ".join(repr(c) for c in lacking[:5]))
+        log.warning(
+            "%s: %d of %d videos have no text and get none in their HDF5 file, e.g. %s",
+            path,
+            len(lacking),
+            len(selected),
+            ", ".join(repr(c) for c in lacking[:5]),
+        )
     return found

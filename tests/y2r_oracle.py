@@ -115,7 +115,9 @@ def process_video(
     pools: dict[str, list[np.ndarray]] = {k: [] for k in ("disp", "depth", "pose", "hand_uvd", "hand_rot")}
     windows = track_data["windows"]
     if track_type == "2d":  # L587-630
-        window_map = {s: tr[0][:n] for (s, e), tr in zip(windows, track_data["tracks"]) if tr[0].shape[0] >= n}
+        window_map = {
+            s: tr[0][:n] for (s, e), tr in zip(windows, track_data["tracks"], strict=True) if tr[0].shape[0] >= n
+        }
         for t in range(T):
             if t not in window_map:
                 continue
@@ -138,7 +140,7 @@ def process_video(
                 pools["depth"].append(d[d > 0])
         out["root/depth"] = np.stack(depth).astype(np.float32)
         out["root/intrinsics"] = K.astype(np.float32)
-        for (s, _e), tr, poses in zip(windows, track_data["tracks"], track_data["window_poses"]):
+        for (s, _e), tr, poses in zip(windows, track_data["tracks"], track_data["window_poses"], strict=True):
             if tr[0].shape[0] < n:
                 continue
             pts, poses = tr[0][:n], poses[:n]
@@ -164,7 +166,12 @@ def process_video(
             for side_name in ("left", "right") if hand_data is not None else ():  # L226-252, L476-497
                 if hand_data[f"{side_name}_valid"][np.arange(s, s + n)].all():
                     parts = hand_window(hand_data[f"{side_name}_wrist_pose"][np.arange(s, s + n)], K, size, n)
-                    keys = ("wrist_query_uvd", "wrist_uvd_displacements", "wrist_query_rot_6d", "wrist_rot_displacements")
+                    keys = (
+                        "wrist_query_uvd",
+                        "wrist_uvd_displacements",
+                        "wrist_query_rot_6d",
+                        "wrist_rot_displacements",
+                    )
                     for key, value in zip(keys, parts, strict=True):
                         out[f"{g}{side_name}_{key}"] = value.astype(np.float32)
                     pools["hand_uvd"].append(parts[1])
@@ -188,8 +195,13 @@ def float64_stats(pools: dict[str, list[np.ndarray]], track_type: str) -> dict[s
 
     dim = 3 if track_type == "3d" else 2
     m, s, c = pooled(pools["disp"], dim)
-    out: dict[str, Any] = {"track_type": track_type, "track_dim": dim, "displacement_mean": m,
-                           "displacement_std": s, "displacement_num_samples": c}
+    out: dict[str, Any] = {
+        "track_type": track_type,
+        "track_dim": dim,
+        "displacement_mean": m,
+        "displacement_std": s,
+        "displacement_num_samples": c,
+    }
     if track_type == "3d":
         m, s, c = pooled(pools["depth"], 1)
         out.update(depth_mean=m[0], depth_std=s[0], depth_num_samples=c)
