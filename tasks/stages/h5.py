@@ -64,12 +64,14 @@ def frame_pixels(points: np.ndarray, K: np.ndarray) -> np.ndarray:
 def track_window_2d(pixels: np.ndarray, crop_x: int, crop_y: int, side: int, size: int) -> tuple | None:
     """Return ``query_coords`` (N, 2) and ``displacements`` (L, N, 2) float32 of pixel tracks (L, P, 2), or None.
 
-    y2r's 2D rule (create_h5_dataset.py L344-367 and L597-627), which its trainer expects:
-    each step keeps, in query order, the points whose pixel lies inside the square crop at that
-    step (0 <= x - crop_x < side, same for y), and then every step is cut to the smallest count.
-    So row i of step t is the i-th point still inside at step t, not always query i: where a
-    point leaves, the later rows of that step belong to other queries. A window whose smallest
-    count is 0 gets no group (None), unlike the 3D rule where every window gets one.
+    y2r's 2D rule (create_h5_dataset.py L344-367 and L597-627), which its trainer expects. In
+    CONTRACTS.md's terms it replaces "keep a point only if u, v in [0, 1] at every step" and "a
+    group is written even when N = 0": each step keeps, in query order, the points whose pixel
+    lies inside the square crop at that step (0 <= x - crop_x < side, same for y, so u, v in
+    [0, 1)), and then every step is cut to the smallest count. So row i of step t is the i-th
+    point still inside at step t, not always query i: where a point leaves, the later rows of
+    that step belong to other queries, and ``displacements`` mixes points. A window whose
+    smallest count is 0 gets no group (None). The statistics pool what is written.
     """
     steps = []
     for step in np.asarray(pixels, dtype=np.float32):
