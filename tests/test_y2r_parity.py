@@ -26,9 +26,10 @@ import yaml
 
 from tasks.geometry import crop_intrinsics, square_crop
 from tasks.stages import stage_class
-from tasks.stages.h5 import H5Stage, frame_pixels
+from tasks.stages.h5 import H5Stage
 from tasks.stats import VideoStats, normalization_stats
 from tasks.storage import load_npz
+from tasks.windows import frame_pixels
 from tests import y2r_oracle
 from tests.conftest import PIPELINE_ENV, ROOT, run_script
 
