@@ -104,3 +104,14 @@ def cotracker_visible(visibility: np.ndarray, threshold: float) -> np.ndarray:
     """
     v = np.asarray(visibility)
     return (v.reshape(v.shape[-2:]).astype(np.float32) > threshold).astype(bool)
+
+
+def drop_not_always_visible(tracks: np.ndarray, visible: np.ndarray) -> np.ndarray:
+    """Return 2D tracks (L, N, 2) float32 with NaN for every point not visible at every step.
+
+    y2r keeps only the CoTracker points visible at all steps (tap.py:58-76); the contract
+    keeps the array shape, so the others become NaN and no later rule can keep them.
+    """
+    out = np.array(tracks, dtype=np.float32, copy=True).reshape(len(tracks), -1, 2)
+    out[:, ~np.asarray(visible, dtype=bool).reshape(out.shape[:2]).all(axis=0)] = np.nan
+    return out

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tasks.backends.base import Track2DBackend, Tracks2DOutput, check_params
-from tasks.backends.convert_tracks import cotracker_queries, cotracker_visible
+from tasks.backends.convert_tracks import cotracker_queries, cotracker_visible, drop_not_always_visible
 from tasks.backends.upstream import need_dir, need_file, need_module
 
 INSTALL = "bash deploy/envs/build.sh cotracker  (pip install git+https://github.com/facebookresearch/co-tracker)"
@@ -25,6 +25,8 @@ CHECKPOINT_URL = "https://huggingface.co/facebook/cotracker3/resolve/main/scaled
 
 class CoTrackerTracks2D(Track2DBackend):
     """2D tracks (L, N, 2) pixels and visibility (L, N) of query pixels of a window's first frame.
+
+    A point not visible at every step has NaN tracks: y2r drops it (tap.py:58-76).
 
     ``weights_dir`` holds ``checkpoint`` (CoTracker3's ``scaled_offline.pth``);
     ``visibility_threshold`` is y2r's 0.95 (a step is visible above it).
@@ -89,7 +91,6 @@ class CoTrackerTracks2D(Track2DBackend):
             tracks, visibility = self._model(video, queries=torch.from_numpy(q).to(dev), backward_tracking=True)
         if on_cuda:
             self.peak_memory_bytes = int(torch.cuda.max_memory_allocated(dev))
-        return {
-            "tracks": tracks.float().cpu().numpy().reshape(L, -1, 2).astype(np.float32),
-            "visible": cotracker_visible(visibility.cpu().numpy(), self.visibility_threshold),
-        }
+        visible = cotracker_visible(visibility.cpu().numpy(), self.visibility_threshold)
+        tracks_np = tracks.float().cpu().numpy().reshape(L, -1, 2)
+        return {"tracks": drop_not_always_visible(tracks_np, visible), "visible": visible}

@@ -8,6 +8,7 @@ import pytest
 from tasks.backends.convert_tracks import (
     cotracker_queries,
     cotracker_visible,
+    drop_not_always_visible,
     erode,
     grid_on_mask,
     tapip3d_to_first_camera,
@@ -153,6 +154,8 @@ def test_cotracker_queries_and_y2r_visibility_rule() -> None:
     flags = np.array([[[True, False], [True, True]]])
     np.testing.assert_array_equal(cotracker_visible(flags, 0.95), [[True, False], [True, True]])
     np.testing.assert_array_equal(cotracker_visible(np.array([[[0.96, 0.94]]]), 0.95), [[True, False]])
+    kept = drop_not_always_visible(np.ones((2, 2, 2)), cotracker_visible(flags, 0.95))
+    assert np.isnan(kept[:, 1]).all() and (kept[:, 0] == 1).all()  # point 1 hidden at step 0: dropped
 
 
 # WiLoR
