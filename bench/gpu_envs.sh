@@ -13,8 +13,7 @@ PY=$(python3 -c "from tests.backends.standin_env import standin_python; print(st
 python3 - "$PY" > /tmp/ff-envs.yaml <<'PYEOF'
 import sys
 from pathlib import Path
-from tests.backends.standin_env import lay_out_upstream
-from tests.backends.test_adapters_standins import real_gpu_yaml_on
+from tests.backends.standin_env import lay_out_upstream, real_gpu_yaml_on
 models = Path("/tmp/ff-models")
 lay_out_upstream(models)
 print(real_gpu_yaml_on(models, sys.argv[1]))

@@ -95,3 +95,12 @@ def real_gpu_settings(dirs: dict[str, Path]) -> str:
         f"  tracks: {{backend: tapip3d, params: {{repo_dir: '{dirs['tapip3d']}'}}}}\n"
         f"  hands: {{backend: wilor, params: {{repo_dir: '{dirs['wilor']}', batch_size: 7}}}}\n"
     )
+
+
+def real_gpu_yaml_on(models: Path, python: str) -> str:
+    """configs/real-gpu.yaml with its environments and model folders moved onto the stand-ins (tracks2d on too)."""
+    text = (ROOT / "configs" / "real-gpu.yaml").read_text()
+    for model in ("vipe", "tapip3d", "cotracker", "wilor", "grounded_sam"):
+        text = text.replace(f"/opt/framefleet/envs/{model}/bin/python", python)
+    text = text.replace("/opt/framefleet/models", str(models))
+    return text.replace("enabled: false ", "enabled: true ")

@@ -12,13 +12,12 @@ import json
 import math
 import os
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tasks.backends.convert_wilor import backproject
-from tests.backends.standin_env import ROOT, lay_out_upstream, real_gpu_settings, standin_python
+from tests.backends.standin_env import ROOT, lay_out_upstream, real_gpu_settings, real_gpu_yaml_on, standin_python
 from tests.conftest import run_script, settings_env, task_result, wait_until
 
 
@@ -200,15 +199,6 @@ def test_a_missing_piece_stops_the_worker_naming_the_fix(
         assert phrase in log, log
     assert "exits without consuming tasks" in log
     assert workers.state("gpu0") is None  # it never registered, so it never took a task
-
-
-def real_gpu_yaml_on(models: Path, python: str) -> str:
-    """configs/real-gpu.yaml with its environments and model folders moved onto the stand-ins (tracks2d on too)."""
-    text = (ROOT / "configs" / "real-gpu.yaml").read_text()
-    for model in ("vipe", "tapip3d", "cotracker", "wilor", "grounded_sam"):
-        text = text.replace(f"/opt/framefleet/envs/{model}/bin/python", python)
-    text = text.replace("/opt/framefleet/models", str(models))
-    return text.replace("enabled: false ", "enabled: true ")
 
 
 def test_real_gpu_config_runs_each_model_in_its_own_environment(video_factory, pipeline_env, tmp_path, standin_py):

@@ -49,5 +49,5 @@ class AutoModelForZeroShotObjectDetection(torch.nn.Module):
         if int(input_ids[0, 0]) == 0 or not bool(bright.any()):
             return {"boxes": torch.zeros(0, 4), "labels": [], "scores": torch.zeros(0)}
         ys, xs = torch.nonzero(bright, as_tuple=True)
-        box = torch.tensor([[xs.min(), ys.min(), xs.max() + 1, ys.max() + 1]], dtype=torch.float32)
+        box = torch.tensor([[xs.min().item(), ys.min().item(), xs.max().item() + 1, ys.max().item() + 1]])
         return {"boxes": box, "labels": ["block"], "scores": torch.tensor([0.9])}

@@ -17,15 +17,16 @@ class WiLoR(torch.nn.Module):
         B = batch["img"].shape[0]
         if batch["img"].shape[1:] != (3, 256, 192):
             raise ValueError("crops must be (3, 256, 192)")
+        dev = batch["box_center"].device  # outputs on the batch's device, as the real model's
         angle = batch["box_center"][:, 0].float() / 1000.0
-        orient = torch.zeros(B, 1, 3, 3)
+        orient = torch.zeros(B, 1, 3, 3, device=dev)
         orient[:, 0, 0, 0], orient[:, 0, 0, 1] = torch.cos(angle), -torch.sin(angle)
         orient[:, 0, 1, 0], orient[:, 0, 1, 1] = torch.sin(angle), torch.cos(angle)
         orient[:, 0, 2, 2] = 1.0
         keypoints = torch.zeros(B, 21, 3)
         keypoints[:, 1:, 1] = -0.01 * torch.arange(1, 21, dtype=torch.float32)  # fingers along -y
         keypoints[:, 1:, 0] = 0.005 * (torch.arange(1, 21) % 4).float()
-        betas = 0.1 * torch.arange(10, dtype=torch.float32)[None] + batch["box_size"].float()[:, None] / 1e4
+        betas = 0.1 * torch.arange(10, dtype=torch.float32, device=dev)[None] + batch["box_size"].float()[:, None] / 1e4
         return {
             "pred_mano_params": {
                 "global_orient": orient,
