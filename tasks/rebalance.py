@@ -39,28 +39,30 @@ def _decode(raw: str) -> tuple[str, dict[str, Any] | None]:
     return message["headers"]["task"], job_of(args, kwargs)
 
 
-def rebalance(r: redis.Redis, conf: Settings, max_moves: int = 100) -> int:
+def rebalance(r: redis.Redis, conf: Settings, max_moves: int = 100, broker: redis.Redis | None = None) -> int:
     """Move waiting tasks off GPU queues with no live worker, then even out live queues' loads.
 
-    Returns how many tasks moved. Routing at send time sees only the present: tasks sent
+    ``r`` holds the registry, ``broker`` (default ``r``) the queues. Returns how many tasks
+    moved. Routing at send time sees only the present: tasks sent
     before a GPU's workers registered, or before the autoscaler added workers, would
     otherwise wait behind one GPU while another idles.
     """
     if not r.set(LOCK_KEY, "1", nx=True, ex=max(1, int(conf.heartbeat_interval_s))):
         return 0
+    broker = broker or r
     workers = registry.live_workers(r)
     live = {q for w in workers for q in w.get("gpu_queues", [])}
     moved = 0
     for queue in sorted(registry.known_gpu_queues(r) - live):
-        moved += _drain(r, queue, workers, max_moves - moved)
-    return moved + _balance(r, workers, max_moves - moved)
+        moved += _drain(r, broker, queue, workers, max_moves - moved)
+    return moved + _balance(r, broker, workers, max_moves - moved)
 
 
-def _drain(r: redis.Redis, queue: str, workers: list[dict[str, Any]], max_moves: int) -> int:
+def _drain(r: redis.Redis, broker: redis.Redis, queue: str, workers: list[dict[str, Any]], max_moves: int) -> int:
     moved = 0
     index = -1  # the oldest message; those that cannot move yet are stepped over
     while moved < max_moves:
-        raw = r.lindex(queue, index)
+        raw = broker.lindex(queue, index)
         if raw is None:
             break
         try:
@@ -70,8 +72,8 @@ def _drain(r: redis.Redis, queue: str, workers: list[dict[str, Any]], max_moves:
             index -= 1
             continue
         stage = name[len(TASK_PREFIX) :]
-        target = choose_gpu_queue(registry.queue_loads(r, stage, workers), job.get("gpus") if job else None)
-        if target is not None and r.eval(_MOVE_IF_SAME, 2, queue, target.queue, raw, index):
+        target = choose_gpu_queue(registry.queue_loads(r, stage, workers, broker), job.get("gpus") if job else None)
+        if target is not None and broker.eval(_MOVE_IF_SAME, 2, queue, target.queue, raw, index):
             moved += 1
             log.warning("moved a %s task from %s (no live worker) to %s", stage, queue, target.queue)
         else:
@@ -79,9 +81,9 @@ def _drain(r: redis.Redis, queue: str, workers: list[dict[str, Any]], max_moves:
     return moved
 
 
-def _balance(r: redis.Redis, workers: list[dict[str, Any]], max_moves: int) -> int:
+def _balance(r: redis.Redis, broker: redis.Redis, workers: list[dict[str, Any]], max_moves: int) -> int:
     """Move tasks from the busiest live GPU queue to the least busy while that lowers the imbalance."""
-    loads = {q.queue: q for q in registry.queue_loads(r, GPU_STAGES[0], workers)}
+    loads = {q.queue: q for q in registry.queue_loads(r, GPU_STAGES[0], workers, broker)}
     work = {name: q.waiting + q.busy for name, q in loads.items()}
     moved = 0
     while moved < max_moves and len(loads) > 1:
@@ -89,7 +91,7 @@ def _balance(r: redis.Redis, workers: list[dict[str, Any]], max_moves: int) -> i
         dst = min(loads, key=lambda n: (work[n] / loads[n].workers, n))
         if src == dst or (work[dst] + 1) / loads[dst].workers >= work[src] / loads[src].workers:
             break
-        if not _move_one(r, src, loads[dst]):
+        if not _move_one(broker, src, loads[dst]):
             break
         work[src] -= 1
         work[dst] += 1
