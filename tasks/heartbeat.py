@@ -130,7 +130,7 @@ class Heartbeat(threading.Thread):
         stage = task.rsplit(".", 1)[-1]
         deadline = conf.stages[stage].deadline_s if stage in conf.stages else None
         if deadline and time.time() - started > deadline:
-            log.critical("%s of %s ran %.0f s, past its %.0f s deadline: ending this worker; its lease "
+            log.critical("%s of %s ran %.1f s, past its %g s deadline: ending this worker; its lease "
                          "lapses and the task is retried elsewhere", stage, current.get("video"),
                          time.time() - started, deadline)
             logging.shutdown()

@@ -172,7 +172,7 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
         if attempts > stage_conf.max_retries + 1:
             raise WorkerLost(
                 f"{stage_name} of {job['video']} was started {attempts - 1} times without finishing: "
-                f"its worker died or passed the {stage_conf.deadline_s:.0f} s deadline each time"
+                f"its worker died or passed the {stage_conf.deadline_s:g} s deadline each time"
             )
         report = _execute(stage_name, job)
     except Exception as exc:
