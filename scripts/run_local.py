@@ -205,13 +205,23 @@ def main(argv: list[str] | None = None) -> int:
         if not gpus:
             print("no GPU found: one CPU worker stands in for gpu0")
             gpus = [0]
-        supervisor = Supervisor(
-            lambda group, name: worker_argv(conf.cpu_queue if group == CPU_GROUP else conf.gpu_queue(group), name),
-            lambda group: env, cluster.logs, stop_grace_s=20.0)
+        # One supervised solo worker per GPU queue (and per stage with its own environment), one per core for
+        # the CPU queue; a worker's name is its queue and a sequence number.
+        pythons: dict[str, str | None] = {conf.cpu_queue: None}
+        groups: list[tuple[int, str]] = []
         for gpu in gpus:
-            supervisor.start(gpu, f"gpu{gpu}")
-        for _ in range(max(1, args.cpu_workers)):
-            supervisor.start(CPU_GROUP, "cpu")
+            if conf.hosted_stages():
+                pythons[conf.gpu_queue(gpu)] = None
+                groups.append((gpu, conf.gpu_queue(gpu)))
+            for stage in conf.own_env_stages():  # a worker per stage with its own environment
+                pythons[conf.stage_queue(stage, gpu)] = conf.stages[stage].python
+                groups.append((gpu, conf.stage_queue(stage, gpu)))
+        groups += [(CPU_GROUP, conf.cpu_queue)] * max(1, args.cpu_workers)
+        supervisor = Supervisor(
+            lambda group, name: worker_argv(queue := name.rsplit("-", 1)[0], name, python=pythons[queue]),
+            lambda group: env, cluster.logs, stop_grace_s=20.0)
+        for group, queue in groups:
+            supervisor.start(group, queue)
         keeper = threading.Thread(target=_keep, args=(supervisor, keeping), name="supervisor", daemon=True)
         keeper.start()
         port = args.flower_port or free_port()

@@ -38,9 +38,13 @@ def cpu_worker_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def worker_argv(queue: str, name: str, pool: str = "solo", concurrency: int = 1) -> list[str]:
-    """The command of one framefleet worker: ``celery -A tasks worker -Q queue -n name@%h`` and our flags."""
-    return [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-P", pool,
+def worker_argv(queue: str, name: str, pool: str = "solo", concurrency: int = 1,
+                python: str | None = None) -> list[str]:
+    """The command of one framefleet worker: ``celery -A tasks worker -Q queue -n name@%h`` and our flags.
+
+    ``python``: the interpreter of a stage's own environment (default: this one).
+    """
+    return [python or sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-P", pool,
             "-c", str(concurrency), "-n", f"{name}@%h", "-E", "--without-gossip", "--without-mingle",
             "--loglevel", "INFO"]
 
