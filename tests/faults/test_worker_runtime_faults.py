@@ -12,8 +12,10 @@ import pytest
 from tests.conftest import run_script, settings_env
 from tests.faults.conftest import assert_nothing_lost, env_for, record, stage_runs, twice
 
+pytestmark = pytest.mark.timeout(900)  # whole runs with faults, on a loaded 2-core machine
 
-def _run_local(raw, out, env, *extra: str, timeout_s: float = 400) -> subprocess.CompletedProcess:
+
+def _run_local(raw, out, env, *extra: str, timeout_s: float = 800) -> subprocess.CompletedProcess:
     return run_script("run_local.py", str(raw), "--out", str(out), *extra, env=env, timeout_s=timeout_s)
 
 
