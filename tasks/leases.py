@@ -30,7 +30,8 @@ from tasks import registry
 
 log = logging.getLogger("framefleet.leases")
 LEASE_PREFIX = "ff:lease:"
-OWNERS = "ff:lease-owners"  # delivery tag → "hostname task_id", kept after the lease lapses
+OWNER_PREFIX = "ff:lease-owner:"  # per delivery tag: "hostname task_id", kept an hour past the lease
+OWNER_TTL_S = 3600
 ORPHAN_PREFIX = "ff:orphan:"  # first time the reaper saw a message with no lease and no owner
 UNACKED = "unacked"
 UNACKED_INDEX = "unacked_index"
@@ -78,7 +79,7 @@ def grant(r: redis.Redis, tag: str, task_id: str, hostname: str, ttl_s: float, e
     with _lock:
         HELD[tag] = Held(task_id, entry)
     if r.set(LEASE_PREFIX + tag, owner, nx=True, px=int(ttl_s * 1000)):
-        r.hset(OWNERS, tag, owner)
+        r.set(OWNER_PREFIX + tag, owner, ex=OWNER_TTL_S)
         return None
     current = r.get(LEASE_PREFIX + tag)
     if current in (None, owner):
@@ -91,7 +92,7 @@ def reassert(r: redis.Redis, tag: str, owner: str, ttl_s: float) -> bool:
     """Re-create or extend the lease of ``tag`` if it is ``owner``'s or missing; False when another holds it."""
     if not r.eval(_REASSERT, 1, LEASE_PREFIX + tag, owner, int(ttl_s * 1000)):
         return False
-    r.hset(OWNERS, tag, owner)
+    r.set(OWNER_PREFIX + tag, owner, ex=OWNER_TTL_S)
     return True
 
 
@@ -182,14 +183,13 @@ def reap(app: celery.Celery, r: redis.Redis, workers_r: redis.Redis, ttl_s: floa
             qos = conn.default_channel.qos
             for tag in orphans:
                 qos.restore_by_tag(tag, leftmost=False)  # front: it was already under way
-                r.hdel(OWNERS, tag)
-                r.delete(ORPHAN_PREFIX + tag)
+                r.delete(OWNER_PREFIX + tag, ORPHAN_PREFIX + tag)
     return orphans
 
 
 def _orphaned(r: redis.Redis, workers_r: redis.Redis, tag: str, workers: dict[str, Any], ttl_s: float) -> bool:
     """True when no live worker can be holding message ``tag`` (its lease has lapsed)."""
-    owner = r.hget(OWNERS, tag)
+    owner = r.get(OWNER_PREFIX + tag)
     if owner is None:
         # No record of who took it (its worker died before the lease was written): requeue once
         # it has stayed unowned a whole TTL, time enough for a live holder to re-assert.

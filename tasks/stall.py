@@ -88,7 +88,7 @@ def _held_by_idle_or_gone(broker: redis.Redis, r: redis.Redis, workers: dict[str
     cutoff = time.time() - conf.lease_ttl_s
     for tag, since in broker.zrangebyscore(leases.UNACKED_INDEX, "-inf", cutoff, withscores=True):
         tag = tag if isinstance(tag, str) else tag.decode()
-        owner = broker.hget(leases.OWNERS, tag)
+        owner = broker.get(leases.OWNER_PREFIX + tag)
         owner = owner.decode() if isinstance(owner, bytes) else owner
         entry = broker.hget(leases.UNACKED, tag)
         what = f"message {tag}"
