@@ -115,7 +115,7 @@ def decide(r: redis.Redis, key: str, task_id: str, hostname: str, ttl_s: float) 
     Raises redis.RedisError when Redis cannot be asked.
     """
     if r.exists(DONE_PREFIX + task_id):
-        return Verdict("drop", why="finished")
+        return Verdict("drop", why="it has finished")
     owner = owner_value(hostname, task_id)
     holder = acquire(r, key, owner, ttl_s)
     if holder is None:
@@ -125,7 +125,7 @@ def decide(r: redis.Redis, key: str, task_id: str, hostname: str, ttl_s: float) 
     if holder_task != task_id:
         return Verdict("wait", holder, "another run of this stage holds the claim")
     if holder_running(r, holder_host, task_id):
-        return Verdict("drop", holder, f"running on {holder_host}")
+        return Verdict("drop", holder, f"it runs on {holder_host}")
     if r.eval(_TAKE_OVER, 1, key, holder, owner, int(ttl_s * 1000)):
         log.warning("took over the claim of task %s from %s, which no longer runs it", task_id, holder_host)
         _hold(key, owner)

@@ -141,8 +141,8 @@ def _claim_or_wait(task: Task, key: str, stage_name: str, job: dict[str, Any]) -
     if verdict.action == "run":
         return
     if verdict.action == "drop":
-        log.warning("dropped a second delivery of %s task %s (%s of %s)", verdict.why, task.request.id,
-                    stage_name, job["video_id"])
+        log.warning("dropped a second delivery of task %s (%s of %s): %s", task.request.id, stage_name,
+                    job["video_id"], verdict.why)
         leases.dropped_duplicate(task.request.id)
         raise Ignore()
     log.info("%s of %s is being made by %s; looking again in %.0f s", stage_name, job["video_id"],

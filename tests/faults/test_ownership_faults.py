@@ -208,3 +208,38 @@ def test_a_duplicate_delivery_whose_holder_died_runs_and_nothing_is_lost(
     assert_nothing_lost(out)
     record("duplicate delivery whose holder died", "SIGKILL mid-depth + its message delivered again (same tag)",
            out, None, summary["finished"] - killed_at, fault_workers.logs)
+
+
+def test_a_duplicate_dropped_while_its_holder_runs_leaves_the_holder_s_message_to_be_requeued(
+    fault_raw, fault_workers, fault_env, redis_server, tmp_path
+):
+    """kombu keeps the delivery tag on restore: acking the dropped duplicate must not delete the running
+    delivery's ``unacked`` entry, or the video is lost when its holder then dies."""
+    env = settings_env(tmp_path, "stages:\n  depth:\n    params: {matmuls_per_frame: 600}\n")
+    fault_workers.start("cpu", env=env)
+    fault_workers.start("gpu0", env=env)
+    out = tmp_path / "out"
+    assert run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--limit", "1", "--no-wait",
+                      env={**fault_env, **env}).returncode == 0
+    wait_until(lambda: _busy_on(fault_workers, "gpu0", "framefleet.depth"), 240, "gpu0 busy on depth")
+    r = redis_server.client()
+    tag, entry = next((t, e) for t, e in ((t, json.loads(v)) for t, v in r.hgetall("unacked").items())
+                      if e[0]["headers"]["task"] == "framefleet.depth")
+    fault_workers.start("gpu1", env=env)
+    payload = entry[0]
+    payload["headers"]["redelivered"] = True
+    r.lpush("gpu1", json.dumps(payload))  # the running message again, same tag, to a second worker
+    wait_until(lambda: "): it runs on gpu0@test" in fault_workers.log("gpu1"), 120,
+               "gpu1 to drop the duplicate")
+    wait_until(lambda: "acknowledged duplicate delivery" in fault_workers.log("gpu1"), 60, "its ack")
+    assert r.hexists("unacked", tag)  # the holder's entry survived the duplicate's ack
+    fault_workers.stop("gpu0", signal.SIGKILL)
+    killed_at = time.time()
+    summary = wait_for_summary(out, timeout_s=300)
+    assert summary["done"] == 1 and summary["failed"] == []
+    runs = stage_runs(fault_workers.logs)
+    assert twice(fault_workers.logs) == {} and len(runs) == 5, runs
+    assert_nothing_lost(out)
+    record("duplicate dropped while its holder runs, then the holder dies",
+           "same message (same tag) to a 2nd worker, then SIGKILL of the 1st", out, None,
+           summary["finished"] - killed_at, fault_workers.logs)
