@@ -119,7 +119,7 @@ def test_redis_restarted_without_persistence_the_run_is_reported_lost_or_resumed
 
 def _proxied(redis_server: RedisServer, proxy: RedisProxy, tmp_path, yaml: str = SLOW) -> dict[str, str]:
     """Workers whose framefleet keys (claims, registry, progress) go through ``proxy``; broker and results do not."""
-    return settings_env(tmp_path, yaml, FRAMEFLEET_REDIS_URL=proxy.url(0), FRAMEFLEET_BROKER_URL=redis_server.url,
+    return settings_env(tmp_path, yaml, REDIS_URL=proxy.url(0), FRAMEFLEET_BROKER_URL=redis_server.url,
                         FRAMEFLEET_RESULT_BACKEND=redis_server.url)
 
 
