@@ -167,11 +167,12 @@ def renew(r: redis.Redis, ttl_s: float) -> list[str]:
     """Re-assert every held claim; return the keys another worker holds now (this one lost them)."""
     with _lock:
         held = list(HELD.items())  # the task thread takes and releases claims meanwhile
-    lost = []
+    pipe = r.pipeline(transaction=False)
     for key, owner in held:
-        if not reassert(r, key, owner, ttl_s):
-            lost.append(key)
-            log.warning("claim %s is held by %s now, not by this worker (%s)", key, r.get(key), owner)
+        pipe.eval(_REASSERT, 1, key, owner, int(ttl_s * 1000))
+    lost = [key for (key, _), ok in zip(held, pipe.execute(), strict=True) if not ok]
+    for key in lost:
+        log.warning("claim %s is held by %s now, not by this worker", key, r.get(key))
     return lost
 
 
