@@ -127,7 +127,7 @@ def test_redis_errors_at_task_start_become_retries_and_the_run_completes(
     fault_raw, fault_workers, fault_env, redis_server, reference_stats, tmp_path
 ):
     proxy = RedisProxy(redis_server.port)
-    env = _proxied(redis_server, proxy, tmp_path)
+    env = _proxied(redis_server, proxy, tmp_path, yaml="{}\n")
     try:
         fault_workers.start("cpu", env=env)
         fault_workers.start("gpu0", env=env)
