@@ -11,8 +11,10 @@ def _nvml_uuids() -> list[str]:
     pynvml = pytest.importorskip("pynvml")
     pynvml.nvmlInit()
     try:
-        return [str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
-                for i in range(pynvml.nvmlDeviceGetCount())]
+        return [
+            str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
+            for i in range(pynvml.nvmlDeviceGetCount())
+        ]
     finally:
         pynvml.nvmlShutdown()
 

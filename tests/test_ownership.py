@@ -50,9 +50,22 @@ def _deliver(app: Celery, url: str, queue: str = "gpu0") -> tuple[str, str]:
 
 
 def _publish_worker(r: redis.Redis, hostname: str, held: list[str], **state) -> None:
-    registry.publish(r, {"hostname": hostname, "busy": False, "current": None, "leases": held, "queues": ["gpu0"],
-                         "gpu_queues": ["gpu0"], "stages": ["depth"], "gpu": 0, "updated": time.time(), **state},
-                     ttl_s=30)
+    registry.publish(
+        r,
+        {
+            "hostname": hostname,
+            "busy": False,
+            "current": None,
+            "leases": held,
+            "queues": ["gpu0"],
+            "gpu_queues": ["gpu0"],
+            "stages": ["depth"],
+            "gpu": 0,
+            "updated": time.time(),
+            **state,
+        },
+        ttl_s=30,
+    )
 
 
 def test_a_claim_lost_with_a_redis_restart_is_re_created_by_its_holder_not_stolen(r):
@@ -189,8 +202,7 @@ def test_the_stall_report_names_a_message_held_by_a_worker_that_is_gone(redis_ur
 
 def test_the_stall_report_names_a_worker_past_its_deadline(redis_url, r):
     started = time.time() - 100
-    _publish_worker(r, "gpu0@h", [], busy=True, current={"task": "framefleet.depth", "video": "v9",
-                                                         "started": started})
+    _publish_worker(r, "gpu0@h", [], busy=True, current={"task": "framefleet.depth", "video": "v9", "started": started})
     conf = _conf(redis_url, stages={"depth": {"deadline_s": 50}})
     why = "; ".join(stall.diagnose(r, r, conf))
     assert "worker gpu0@h: depth of v9 running" in why and "past its 50 s deadline" in why, why
@@ -211,8 +223,9 @@ def test_the_run_s_messages_are_found_in_queues_and_unacked_and_missed_when_gone
 def test_the_heartbeat_survives_a_failing_tick_and_counts_it(redis_url, r, monkeypatch):
     from tasks import celery_app
 
-    monkeypatch.setattr(celery_app, "_settings", Settings(redis_url=redis_url, heartbeat_interval_s=0.05,
-                                                          registry_ttl_s=5))
+    monkeypatch.setattr(
+        celery_app, "_settings", Settings(redis_url=redis_url, heartbeat_interval_s=0.05, registry_ttl_s=5)
+    )
     ticks = {"n": 0}
 
     def state() -> dict:
@@ -225,9 +238,15 @@ def test_the_heartbeat_survives_a_failing_tick_and_counts_it(redis_url, r, monke
     beat = Heartbeat(app, state)
     beat.start()
     try:
-        published = wait_until(lambda: (raw := r.get(registry.WORKER_PREFIX + "hb@test")) and
-                               json.loads(raw).get("heartbeat_errors", 0) >= 1 and json.loads(raw), 20,
-                               "a state published after the failing tick")
+        published = wait_until(
+            lambda: (
+                (raw := r.get(registry.WORKER_PREFIX + "hb@test"))
+                and json.loads(raw).get("heartbeat_errors", 0) >= 1
+                and json.loads(raw)
+            ),
+            20,
+            "a state published after the failing tick",
+        )
         assert beat.is_alive() and published["heartbeat_errors"] == 1
     finally:
         beat.stopping.set()

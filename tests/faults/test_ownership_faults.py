@@ -30,9 +30,14 @@ pytestmark = pytest.mark.timeout(900)  # whole runs with faults, on a loaded 2-c
 
 
 def _enqueue(raw, out, env, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(raw), "--out",
-                             str(out), *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(raw), "--out", str(out), *extra],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _finish(proc: subprocess.Popen[str], timeout_s: float = 800) -> str:
@@ -61,8 +66,11 @@ def test_redis_away_longer_than_the_lease_with_two_gpu_workers_busy_runs_each_st
         fault_workers.start(queue, env=env)
     out = tmp_path / "out"
     watcher = _enqueue(fault_raw, out, {**fault_env, **env})
-    wait_until(lambda: _busy_on(fault_workers, "gpu0") and _busy_on(fault_workers, "gpu1"), 240,
-               "both GPU workers busy at once")
+    wait_until(
+        lambda: _busy_on(fault_workers, "gpu0") and _busy_on(fault_workers, "gpu1"),
+        240,
+        "both GPU workers busy at once",
+    )
     redis_server.stop()
     time.sleep(6)  # the outage: twice the lease TTL
     redis_server.start()
@@ -73,8 +81,14 @@ def test_redis_away_longer_than_the_lease_with_two_gpu_workers_busy_runs_each_st
     assert len(stage_runs(fault_workers.logs)) == VIDEOS * 5
     summary = json.loads((out / "run_summary.json").read_text())
     assert_nothing_lost(out, reference_stats)
-    record("Redis away 2× the lease TTL, 2 GPU workers busy", "Redis stopped 6 s (AOF), lease TTL 3 s", out,
-           reference_stats, summary["finished"] - back_at, fault_workers.logs)
+    record(
+        "Redis away 2× the lease TTL, 2 GPU workers busy",
+        "Redis stopped 6 s (AOF), lease TTL 3 s",
+        out,
+        reference_stats,
+        summary["finished"] - back_at,
+        fault_workers.logs,
+    )
 
 
 @pytest.mark.slow
@@ -105,13 +119,20 @@ def test_redis_restarted_without_persistence_the_run_is_reported_lost_or_resumed
         else:
             assert watcher.returncode == 3, output[-3000:]
             assert "are gone from Redis" in output and "--continue` finishes the run" in output, output[-3000:]
-            again = run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--continue", env=env,
-                               timeout_s=400)
+            again = run_script(
+                "enqueue_dataset.py", str(fault_raw), "--out", str(out), "--continue", env=env, timeout_s=400
+            )
             assert again.returncode == 0, again.stdout + again.stderr
         assert twice(pool.logs) == {}
         assert_nothing_lost(out, reference_stats)
-        record(f"Redis restarted without persistence ({'--resume-on-loss' if resume else 'reported lost'})",
-               "Redis restarted empty mid-run", out, reference_stats, detected_s, pool.logs)
+        record(
+            f"Redis restarted without persistence ({'--resume-on-loss' if resume else 'reported lost'})",
+            "Redis restarted empty mid-run",
+            out,
+            reference_stats,
+            detected_s,
+            pool.logs,
+        )
     finally:
         pool.stop_all()
         server.stop()
@@ -119,8 +140,13 @@ def test_redis_restarted_without_persistence_the_run_is_reported_lost_or_resumed
 
 def _proxied(redis_server: RedisServer, proxy: RedisProxy, tmp_path, yaml: str = SLOW) -> dict[str, str]:
     """Workers whose framefleet keys (claims, registry, progress) go through ``proxy``; broker and results do not."""
-    return settings_env(tmp_path, yaml, REDIS_URL=proxy.url(0), FRAMEFLEET_BROKER_URL=redis_server.url,
-                        FRAMEFLEET_RESULT_BACKEND=redis_server.url)
+    return settings_env(
+        tmp_path,
+        yaml,
+        REDIS_URL=proxy.url(0),
+        FRAMEFLEET_BROKER_URL=redis_server.url,
+        FRAMEFLEET_RESULT_BACKEND=redis_server.url,
+    )
 
 
 def test_redis_errors_at_task_start_become_retries_and_the_run_completes(
@@ -134,8 +160,11 @@ def test_redis_errors_at_task_start_become_retries_and_the_run_completes(
         proxy.down()
         out = tmp_path / "out"
         watcher = _enqueue(fault_raw, out, fault_env)  # the enqueuer itself reaches Redis directly
-        wait_until(lambda: _log_lines(fault_workers, "Redis did not answer the claim") >= 2, 120,
-                   "stage tasks to meet the Redis error at their start")
+        wait_until(
+            lambda: _log_lines(fault_workers, "Redis did not answer the claim") >= 2,
+            120,
+            "stage tasks to meet the Redis error at their start",
+        )
         proxy.up()
         back_at = time.time()
         output = _finish(watcher)
@@ -144,8 +173,14 @@ def test_redis_errors_at_task_start_become_retries_and_the_run_completes(
         summary = json.loads((out / "run_summary.json").read_text())
         assert summary["failed"] == []
         assert_nothing_lost(out, reference_stats)
-        record("Redis errors at task start", "connections to Redis dropped and refused, then back", out,
-               reference_stats, summary["finished"] - back_at, fault_workers.logs)
+        record(
+            "Redis errors at task start",
+            "connections to Redis dropped and refused, then back",
+            out,
+            reference_stats,
+            summary["finished"] - back_at,
+            fault_workers.logs,
+        )
     finally:
         proxy.close()
 
@@ -166,8 +201,9 @@ def test_redis_errors_while_tasks_run_and_end_never_break_the_run(
         # Down while a task runs (its claim renewals fail) and until a task has ended (its claim's release
         # and its progress count fail too).
         wait_until(lambda: _log_lines(fault_workers, "renewing claims failed") >= 1, 60, "a failed claim renewal")
-        wait_until(lambda: sum(stage_runs(fault_workers.logs).values()) > ran_before, 240,
-                   "a stage to end while Redis is away")
+        wait_until(
+            lambda: sum(stage_runs(fault_workers.logs).values()) > ran_before, 240, "a stage to end while Redis is away"
+        )
         proxy.up()
         back_at = time.time()
         output = _finish(watcher)
@@ -176,8 +212,14 @@ def test_redis_errors_while_tasks_run_and_end_never_break_the_run(
         summary = json.loads((out / "run_summary.json").read_text())
         assert summary["failed"] == []
         assert_nothing_lost(out, reference_stats)
-        record("Redis errors during and at the end of tasks", "connections to Redis dropped mid-task, then back",
-               out, reference_stats, summary["finished"] - back_at, fault_workers.logs)
+        record(
+            "Redis errors during and at the end of tasks",
+            "connections to Redis dropped mid-task, then back",
+            out,
+            reference_stats,
+            summary["finished"] - back_at,
+            fault_workers.logs,
+        )
     finally:
         proxy.close()
 
@@ -189,8 +231,19 @@ def test_a_duplicate_delivery_whose_holder_died_runs_and_nothing_is_lost(
     fault_workers.start("cpu", env=env)
     fault_workers.start("gpu0", env=env)
     out = tmp_path / "out"
-    assert run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--limit", "1", "--no-wait",
-                      env={**fault_env, **env}).returncode == 0
+    assert (
+        run_script(
+            "enqueue_dataset.py",
+            str(fault_raw),
+            "--out",
+            str(out),
+            "--limit",
+            "1",
+            "--no-wait",
+            env={**fault_env, **env},
+        ).returncode
+        == 0
+    )
     wait_until(lambda: _busy_on(fault_workers, "gpu0", "framefleet.depth"), 240, "gpu0 busy on depth")
     r = redis_server.client()
     entry = next(e for e in map(json.loads, r.hvals("unacked")) if e[0]["headers"]["task"] == "framefleet.depth")
@@ -206,8 +259,14 @@ def test_a_duplicate_delivery_whose_holder_died_runs_and_nothing_is_lost(
     runs = stage_runs(fault_workers.logs)
     assert twice(fault_workers.logs) == {} and len(runs) == 5, runs
     assert_nothing_lost(out)
-    record("duplicate delivery whose holder died", "SIGKILL mid-depth + its message delivered again (same tag)",
-           out, None, summary["finished"] - killed_at, fault_workers.logs)
+    record(
+        "duplicate delivery whose holder died",
+        "SIGKILL mid-depth + its message delivered again (same tag)",
+        out,
+        None,
+        summary["finished"] - killed_at,
+        fault_workers.logs,
+    )
 
 
 def test_a_duplicate_dropped_while_its_holder_runs_leaves_the_holder_s_message_to_be_requeued(
@@ -219,18 +278,31 @@ def test_a_duplicate_dropped_while_its_holder_runs_leaves_the_holder_s_message_t
     fault_workers.start("cpu", env=env)
     fault_workers.start("gpu0", env=env)
     out = tmp_path / "out"
-    assert run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--limit", "1", "--no-wait",
-                      env={**fault_env, **env}).returncode == 0
+    assert (
+        run_script(
+            "enqueue_dataset.py",
+            str(fault_raw),
+            "--out",
+            str(out),
+            "--limit",
+            "1",
+            "--no-wait",
+            env={**fault_env, **env},
+        ).returncode
+        == 0
+    )
     wait_until(lambda: _busy_on(fault_workers, "gpu0", "framefleet.depth"), 240, "gpu0 busy on depth")
     r = redis_server.client()
-    tag, entry = next((t, e) for t, e in ((t, json.loads(v)) for t, v in r.hgetall("unacked").items())
-                      if e[0]["headers"]["task"] == "framefleet.depth")
+    tag, entry = next(
+        (t, e)
+        for t, e in ((t, json.loads(v)) for t, v in r.hgetall("unacked").items())
+        if e[0]["headers"]["task"] == "framefleet.depth"
+    )
     fault_workers.start("gpu1", env=env)
     payload = entry[0]
     payload["headers"]["redelivered"] = True
     r.lpush("gpu1", json.dumps(payload))  # the running message again, same tag, to a second worker
-    wait_until(lambda: "): it runs on gpu0@test" in fault_workers.log("gpu1"), 120,
-               "gpu1 to drop the duplicate")
+    wait_until(lambda: "): it runs on gpu0@test" in fault_workers.log("gpu1"), 120, "gpu1 to drop the duplicate")
     wait_until(lambda: "acknowledged duplicate delivery" in fault_workers.log("gpu1"), 60, "its ack")
     assert r.hexists("unacked", tag)  # the holder's entry survived the duplicate's ack
     fault_workers.stop("gpu0", signal.SIGKILL)
@@ -240,6 +312,11 @@ def test_a_duplicate_dropped_while_its_holder_runs_leaves_the_holder_s_message_t
     runs = stage_runs(fault_workers.logs)
     assert twice(fault_workers.logs) == {} and len(runs) == 5, runs
     assert_nothing_lost(out)
-    record("duplicate dropped while its holder runs, then the holder dies",
-           "same message (same tag) to a 2nd worker, then SIGKILL of the 1st", out, None,
-           summary["finished"] - killed_at, fault_workers.logs)
+    record(
+        "duplicate dropped while its holder runs, then the holder dies",
+        "same message (same tag) to a 2nd worker, then SIGKILL of the 1st",
+        out,
+        None,
+        summary["finished"] - killed_at,
+        fault_workers.logs,
+    )
