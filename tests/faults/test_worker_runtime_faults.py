@@ -48,6 +48,7 @@ def test_a_cpu_stage_past_its_deadline_is_killed_restarted_and_quarantined_as_wo
     env = {
         **env_for(redis_server.url),
         "FRAMEFLEET_LEASE_TTL_S": "2",
+        "FRAMEFLEET_HEARTBEAT_INTERVAL_S": "0.2",
         **settings_env(tmp_path, "stages:\n  preprocess:\n    deadline_s: 0.3\n    max_retries: 1\n"),
     }
     out = tmp_path / "out"
