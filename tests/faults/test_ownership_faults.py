@@ -227,7 +227,7 @@ def test_redis_errors_while_tasks_run_and_end_never_break_the_run(
 def test_a_duplicate_delivery_whose_holder_died_runs_and_nothing_is_lost(
     fault_raw, fault_workers, fault_env, redis_server, tmp_path
 ):
-    env = settings_env(tmp_path, "stages:\n  depth:\n    params: {matmuls_per_frame: 600}\n")
+    env = settings_env(tmp_path, "stages:\n  depth:\n    params: {matmuls_per_frame: 200}\n")
     fault_workers.start("cpu", env=env)
     fault_workers.start("gpu0", env=env)
     out = tmp_path / "out"
@@ -254,7 +254,7 @@ def test_a_duplicate_delivery_whose_holder_died_runs_and_nothing_is_lost(
     payload["headers"]["redelivered"] = True
     r.lpush("gpu0", json.dumps(payload))
     fault_workers.start("gpu0", name="gpu0-b", env=env)
-    summary = wait_for_summary(out, timeout_s=240)
+    summary = wait_for_summary(out, timeout_s=600)
     assert summary["done"] == 1 and summary["failed"] == []
     runs = stage_runs(fault_workers.logs)
     assert twice(fault_workers.logs) == {} and len(runs) == 5, runs
@@ -274,23 +274,13 @@ def test_a_duplicate_dropped_while_its_holder_runs_leaves_the_holder_s_message_t
 ):
     """kombu keeps the delivery tag on restore: acking the dropped duplicate must not delete the running
     delivery's ``unacked`` entry, or the video is lost when its holder then dies."""
-    env = settings_env(tmp_path, "stages:\n  depth:\n    params: {matmuls_per_frame: 600}\n")
-    fault_workers.start("cpu", env=env)
-    fault_workers.start("gpu0", env=env)
+    env = settings_env(tmp_path, "stages:\n  depth:\n    params: {matmuls_per_frame: 200}\n")
+    for queue in ("cpu", "gpu0", "gpu1"):
+        fault_workers.start(queue, env=env)
     out = tmp_path / "out"
-    assert (
-        run_script(
-            "enqueue_dataset.py",
-            str(fault_raw),
-            "--out",
-            str(out),
-            "--limit",
-            "1",
-            "--no-wait",
-            env={**fault_env, **env},
-        ).returncode
-        == 0
-    )
+    # --gpus 0: the run's GPU stages go to gpu0 only; gpu1 idles, ready for the duplicate.
+    args = ("--out", str(out), "--limit", "1", "--gpus", "0", "--no-wait")
+    assert run_script("enqueue_dataset.py", str(fault_raw), *args, env={**fault_env, **env}).returncode == 0
     wait_until(lambda: _busy_on(fault_workers, "gpu0", "framefleet.depth"), 240, "gpu0 busy on depth")
     r = redis_server.client()
     tag, entry = next(
@@ -298,7 +288,6 @@ def test_a_duplicate_dropped_while_its_holder_runs_leaves_the_holder_s_message_t
         for t, e in ((t, json.loads(v)) for t, v in r.hgetall("unacked").items())
         if e[0]["headers"]["task"] == "framefleet.depth"
     )
-    fault_workers.start("gpu1", env=env)
     payload = entry[0]
     payload["headers"]["redelivered"] = True
     r.lpush("gpu1", json.dumps(payload))  # the running message again, same tag, to a second worker
@@ -307,7 +296,8 @@ def test_a_duplicate_dropped_while_its_holder_runs_leaves_the_holder_s_message_t
     assert r.hexists("unacked", tag)  # the holder's entry survived the duplicate's ack
     fault_workers.stop("gpu0", signal.SIGKILL)
     killed_at = time.time()
-    summary = wait_for_summary(out, timeout_s=300)
+    fault_workers.start("gpu0", name="gpu0-b", env=env)  # what a supervisor does
+    summary = wait_for_summary(out, timeout_s=600)
     assert summary["done"] == 1 and summary["failed"] == []
     runs = stage_runs(fault_workers.logs)
     assert twice(fault_workers.logs) == {} and len(runs) == 5, runs
