@@ -31,6 +31,7 @@ from tasks.storage import atomic_write, read_marker, save_npz, write_marker
 
 log = logging.getLogger("framefleet.pipeline")
 PROGRESS_EVENT_INTERVAL_S = 0.5  # at most 2 task-progress events a second per task
+WAITS = "claim_waits"  # job key: how many of this stage's retries waited for a claim (not failures)
 
 
 def _as_framefleet_error(exc: Exception) -> FramefleetError | Exception:
@@ -135,9 +136,9 @@ def _claim_or_wait(task: Task, key: str, stage_name: str, job: dict[str, Any]) -
         verdict = claims.decide(get_redis(conf.redis_url), key, task.request.id, task.request.hostname,
                                 conf.lease_ttl_s)
     except redis.RedisError as exc:
-        log.warning("%s of %s: Redis did not answer the claim (%s); retrying in %.0f s",
+        log.warning("%s of %s: Redis did not answer the claim (%s); retrying in %g s",
                     stage_name, job["video_id"], exc, conf.lease_ttl_s / 2)
-        _retry_later(task, job, conf.lease_ttl_s / 2)
+        _wait(task, job, conf.lease_ttl_s / 2)
     if verdict.action == "run":
         return
     if verdict.action == "drop":
@@ -145,9 +146,20 @@ def _claim_or_wait(task: Task, key: str, stage_name: str, job: dict[str, Any]) -
                     job["video_id"], verdict.why)
         leases.dropped_duplicate(task.request.id)
         raise Ignore()
-    log.info("%s of %s is being made by %s; looking again in %.0f s", stage_name, job["video_id"],
+    log.info("%s of %s is being made by %s; looking again in %g s", stage_name, job["video_id"],
              verdict.holder, conf.lease_ttl_s / 2)
-    _retry_later(task, job, conf.lease_ttl_s / 2)
+    _wait(task, job, conf.lease_ttl_s / 2)
+
+
+def _wait(task: Task, job: dict[str, Any], countdown_s: float) -> None:
+    """Send this task again after ``countdown_s``; waiting does not use up its retries for failures."""
+    waits = job.get(WAITS, 0) + 1
+    _retry_later(task, {**job, WAITS: waits}, countdown_s, max_retries=task.request.retries + 1)
+
+
+def _failed_tries(task: Task, job: dict[str, Any]) -> int:
+    """How many earlier tries of this task failed (Celery's retry count, less the retries that waited)."""
+    return task.request.retries - job.get(WAITS, 0)
 
 
 def _retry_later(task: Task, job: dict[str, Any], countdown_s: float, max_retries: int | None = None,
@@ -166,6 +178,12 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
     """
     if job.get("failed"):
         return job
+    job = _run_stage(task, stage_name, job)
+    job.pop(WAITS, None)  # the next stage counts its own
+    return job
+
+
+def _run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
     conf = settings()
     key = claims.claim_key(job["output_root"], job["video_id"], stage_name)
     try:
@@ -173,9 +191,9 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
     except Reject as exc:
         return _failed(task, stage_name, job, RedisUnavailable(
             f"{stage_name} of {job['video']}: Redis did not answer and the task could not be retried "
-            f"({exc.reason}); enqueue again with --continue once Redis is back"), task.request.retries + 1)
+            f"({exc.reason}); enqueue again with --continue once Redis is back"), _failed_tries(task, job) + 1)
     started = time.time()
-    attempts = task.request.retries + 1
+    attempts = _failed_tries(task, job) + 1
     try:
         attempts = _count_start(task, conf.result_expires_s)
         stage_conf = conf.stages[stage_name]
@@ -214,13 +232,14 @@ def _after_failure(task: Task, stage_name: str, job: dict[str, Any], failure: Ex
                                       task.request.hostname, str(failure))}
         failure = GpuOutOfMemory(f"{failure} (peak {job['oom_peak_mib']:.0f} MiB; "
                                  f"chunk scale now {job['chunk_scale']:g})", failure.delay_s)
-    if retryable and task.request.retries < stage_conf.max_retries:
+    failed_tries = _failed_tries(task, job)
+    if retryable and failed_tries < stage_conf.max_retries:
         delay = failure.delay_s if isinstance(failure, RetryableError) else 5.0
         log.warning("%s of %s failed (%s: %s); retry %d of %d",
                     stage_name, job["video_id"], error_class(failure), failure,
                     attempts, stage_conf.max_retries)
         try:
-            _retry_later(task, job, delay * 2 ** task.request.retries, stage_conf.max_retries, failure)
+            _retry_later(task, job, delay * 2**failed_tries, job.get(WAITS, 0) + stage_conf.max_retries, failure)
         except Reject as exc:
             failure = RedisUnavailable(f"{failure}; and the retry could not be sent ({exc.reason})")
     return _failed(task, stage_name, job, failure, attempts)
