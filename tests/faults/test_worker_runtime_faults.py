@@ -115,7 +115,14 @@ def test_a_full_disk_quarantines_with_the_reason_leaves_no_torn_file_and_resumes
     assert [p.name for p in out.rglob("*.tmp")] == [] and not list(out.rglob("*.npz"))
     subprocess.run(["mount", "-o", "remount,size=256m", str(small_disk)], check=True)
     again = run_script(
-        "enqueue_dataset.py", str(fault_raw), "--out", str(out), "--retry-quarantined", env={**fault_env, **env}
+        "enqueue_dataset.py",
+        str(fault_raw),
+        "--out",
+        str(out),
+        "--limit",
+        "1",
+        "--retry-quarantined",
+        env={**fault_env, **env},
     )
     assert again.returncode == 0, again.stdout + again.stderr
     assert twice(fault_workers.logs) == {}
