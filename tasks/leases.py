@@ -153,10 +153,13 @@ def renew(r: redis.Redis, hostname: str, ttl_s: float) -> int:
             continue  # another worker holds this message's lease (a duplicate delivery of it)
         renewed += 1
         # Redis restarted without that entry, or a duplicate delivery's ack removed it (kombu reuses
-        # the tag on restore): put it back so the message survives if this worker dies now.
-        if h.entry is not None and r.hsetnx(UNACKED, tag, h.entry):
-            r.zadd(UNACKED_INDEX, {tag: time.time()}, nx=True)
-            log.warning("restored the unacked entry of message %s (task %s), held by this worker", tag, h.task_id)
+        # the tag on restore): put it back so the message survives if this worker dies now. Under the
+        # lock, so a task that has just ended (and whose ack may follow at once) is not brought back.
+        with _lock:
+            if tag in HELD and h.entry is not None and r.hsetnx(UNACKED, tag, h.entry):
+                r.zadd(UNACKED_INDEX, {tag: time.time()}, nx=True)
+                log.warning("restored the unacked entry of message %s (task %s), held by this worker", tag,
+                            h.task_id)
     return renewed
 
 

