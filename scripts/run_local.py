@@ -115,11 +115,15 @@ class Cluster:
             time.sleep(0.2)
         raise DatasetError(f"workers {names} did not register within {timeout_s:.0f} s; see {self.logs}")
 
-    def stop(self, grace_s: float = 20.0) -> None:
-        # Warm shutdown first (workers finish their task), then make sure nothing is left.
+    def terminate(self) -> None:
+        """Ask every process but Redis to stop (SIGTERM), without waiting."""
         for name, proc in reversed(self.procs):
             if proc.poll() is None and name != "redis":
                 os.killpg(proc.pid, signal.SIGTERM)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        # Warm shutdown first (workers finish their task), then make sure nothing is left.
+        self.terminate()
         deadline = time.monotonic() + grace_s
         for name, proc in self.procs:
             if name == "redis":
@@ -257,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         if exporter is not None:
             exporter.stop()
         keeping.set()
+        cluster.terminate()  # Flower stops while the workers finish; Redis stays up until they have
         if supervisor is not None:
             keeper.join(timeout=5)
             supervisor.stop_all(20.0)
