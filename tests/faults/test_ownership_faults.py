@@ -65,9 +65,9 @@ def test_redis_away_longer_than_the_lease_with_two_gpu_workers_busy_runs_each_st
     for queue in ("cpu", "gpu0", "gpu1"):
         fault_workers.start(queue, env=env)
     out = tmp_path / "out"
-    # kombu can lose a message a worker's consumer pops just as it finds its pre-restart connection dead
-    # (seen here once in two runs); --resume-on-loss then finishes those videos. What is checked is that
-    # no running task is handed to a second worker, and that the run completes.
+    # A stage message published as a worker finds its pre-restart broker connection dead can vanish in
+    # kombu (seen in two runs; bench/RESULTS.md); --resume-on-loss then finishes those videos. What is
+    # checked is that no running task is handed to a second worker, and that the run completes.
     watcher = _enqueue(fault_raw, out, {**fault_env, **env}, "--resume-on-loss")
     wait_until(
         lambda: _busy_on(fault_workers, "gpu0") and _busy_on(fault_workers, "gpu1"),
