@@ -189,6 +189,7 @@ def test_redis_errors_at_task_start_become_retries_and_the_run_completes(
         proxy.close()
 
 
+@pytest.mark.slow
 def test_redis_errors_while_tasks_run_and_end_never_break_the_run(
     fault_raw, fault_workers, fault_env, redis_server, reference_stats, tmp_path
 ):

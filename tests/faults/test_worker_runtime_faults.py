@@ -19,6 +19,7 @@ def _run_local(raw, out, env, *extra: str, timeout_s: float = 800) -> subprocess
     return run_script("run_local.py", str(raw), "--out", str(out), *extra, env=env, timeout_s=timeout_s)
 
 
+@pytest.mark.slow
 def test_a_cpu_stage_longer_than_the_lease_ttl_runs_once_with_a_second_enqueue(video_factory, redis_server, tmp_path):
     raw = video_factory(1, seconds=6.0)  # its preprocess lasts several lease TTLs
     env = {**env_for(redis_server.url), "FRAMEFLEET_LEASE_TTL_S": "0.6", "FRAMEFLEET_HEARTBEAT_INTERVAL_S": "0.2"}
@@ -64,6 +65,7 @@ def test_a_cpu_stage_past_its_deadline_is_killed_restarted_and_quarantined_as_wo
     record("CPU stage past its deadline", "deadline 0.3 s, the worker killed twice", out, None, None, out / "logs")
 
 
+@pytest.mark.slow
 def test_workers_above_the_rss_limit_recycle_after_each_task_and_the_run_completes(fault_raw, redis_server, tmp_path):
     env = {**env_for(redis_server.url), "FRAMEFLEET_MAX_RSS_MIB": "1"}  # every worker is above it
     out = tmp_path / "out"
