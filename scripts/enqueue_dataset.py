@@ -24,7 +24,7 @@ import redis  # noqa: E402
 import yaml  # noqa: E402
 
 from scripts import _cli  # noqa: E402
-from tasks import quarantine, stall
+from tasks import quarantine, registry, stall
 from tasks.celery_app import settings
 from tasks.dataset import (
     DatasetError,
@@ -131,14 +131,21 @@ def render(counts: dict[str, int], total: int, started: float) -> str:
             f"failed {counts.get('videos.failed', 0)} | {elapsed:.0f}s elapsed, ETA {eta}")
 
 
+LOSS_CHECK_S = 10.0  # how often the enqueuer looks for the run's messages; two misses in a row: lost
+
+
 def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dict[str, Any]:
-    """Show progress until the chord callback has run; return its summary."""
+    """Show progress until the chord callback has run; return its summary.
+
+    Raises stall.RunLost when no message of the run is left in Redis (seen twice, LOSS_CHECK_S apart).
+    """
     from tasks import app, progress
 
     tty = sys.stdout.isatty()
     last, last_print = "", 0.0
     counts: dict[str, int] = {}
     changed, reported = time.monotonic(), 0.0
+    checked, misses = time.monotonic(), 0
     while True:
         try:
             now_counts = progress.read(get_redis(conf.redis_url), record["run_id"])
@@ -149,11 +156,19 @@ def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dic
             if stalled > conf.stall_after_s and time.monotonic() - reported > conf.stall_after_s:
                 reported = time.monotonic()
                 why = stall.diagnose(get_redis(conf.redis_url), get_redis(conf.broker), conf)
-                print(f"\nno task finished for {stalled:.0f} s: "
-                      + ("; ".join(why) or "every worker is busy with long tasks"), file=sys.stderr, flush=True)
+                print(f"\nno task finished for {stalled:.0f} s: " + ("; ".join(why) or _no_cause(conf)),
+                      file=sys.stderr, flush=True)
+            if time.monotonic() - checked > LOSS_CHECK_S:
+                checked = time.monotonic()
+                found = stall.run_messages(get_redis(conf.redis_url), get_redis(conf.broker), conf,
+                                           record["run_id"], record["callback_id"])
+                misses = 0 if found else misses + 1
             # Polled without an AsyncResult: its pub/sub outlives a private Redis at teardown.
             meta = app.backend.get_task_meta(record["callback_id"])
             ready = meta["status"] in ("SUCCESS", "FAILURE")
+            if misses >= 2 and not ready:
+                raise stall.RunLost(f"the messages of run {record['run_id']} are gone from Redis (it restarted "
+                                    "without persistence, or was flushed)")
         except redis.RedisError as exc:
             line, ready = f"Redis unreachable ({type(exc).__name__}); retrying…", False
         if tty:
@@ -169,6 +184,14 @@ def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dic
                 raise RuntimeError(f"the statistics callback failed: {meta['result']}")
             return meta["result"]
         time.sleep(poll_s)
+
+
+def _no_cause(conf: Settings) -> str:
+    busy = [w for w in registry.live_workers(get_redis(conf.redis_url)) if w.get("busy")]
+    if busy:
+        return f"{len(busy)} worker(s) busy with long tasks: " + ", ".join(
+            f"{w['hostname']} ({(w.get('current') or {}).get('task', '?')})" for w in busy)
+    return "no worker is busy and no task waits"
 
 
 def report(summary: dict[str, Any], out_dir: Path) -> int:
@@ -199,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--retry-quarantined", action="store_true",
                       help="enqueue again only the videos listed in OUT/quarantine.jsonl")
     add_metadata_arguments(parser)
+    parser.add_argument("--resume-on-loss", action="store_true",
+                        help="if the run's messages vanish from Redis, enqueue the unfinished videos again "
+                             "(as --continue would) instead of exiting with status 3")
     _cli.add_config_argument(parser)
     args = parser.parse_args(argv)
     conf = _cli.settings_from(args)
@@ -216,7 +242,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"not waiting; the run record is {args.out / 'runs' / (record['run_id'] + '.json')}")
         return 0
     try:
-        return report(wait_for(conf, record), args.out)
+        while True:
+            try:
+                return report(wait_for(conf, record), args.out)
+            except stall.RunLost as exc:
+                if not args.resume_on_loss:
+                    return _cli.fail(f"{exc}. Complete outputs are kept: `python scripts/enqueue_dataset.py "
+                                     f"{args.raw_dir} --out {args.out} --continue` finishes the run "
+                                     "(or pass --resume-on-loss to do it by itself)", code=3)
+                record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, resume=True,
+                                 metadata=args.metadata, require_text=args.require_text)
+                print(f"{exc}; enqueued the {record['videos']} unfinished videos again as run "
+                      f"{record['run_id']}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         print(f"\nstopped watching; run {record['run_id']} goes on in the workers")
         return 130
