@@ -22,11 +22,11 @@ from typing import Literal
 
 import redis
 
-from tasks import registry
+from tasks import keys, registry
 
 log = logging.getLogger("framefleet.claims")
-CLAIM_PREFIX = "ff:claim:"
-DONE_PREFIX = "ff:done:"
+CLAIM_PREFIX = keys.CLAIM_PREFIX
+DONE_PREFIX = keys.DONE_PREFIX
 
 # claim key → owner value, for the heartbeat to renew; task id → its claim key, to finish at postrun
 HELD: dict[str, str] = {}

@@ -26,16 +26,16 @@ from typing import Any
 import celery
 import redis
 
-from tasks import registry
+from tasks import keys, registry
 
 log = logging.getLogger("framefleet.leases")
-LEASE_PREFIX = "ff:lease:"
-OWNER_PREFIX = "ff:lease-owner:"  # per delivery tag: "hostname task_id", kept an hour past the lease
+LEASE_PREFIX = keys.LEASE_PREFIX
+OWNER_PREFIX = keys.LEASE_OWNER_PREFIX  # per delivery tag: "hostname task_id", kept an hour past the lease
 OWNER_TTL_S = 3600
-ORPHAN_PREFIX = "ff:orphan:"  # first time the reaper saw a message with no lease and no owner
+ORPHAN_PREFIX = keys.ORPHAN_PREFIX  # first time the reaper saw a message with no lease and no owner
 UNACKED = "unacked"
 UNACKED_INDEX = "unacked_index"
-REAPER_LOCK = "ff:reaper-lock"
+REAPER_LOCK = keys.REAPER_LOCK
 
 # Set the lease when it is ours or missing (after a Redis restart or a long outage it is gone):
 # a compare-and-set, so a holder never takes over a lease another worker holds.

@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from tasks import registry
+from tasks import keys, registry
 from tasks.gpu_probe import GpuProbe, open_probe
 from tasks.redis_client import get_redis
 from tasks.stages import STAGE_NAMES, dataset_stage
@@ -29,12 +29,12 @@ from worker_config.settings import Settings
 
 log = logging.getLogger("framefleet.metrics")
 
-STAGE_LOG_KEY = "ff:stages"
+STAGE_LOG_KEY = keys.STAGE_LOG
 STAGE_LOG_KEPT = 100_000
-COUNTS_KEY = "ff:metrics:counts"
-DURATIONS_KEY = "ff:metrics:stage-seconds"
-AUTOSCALE_KEY = "ff:autoscale"
-QUARANTINE_PREFIX = "ff:quarantine:"  # one hash per output root (tasks.quarantine)
+COUNTS_KEY = keys.METRIC_COUNTS
+DURATIONS_KEY = keys.METRIC_DURATIONS
+AUTOSCALE_KEY = keys.AUTOSCALE_LOG
+QUARANTINE_PREFIX = keys.QUARANTINE_PREFIX  # one hash per output root (tasks.quarantine)
 DURATION_BUCKETS_S = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 OUTCOMES = ("done", "skipped", "failed")
 MIB = float(1 << 20)

@@ -113,7 +113,7 @@ def _redis_or_none(url: str) -> Any:
 
 def _count_start(task: Task, ttl_s: int) -> int:
     """Count the starts of this task id (retries and redeliveries alike), so nothing loops forever."""
-    key = f"ff:attempts:{task.request.id}"
+    key = keys.ATTEMPTS_PREFIX + task.request.id
     try:
         r = get_redis(settings().redis_url)
         pipe = r.pipeline()
@@ -277,4 +277,7 @@ def _stage_task(stage_name: str) -> Task:
 # One task per stage, named framefleet.<stage>.
 STAGE_TASKS: dict[str, Task] = {name: _stage_task(name) for name in STAGE_NAMES}
 
-from tasks import aggregate  # noqa: E402,F401  (registers the chord callback)
+from tasks import (
+    aggregate,  # noqa: E402,F401  (registers the chord callback)
+    keys,
+)

@@ -9,14 +9,14 @@ from typing import Any
 
 import redis
 
-from tasks import registry
+from tasks import keys, registry
 from tasks.celery_app import TASK_PREFIX
 from tasks.routing import job_of
 from worker_config.routing import QueueLoad, choose_gpu_queue
 from worker_config.settings import Settings
 
 log = logging.getLogger(__name__)
-LOCK_KEY = "ff:rebalance-lock"
+LOCK_KEY = keys.REBALANCE_LOCK
 
 # Move a message only if it is still where we read it, so the move is exact; it joins the
 # back of the target queue, which keeps the moved messages in their order.

@@ -9,11 +9,12 @@ from typing import Any
 
 import redis
 
+from tasks import keys
 from worker_config.routing import QueueLoad
 
-WORKER_PREFIX = "ff:worker:"
-GPU_QUEUES_KEY = "ff:gpu-queues"
-SEEN_KEY = "ff:worker-seen"  # hostname → when its state was last published (unix s), kept past the TTL
+WORKER_PREFIX = keys.WORKER_PREFIX
+GPU_QUEUES_KEY = keys.GPU_QUEUES
+SEEN_KEY = keys.WORKER_SEEN  # hostname → when its state was last published (unix s), kept past the TTL
 
 
 def publish(r: redis.Redis, state: dict[str, Any], ttl_s: float) -> None:
