@@ -6,8 +6,11 @@
 
 Every tick it reads NVML (or a fake GPU ledger), the worker registry, queue backlogs, host RAM and
 the OOM records (ff:oom), decides per GPU (worker_config.autoscale) and acts by starting a worker or
-warm-stopping the newest. Each change is logged, sent as a Celery event (autoscale-up,
-autoscale-down, autoscale-restart) and appended to the Redis list ff:autoscale. Without a readable
+warm-stopping the newest. A GPU's workers come in families, one per queue: gpuN for the stages of
+the main environment and gpuN.<stage> for each stage with its own python (started from it); each
+family has its own learned peak, backlog and worker count, and counts the others as used memory.
+Each change is logged, sent as a Celery event (autoscale-up, autoscale-down, autoscale-restart)
+and appended to the Redis list ff:autoscale. Without a readable
 GPU it runs --cpu-workers stand-in workers for gpu0 and only keeps them alive. SIGINT or SIGTERM
 warm-stops every worker (SIGKILL after --stop-grace-s) and exits 0; a second signal kills at once.
 """
@@ -40,9 +43,9 @@ from tasks.metrics import start_exporter  # noqa: E402
 from tasks.oom import OOM_KEY  # noqa: E402
 from tasks.redis_client import get_redis  # noqa: E402
 from tasks.registry import live_workers  # noqa: E402
-from tasks.supervisor import Slot, Supervisor, worker_argv  # noqa: E402
+from tasks.supervisor import Slot, Supervisor, queue_of, worker_argv  # noqa: E402
 from worker_config import profiles  # noqa: E402
-from worker_config.autoscale import AutoscalePolicy, Decision, GpuView, decide  # noqa: E402
+from worker_config.autoscale import AutoscalePolicy, Decision, GpuView, decide, one_change  # noqa: E402
 from worker_config.settings import Settings  # noqa: E402
 
 log = logging.getLogger("framefleet.autoscaler")
@@ -60,6 +63,32 @@ POLICY_FLAGS = {  # AutoscalePolicy field: (type, help)
 EVENT_RESERVED = {"type", "hostname", "utcoffset", "pid", "clock", "timestamp"}
 
 
+@dataclass(frozen=True)
+class Family:
+    """The workers of one queue on one GPU: ``gpuN`` hosts the stages of the main environment,
+    ``gpuN.<stage>`` one stage with its own python (its workers start from that interpreter)."""
+
+    gpu: int
+    queue: str
+    stages: tuple[str, ...]
+    python: str | None = None
+
+
+def families(conf: Settings, gpu: int) -> list[Family]:
+    """The worker families of GPU ``gpu`` under ``conf``: ``gpuN`` (when a GPU stage shares the main
+    environment), then ``gpuN.<stage>`` for each stage with its own python."""
+    found = [Family(gpu, conf.gpu_queue(gpu), conf.hosted_stages())] if conf.hosted_stages() else []
+    return found + [Family(gpu, conf.stage_queue(stage, gpu), conf.hosted_stages(stage), conf.stages[stage].python)
+                    for stage in conf.own_env_stages()]
+
+
+def family_argv(conf: Settings, gpu: int, name: str) -> list[str]:
+    """The command of the worker ``name`` (``<queue>-<n>``) of GPU ``gpu``, from its family's interpreter."""
+    queue = queue_of(name)
+    python = next((f.python for f in families(conf, gpu) if f.queue == queue), None)
+    return worker_argv(queue, name, python=python)
+
+
 @dataclass
 class Snapshot:
     """One tick's readings of everything but the GPU-specific decision."""
@@ -67,13 +96,17 @@ class Snapshot:
     gpus: list[GpuReading]
     used_mib: dict[tuple[int, int], float]  # (pid, gpu) -> MiB
     workers: dict[int, dict[str, Any]]  # pid -> registry state, this host's supervised workers only
-    backlog: dict[int, int]
+    backlog: dict[str, int]  # queue -> tasks waiting
     host_free_mib: float
     ooms: list[dict[str, Any]]
 
 
 class Autoscaler:
-    """One host's autoscaler; ``tick`` reads everything once and makes at most one change per GPU."""
+    """One host's autoscaler; ``tick`` reads everything once and makes at most one change per GPU.
+
+    Each GPU's workers come in families, one per queue (``families``), each scaled by its own
+    backlog and its own learned peak; the cooldown and the one change per tick are per GPU.
+    """
 
     def __init__(self, conf: Settings, policy: AutoscalePolicy, probe: GpuProbe, supervisor: Supervisor,
                  gpus: list[int] | None = None, cpu_workers: int = 1,
@@ -84,17 +117,19 @@ class Autoscaler:
         self.broker = get_redis(conf.broker)
         self.host = socket.gethostname()
         self.started_wall = wall()
-        self.last_change: dict[int, float] = {}
-        self.last_oom: dict[int, float] = {}
-        self.last_raise: dict[int, float] = {}
-        self.idle_since: dict[int, float] = {}
-        self.last_stop_wall: dict[int, float] = {}
-        self.last_hold: dict[int, str] = {}
+        self.last_change: dict[int, float] = {}  # per GPU
+        self.last_oom: dict[int, float] = {}  # per GPU
+        self.last_oom_queue: dict[int, str] = {}  # per GPU: the family whose task ran out of memory last
+        self.last_stop_wall: dict[int, float] = {}  # per GPU
+        self.last_raise: dict[str, float] = {}  # per family (queue)
+        self.idle_since: dict[str, float] = {}  # per family
+        self.last_hold: dict[str, str] = {}  # per family
         self._seen_ooms: set[str] = set()
         self._dispatcher: Any = None
 
     def tick(self) -> list[Decision]:
-        """Reap and restart workers, then decide and act for every GPU; return this tick's decisions."""
+        """Reap and restart workers, then decide for every family of every GPU and make at most one
+        change per GPU; return this tick's decisions (one per family)."""
         for what, slot, detail in self.supervisor.reap():
             self._on_process_event(what, slot, detail)
         if self.probe.mode == "none":
@@ -107,9 +142,7 @@ class Autoscaler:
         decisions = []
         for gpu in snap.gpus:
             try:
-                decision = self._decide(gpu, snap)
-                self._act(gpu.index, decision)
-                decisions.append(decision)
+                decisions += self._tick_gpu(gpu, snap)
             except Exception:  # one GPU's trouble never stops the others
                 log.exception("GPU %d: tick failed", gpu.index)
         return decisions
@@ -124,10 +157,11 @@ class Autoscaler:
         used = {(p.pid, p.gpu): p.used_mib for p in self.probe.processes()}
         ours = {s.pid for s in self.supervisor.slots if s.pid is not None}
         workers = {int(w["pid"]): w for w in live_workers(self.r) if w.get("pid") in ours}
+        queues = [f.queue for g in gpus for f in families(self.conf, g.index)]
         pipe = self.broker.pipeline()
-        for gpu in gpus:
-            pipe.llen(self.conf.gpu_queue(gpu.index))
-        backlog = dict(zip([g.index for g in gpus], pipe.execute(), strict=True))
+        for queue in queues:
+            pipe.llen(queue)
+        backlog = dict(zip(queues, pipe.execute(), strict=True))
         return Snapshot(gpus, used, workers, backlog, host_available_mib(), self._new_ooms())
 
     def _new_ooms(self) -> list[dict[str, Any]]:
@@ -147,34 +181,69 @@ class Autoscaler:
         self._seen_ooms = set(raws)
         return fresh
 
-    def _decide(self, gpu: GpuReading, snap: Snapshot) -> Decision:
-        now, idx, policy = self.clock(), gpu.index, self.policy
-        key = profiles.key_for(self.conf, gpu.name, self.conf.hosted_stages())
-        active, stopping = self.supervisor.active(idx), self.supervisor.stopping(idx)
-        mine = [s for s in active + stopping if s.pid is not None]
-        for slot in mine:
-            self._learn(slot, snap, key)
+    def _tick_gpu(self, gpu: GpuReading, snap: Snapshot) -> list[Decision]:
+        """Learn, decide for each family of ``gpu``, and act on at most one of the decisions."""
+        idx, fams = gpu.index, families(self.conf, gpu.index)
+        keys = {f.queue: profiles.key_for(self.conf, gpu.name, f.stages) for f in fams}
+        stopping = bool(self.supervisor.stopping(idx))
+        for f in fams:
+            for slot in self.supervisor.active(idx, f.queue) + self.supervisor.stopping(idx, f.queue):
+                if slot.pid is not None:
+                    self._learn(slot, snap, keys[f.queue])
         for record in (r for r in snap.ooms if int(r.get("gpu", -1)) == idx):
-            self._on_oom(idx, record, key, bool(stopping))
-        registered = [s for s in active if s.pid in snap.workers]
-        ours_used = sum(self._memory_of(s, snap) for s in mine)
-        busy = any(snap.workers[s.pid].get("busy") for s in registered if s.pid is not None)
-        if snap.backlog[idx] == 0 and not busy:
-            self.idle_since.setdefault(idx, now)
-        else:
-            self.idle_since.pop(idx, None)
-        rss = [rss_mib(s.pid) for s in registered if s.pid is not None]
-        profile = profiles.load(self.r, key)
-        view = GpuView(
-            index=idx, name=gpu.name, total_mib=gpu.total_mib, used_mib=gpu.used_mib, free_mib=gpu.free_mib,
-            other_used_mib=max(0.0, gpu.used_mib - ours_used), workers=len(registered),
-            starting=len(active) - len(registered), backlog=snap.backlog[idx],
-            peak_mib=profile.peak_mib if profile else None, host_free_mib=snap.host_free_mib,
-            worker_rss_mib=max(rss, default=0.0),
-            recent_oom=now - self.last_oom.get(idx, -float("inf")) < policy.oom_recent_s,
-            backlog_empty_for_s=now - self.idle_since.get(idx, now), stopping=len(stopping),
-        )
-        return decide(view, policy, now - self.last_change.get(idx, -float("inf")))
+            family = self._family_of(record, fams)
+            self._on_oom(idx, family.queue, record, keys[family.queue], stopping)
+        views = self._views(gpu, snap, fams, keys)
+        since = self.clock() - self.last_change.get(idx, -float("inf"))
+        decisions = [decide(view, self.policy, since) for view in views]
+        chosen = one_change(views, decisions, self.policy, self.last_oom_queue.get(idx))
+        for i, (family, decision) in enumerate(zip(fams, decisions, strict=True)):
+            if decision.action != "hold" and i != chosen:
+                # one change per GPU per tick: the others are decided afresh next tick
+                decisions[i] = Decision("hold", f"{fams[chosen or 0].queue} changes first this tick; "
+                                                f"then: {decision.reason}", decision.readings)
+            self._act(family, decisions[i])
+        return decisions
+
+    def _views(self, gpu: GpuReading, snap: Snapshot, fams: list[Family], keys: dict[str, str]) -> list[GpuView]:
+        """One GpuView per family; each counts the other families' workers as used memory."""
+        now, idx = self.clock(), gpu.index
+        active = {f.queue: self.supervisor.active(idx, f.queue) for f in fams}
+        stopping = {f.queue: self.supervisor.stopping(idx, f.queue) for f in fams}
+        measured = {q: sum(self._memory_of(s, snap) for s in active[q] + stopping[q] if s.pid is not None)
+                    for q in active}
+        peaks = {q: (p.peak_mib if (p := profiles.load(self.r, keys[q])) else None) for q in active}
+        # Another family's workers may sit below their peak right now (between tasks, or loading):
+        # reserve at least their learned peaks, so that this family does not take their activations.
+        reserved = {q: max(measured[q], (len(active[q]) + len(stopping[q])) * (peaks[q] or 0.0)) for q in active}
+        foreign = max(0.0, gpu.used_mib - sum(measured.values()))
+        recent_oom = now - self.last_oom.get(idx, -float("inf")) < self.policy.oom_recent_s
+        views = []
+        for f in fams:
+            q = f.queue
+            registered = [s for s in active[q] if s.pid in snap.workers]
+            busy = any(snap.workers[s.pid].get("busy") for s in registered if s.pid is not None)
+            if snap.backlog[q] == 0 and not busy:
+                self.idle_since.setdefault(q, now)
+            else:
+                self.idle_since.pop(q, None)
+            rss = [rss_mib(s.pid) for s in registered if s.pid is not None]
+            views.append(GpuView(
+                index=idx, name=gpu.name, total_mib=gpu.total_mib, used_mib=gpu.used_mib, free_mib=gpu.free_mib,
+                other_used_mib=foreign + sum(reserved[o] for o in reserved if o != q), workers=len(registered),
+                starting=len(active[q]) - len(registered), backlog=snap.backlog[q], peak_mib=peaks[q],
+                host_free_mib=snap.host_free_mib, worker_rss_mib=max(rss, default=0.0), recent_oom=recent_oom,
+                backlog_empty_for_s=now - self.idle_since.get(q, now), stopping=len(stopping[q]), queue=q,
+            ))
+        return views
+
+    def _family_of(self, record: dict[str, Any], fams: list[Family]) -> Family:
+        """The family whose task wrote this OOM record: by its stage, else by its worker's pid."""
+        by_stage = [f for f in fams if record.get("stage") in f.stages]
+        if by_stage:
+            return by_stage[0]
+        slot = next((s for s in self.supervisor.slots if s.pid == record.get("pid")), None)
+        return next((f for f in fams if slot is not None and f.queue == slot.queue), fams[0])
 
     @staticmethod
     def _memory_of(slot: Slot, snap: Snapshot) -> float:
@@ -202,48 +271,52 @@ class Autoscaler:
             log.info("GPU %d: %s peaked at %.0f MiB; profile %r: %.0f MiB", slot.gpu, slot.name, peak, key,
                      stored.peak_mib)
 
-    def _on_oom(self, idx: int, record: dict[str, Any], key: str, stopping: bool) -> None:
+    def _on_oom(self, idx: int, queue: str, record: dict[str, Any], key: str, stopping: bool) -> None:
         now = self.clock()
-        self.last_oom[idx] = now
+        self.last_oom[idx], self.last_oom_queue[idx] = now, queue
         observed = float(record.get("peak_mib") or 0.0)
         # OOMs while a worker is leaving, within a cooldown of its leaving (a record is written after
         # the failed allocation, and after a garbage collection), or just after a raise, come from the
         # crowding already answered: they must not raise the peak again.
         settled = self.last_stop_wall.get(idx, -float("inf")) + self.policy.cooldown_s
         stale = stopping or float(record.get("time", 0)) <= settled
-        if stale or now - self.last_raise.get(idx, -float("inf")) < self.policy.cooldown_s:
+        if stale or now - self.last_raise.get(queue, -float("inf")) < self.policy.cooldown_s:
             log.warning("GPU %d: OOM in %s (%s, %.0f MiB); profile already raised", idx,
                         record.get("worker"), record.get("stage"), observed)
             return
-        self.last_raise[idx] = now
+        self.last_raise[queue] = now
         stored = profiles.raise_after_oom(self.r, key, observed)
         log.warning("GPU %d: OOM in %s (%s, %.0f MiB): profile %r raised to %.0f MiB", idx,
                     record.get("worker"), record.get("stage"), observed, key, stored.peak_mib)
 
-    def _act(self, idx: int, decision: Decision) -> None:
+    def _act(self, family: Family, decision: Decision) -> None:
+        idx, queue = family.gpu, family.queue
         if decision.action == "hold":
             kind = re.sub(r"[-\d.]+", "#", decision.reason)
-            if self.last_hold.get(idx) != kind:
-                log.info("GPU %d: hold: %s %s", idx, decision.reason, json.dumps(decision.readings))
-                self.last_hold[idx] = kind
+            if self.last_hold.get(queue) != kind:
+                log.info("GPU %d: %s: hold: %s %s", idx, queue, decision.reason, json.dumps(decision.readings))
+                self.last_hold[queue] = kind
             return
-        self.last_hold.pop(idx, None)
+        self.last_hold.pop(queue, None)
         if decision.action == "up":
-            slot: Slot | None = self.supervisor.start(idx, self.conf.gpu_queue(idx))
+            slot: Slot | None = self.supervisor.start(idx, queue)
         else:
-            slot = self.supervisor.stop_newest(idx)
+            slot = self.supervisor.stop_newest(idx, queue)
         self.last_change[idx] = self.clock()
         self._announce(decision.action, idx, decision.reason, decision.readings, slot)
 
     def _keep_cpu_workers(self) -> list[Decision]:
         decisions = []
-        while len(self.supervisor.active(0)) < self.cpu_workers:
-            have = len(self.supervisor.active(0))
-            decision = Decision("up", f"CPU mode: {have} of {self.cpu_workers} stand-in worker(s) for gpu0",
-                                {"gpu": 0, "mode": "cpu", "workers": have, "cpu_workers": self.cpu_workers})
-            slot = self.supervisor.start(0, self.conf.gpu_queue(0))
-            self._announce("up", 0, decision.reason, decision.readings, slot)
-            decisions.append(decision)
+        for family in families(self.conf, 0):
+            while len(self.supervisor.active(0, family.queue)) < self.cpu_workers:
+                have = len(self.supervisor.active(0, family.queue))
+                decision = Decision("up", f"CPU mode: {have} of {self.cpu_workers} stand-in worker(s) for "
+                                          f"{family.queue}",
+                                    {"gpu": 0, "queue": family.queue, "mode": "cpu", "workers": have,
+                                     "cpu_workers": self.cpu_workers})
+                slot = self.supervisor.start(0, family.queue)
+                self._announce("up", 0, decision.reason, decision.readings, slot)
+                decisions.append(decision)
         return decisions
 
     def _on_process_event(self, what: str, slot: Slot, detail: str) -> None:
@@ -365,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    supervisor = Supervisor(lambda gpu, name: worker_argv(conf.gpu_queue(gpu), name), env_for, args.log_dir,
+    supervisor = Supervisor(lambda gpu, name: family_argv(conf, gpu, name), env_for, args.log_dir,
                             args.stop_grace_s)
     autoscaler = Autoscaler(conf, args.policy, probe, supervisor, args.gpus, args.cpu_workers)
     exporter = None
