@@ -37,8 +37,8 @@ import redis  # noqa: E402
 
 from scripts import _cli  # noqa: E402
 from scripts.enqueue_dataset import parse_gpus  # noqa: E402
-from tasks.fake_gpu import INDEX_ENV, LEDGER_ENV  # noqa: E402
-from tasks.gpu_probe import GpuProbe, GpuReading, open_probe  # noqa: E402
+from tasks.gpu import GpuProbe, GpuReading, open_probe  # noqa: E402
+from tasks.gpu.fake import INDEX_ENV, LEDGER_ENV  # noqa: E402
 from tasks.metrics import start_exporter  # noqa: E402
 from tasks.oom import OOM_KEY  # noqa: E402
 from tasks.redis_client import get_redis  # noqa: E402
@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=conf.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     fake = args.fake_gpu or os.environ.get(LEDGER_ENV)
     if fake and not Path(fake).is_file():
-        return _cli.fail(f"no fake GPU ledger at {fake}; create one with tasks.fake_gpu.FakeGpuLedger.create "
+        return _cli.fail(f"no fake GPU ledger at {fake}; create one with tasks.gpu.fake.FakeGpuLedger.create "
                          f"or drop --fake-gpu / ${LEDGER_ENV}")
     probe = open_probe(fake)
     base_env = {k: v for k, v in os.environ.items() if k not in (LEDGER_ENV, INDEX_ENV)}

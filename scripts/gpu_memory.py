@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis  # noqa: E402
 
 from scripts import _cli  # noqa: E402
-from tasks.gpu_probe import GpuProbe, GpuReading, ProcessReading, open_probe
+from tasks.gpu import GpuProbe, GpuReading, ProcessReading, open_probe
 from tasks.redis_client import get_redis
 from tasks.registry import live_workers
 from tasks.stages import GPU_STAGES
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                         metavar="STAGE=MIB", help="suggest: a stage's peak memory, overriding learned ones")
     parser.add_argument("--headroom-mib", type=float, default=DEFAULT_HEADROOM_MIB,
                         help="suggest: memory kept free on each GPU")
-    parser.add_argument("--fake", metavar="LEDGER", help="read a fake GPU ledger (tasks.fake_gpu) instead of NVML")
+    parser.add_argument("--fake", metavar="LEDGER", help="read a fake GPU ledger (tasks.gpu.fake) instead of NVML")
     _cli.add_config_argument(parser)
     args = parser.parse_intermixed_args(argv)
     if args.seconds is not None and (args.command != "monitor" or args.seconds < 0):

@@ -33,7 +33,7 @@ from scripts import _cli  # noqa: E402
 from scripts.enqueue_dataset import check_redis, enqueue, parse_gpus, report, wait_for  # noqa: E402
 from tasks import registry  # noqa: E402
 from tasks.dataset import DatasetError  # noqa: E402
-from tasks.gpu_probe import open_probe  # noqa: E402
+from tasks.gpu import open_probe  # noqa: E402
 from tasks.metrics import GpuSampler, start_exporter  # noqa: E402
 from tasks.redis_client import get_redis  # noqa: E402
 from tasks.supervisor import worker_argv  # noqa: E402

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts import _cli  # noqa: E402
 from scripts.enqueue_dataset import check_redis  # noqa: E402
 from tasks import progress, registry  # noqa: E402
-from tasks.gpu_probe import GpuReading, open_probe  # noqa: E402
+from tasks.gpu import GpuReading, open_probe  # noqa: E402
 from tasks.metrics import QUARANTINE_PREFIX, STAGE_LOG_KEY  # noqa: E402
 from tasks.redis_client import get_redis  # noqa: E402
 from worker_config.settings import Settings, redact_url  # noqa: E402

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tasks.fake_gpu import LEDGER_ENV, FakeGpuLedger
+from tasks.gpu.fake import LEDGER_ENV, FakeGpuLedger
 from tasks.registry import live_workers
 from tasks.stages import GPU_STAGES
 from tasks.supervisor import Supervisor
@@ -194,7 +194,7 @@ def test_an_oom_raises_the_peak_scales_down_and_loses_nothing(
 
 @pytest.mark.timeout(120)
 def test_without_a_gpu_it_runs_in_cpu_mode_and_keeps_a_stand_in_alive(pipeline_env, autoscaler, r):
-    from tasks.gpu_probe import open_probe
+    from tasks.gpu import open_probe
 
     probe = open_probe(None) if not os.environ.get(LEDGER_ENV) else None
     if probe is not None and probe.mode == "nvml":
@@ -287,7 +287,7 @@ def test_tick_packs_around_other_processes_and_answers_pressure_and_oom(redis_ur
     monkeypatch.setenv("REDIS_URL", redis_url)
     from scripts.autoscaler import Autoscaler as Scaler
     from tasks import configure
-    from tasks.gpu_probe import FakeProbe
+    from tasks.gpu import FakeProbe
     from tasks.registry import publish
     from worker_config.autoscale import AutoscalePolicy
 
