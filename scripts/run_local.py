@@ -30,13 +30,14 @@ import contextlib
 import redis  # noqa: E402
 
 from scripts import _cli  # noqa: E402
-from scripts.enqueue_dataset import check_redis, enqueue, parse_gpus, report, wait_for  # noqa: E402
+from scripts.enqueue_dataset import check_redis, enqueue, report, wait_for  # noqa: E402
 from tasks import registry  # noqa: E402
+from tasks.autoscaler.supervisor import worker_argv  # noqa: E402
+from tasks.cli.common import parse_gpus  # noqa: E402
 from tasks.dataset import DatasetError  # noqa: E402
 from tasks.gpu import open_probe  # noqa: E402
 from tasks.metrics import GpuSampler, start_exporter  # noqa: E402
 from tasks.redis_client import get_redis  # noqa: E402
-from tasks.supervisor import worker_argv  # noqa: E402
 from worker_config.settings import Settings  # noqa: E402
 
 

@@ -82,11 +82,11 @@ def queue_rows(conf: Settings, workers: list[dict[str, Any]]) -> list[list[Any]]
     r = get_redis(conf.redis_url)
     names = {conf.cpu_queue} | registry.known_gpu_queues(r) | {q for w in workers for q in w.get("queues", [])}
     gpus = {i for q in names if (i := conf.gpu_index(q)) is not None}
-    names = sorted(names | {conf.stage_queue(stage, i) for i in gpus for stage in conf.own_env_stages()})
+    names |= {conf.stage_queue(stage, i) for i in gpus for stage in conf.own_env_stages()}
     pipe = get_redis(conf.broker).pipeline(transaction=False)
-    for name in names:
+    for name in sorted(names):
         pipe.llen(name)
-    return [[name, waiting] for name, waiting in zip(names, pipe.execute(), strict=True)]
+    return [[name, waiting] for name, waiting in zip(sorted(names), pipe.execute(), strict=True)]
 
 
 def latest_run(conf: Settings, out: Path | None) -> tuple[str, list[list[Any]], str] | None:

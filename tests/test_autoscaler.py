@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import redis
 
+from tasks.autoscaler import profiles
+from tasks.autoscaler.supervisor import Supervisor
 from tasks.gpu.fake import LEDGER_ENV, FakeGpuLedger
 from tasks.registry import live_workers
 from tasks.stages import GPU_STAGES
-from tasks.supervisor import Supervisor
 from tests.conftest import ROOT, run_script, wait_until
-from worker_config import profiles
 from worker_config.settings import load_settings
 
 # Scaled down from a 10000 MiB GPU: hold 200 + activation 100 = a 300 MiB peak, 100 MiB headroom,
@@ -285,11 +285,11 @@ def test_profiles_keep_the_largest_peak_and_rise_after_an_oom(r):
 def test_tick_packs_around_other_processes_and_answers_pressure_and_oom(redis_url, r, monkeypatch, tmp_path):
     """Autoscaler.tick in this process: stand-in worker processes, registry entries and ledger use by hand."""
     monkeypatch.setenv("REDIS_URL", redis_url)
-    from scripts.autoscaler import Autoscaler as Scaler
     from tasks import configure
+    from tasks.autoscaler.policy import AutoscalePolicy
+    from tasks.autoscaler.service import Autoscaler as Scaler
     from tasks.gpu import FakeProbe
     from tasks.registry import publish
-    from worker_config.autoscale import AutoscalePolicy
 
     conf = load_settings()
     configure(conf)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAX_BACKOFF_S = 60.0
 STABLE_RUN_S = 60.0  # a worker that ran this long before failing starts its backoff afresh
 

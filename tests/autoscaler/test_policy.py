@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker_config.autoscale import AutoscalePolicy, Decision, GpuView, capacity, decide, one_change
+from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, capacity, decide, one_change
 
 POLICY = AutoscalePolicy(headroom_mib=1000, max_workers_per_gpu=16, cooldown_s=5, idle_scale_down_s=60,
                          pressure_free_mib=200, host_margin_mib=2048)

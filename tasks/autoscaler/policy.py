@@ -1,6 +1,6 @@
 """The autoscaling policy as pure code: from one GPU's readings to "up", "down" or "hold".
 
-``scripts/autoscaler.py`` gathers a ``GpuView`` per GPU each tick and acts on ``decide``'s answer;
+``tasks.autoscaler.service`` gathers a ``GpuView`` per worker family each tick and acts on ``decide``'s answer;
 nothing here reads a GPU, Redis or a clock.
 """
 
