@@ -35,8 +35,8 @@ from tasks.metrics import start_exporter
 from worker_config.settings import Settings
 
 POLICY_FLAGS = {  # AutoscalePolicy field: (type, help)
-    "max_workers_per_gpu": (int, "at most this many workers on one GPU"),
-    "min_workers_per_gpu": (int, "at least this many workers on each GPU"),
+    "max_workers_per_gpu": (int, "at most this many workers of one queue (gpuN, gpuN.<stage>) on one GPU"),
+    "min_workers_per_gpu": (int, "at least this many workers of each queue on each GPU"),
     "headroom_mib": (float, "GPU memory kept free beyond the workers' learned peaks"),
     "pressure_free_mib": (float, "below this much free GPU memory, one worker is stopped"),
     "cooldown_s": (float, "seconds between changes"),
