@@ -26,6 +26,7 @@ import yaml  # noqa: E402
 from scripts import _cli  # noqa: E402
 from tasks import quarantine, registry, stall
 from tasks.celery_app import settings
+from tasks.cli.common import parse_gpus
 from tasks.dataset import (
     DatasetError,
     build_chord,
@@ -39,16 +40,6 @@ from tasks.metadata import MetadataError, texts_for
 from tasks.redis_client import get_redis
 from tasks.storage import write_text_atomic
 from worker_config.settings import Settings, redact_url, resolved_dict
-
-
-def parse_gpus(text: str | None) -> list[int] | None:
-    if not text or text == "all":
-        return None
-    try:
-        gpus = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--gpus takes GPU indices like 0,2 or 'all', not {text!r}") from None
-    return gpus or None
 
 
 def check_redis(conf: Settings) -> str | None:

@@ -36,17 +36,17 @@ from scripts.enqueue_dataset import (  # noqa: E402
     add_metadata_arguments,
     check_redis,
     enqueue,
-    parse_gpus,
     report,
     wait_for,
 )
 from tasks import registry, stall  # noqa: E402
+from tasks.autoscaler.supervisor import CPU_GROUP, Supervisor, cpu_worker_count, worker_argv  # noqa: E402
+from tasks.cli.common import parse_gpus  # noqa: E402
 from tasks.dataset import DatasetError  # noqa: E402
-from tasks.gpu_probe import open_probe  # noqa: E402
+from tasks.gpu import open_probe  # noqa: E402
 from tasks.metadata import MetadataError  # noqa: E402
 from tasks.metrics import GpuSampler, start_exporter  # noqa: E402
 from tasks.redis_client import get_redis  # noqa: E402
-from tasks.supervisor import CPU_GROUP, Supervisor, cpu_worker_count, worker_argv  # noqa: E402
 from worker_config.settings import Settings  # noqa: E402
 
 

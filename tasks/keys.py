@@ -27,6 +27,6 @@ STAGE_LOG = "ff:stages"  # list of stage spans (the report's source)
 METRIC_COUNTS = "ff:metrics:counts"
 METRIC_DURATIONS = "ff:metrics:stage-seconds"
 
-# the autoscaler (worker_config.profiles, scripts/autoscaler.py)
+# the autoscaler (tasks.autoscaler)
 PROFILES = "ff:profiles"  # hash profile key -> learned peak
 AUTOSCALE_LOG = "ff:autoscale"  # list of the autoscaler's decisions

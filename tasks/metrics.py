@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from tasks import keys, registry
-from tasks.gpu_probe import GpuProbe, open_probe
+from tasks.gpu import GpuProbe, open_probe
 from tasks.redis_client import get_redis
 from tasks.stages import STAGE_NAMES, dataset_stage
 from worker_config.settings import Settings

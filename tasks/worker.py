@@ -13,9 +13,10 @@ from typing import Any
 
 from celery import signals
 
-from tasks import fake_gpu, leases
+from tasks import leases
 from tasks.celery_app import settings
 from tasks.errors import ModelLoadError
+from tasks.gpu import INDEX_ENV, LEDGER_ENV
 from tasks.stages import CPU_STAGES, GPU_STAGES, ModelStage, build
 
 log = logging.getLogger("framefleet.worker")
@@ -122,8 +123,8 @@ def on_celeryd_init(sender: str | None = None, options: dict[str, Any] | None = 
     ROLE = role_for(list(queues), sender or "")
     if ROLE.gpu is not None:
         pin_visible_device(ROLE.gpu)
-        if os.environ.get(fake_gpu.LEDGER_ENV):
-            os.environ.setdefault(fake_gpu.INDEX_ENV, str(ROLE.gpu))
+        if os.environ.get(LEDGER_ENV):
+            os.environ.setdefault(INDEX_ENV, str(ROLE.gpu))
 
 
 @signals.worker_process_init.connect
@@ -160,7 +161,7 @@ def _device_for(role: WorkerRole) -> str:
 
 def check_pinning(gpu: int, torch: Any) -> None:
     """Check by UUID that CUDA device 0 of this process is the GPU NVML calls the pinned one."""
-    from tasks.gpu_probe import uuid_of_visible_device
+    from tasks.gpu import uuid_of_visible_device
 
     expected = uuid_of_visible_device()
     actual = str(torch.cuda.get_device_properties(0).uuid)
