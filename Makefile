@@ -28,7 +28,9 @@ test-gpu: install
 	$(PY) -m pytest -q -m gpu tests
 
 lint: install
-	$(VENV)/bin/ruff check tasks worker_config scripts tests
+	$(VENV)/bin/ruff check tasks worker_config scripts tests bench
+	$(VENV)/bin/ruff format --check tasks worker_config scripts tests bench
+	$(VENV)/bin/mypy tasks worker_config
 
 demo: install
 	$(PY) scripts/make_sample_dataset.py $(DEMO_RAW) --videos 8

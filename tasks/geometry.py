@@ -125,8 +125,8 @@ def matrix_to_quat(R: np.ndarray) -> np.ndarray:
     else:
         s = 2.0 * np.sqrt(1.0 + R[2, 2] - R[0, 0] - R[1, 1])
         q = [(R[1, 0] - R[0, 1]) / s, (R[0, 2] + R[2, 0]) / s, (R[1, 2] + R[2, 1]) / s, 0.25 * s]
-    q = np.array(q)
-    return q / np.linalg.norm(q)
+    quat = np.array(q)
+    return quat / np.linalg.norm(quat)
 
 
 def quat_to_matrix(q: np.ndarray) -> np.ndarray:
@@ -155,7 +155,7 @@ def slerp(R0: np.ndarray, R1: np.ndarray, alpha: float) -> np.ndarray:
     return quat_to_matrix(q)
 
 
-def content_seed(array: np.ndarray, *extra: int) -> int:
+def content_seed(array: np.ndarray | np.integer, *extra: int) -> int:
     """Return a 63-bit seed from an array's bytes, shape and extra ints (same content, same seed)."""
     h = hashlib.blake2b(digest_size=8)
     a = np.ascontiguousarray(array)

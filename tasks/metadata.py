@@ -75,11 +75,11 @@ def read_metadata(path: Path, raw_dir: Path, videos: list[Path]) -> dict[str, Cl
     known = set(ids)
     found: dict[str, ClipText] = {}
     row_of: dict[str, int] = {}
-    unmatched = []
+    unmatched: list[str] = []
     for line, row in enumerate(_read_rows(path), start=2):
-        key = row["clip_id"]
+        key: str | None = row["clip_id"]
         if key not in known:
-            index = _as_index(key)
+            index = _as_index(row["clip_id"])
             key = ids[index] if index is not None and index < len(ids) else None
         if key is None:
             unmatched.append(row["clip_id"])

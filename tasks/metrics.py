@@ -214,7 +214,7 @@ class FramefleetCollector:
             busy.add_metric([name], 1 if w.get("busy") else 0)
             errors.add_metric([name], int(w.get("heartbeat_errors", 0)))
             if gpu != "cpu":
-                held = w.get("gpu_used_mib", by_pid.get((w.get("pid"), w["gpu"]), 0.0))
+                held = w.get("gpu_used_mib", by_pid.get((int(w.get("pid") or -1), int(w["gpu"])), 0.0))
                 gpu_mem.add_metric([name, gpu], float(held) * MIB)
                 gpu_peak.add_metric([name, gpu], float(w.get("gpu_peak_mib", 0.0)) * MIB)
         for (gpu, stage), n in sorted(tally.items()):

@@ -58,7 +58,7 @@ def save_npz(path: Path, arrays: dict[str, Any]) -> str:
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as fh:
-            np.savez(fh, **{key: np.asarray(value) for key, value in arrays.items()})
+            np.savez(fh, **{key: np.asarray(value) for key, value in arrays.items()})  # type: ignore[arg-type]
 
     return atomic_write(path, write)
 

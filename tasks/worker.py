@@ -71,7 +71,7 @@ def role_for(queues: list[str], hostname: str) -> WorkerRole:
                 f"stages.{own}.python in the settings."
             )
         else:
-            _check_interpreter(own, conf.stages[own].python)
+            _check_interpreter(own, str(conf.stages[own].python))
             stages.append(own)
     return WorkerRole(hostname, list(queues), gpus[0] if gpus else None, "cpu", list(dict.fromkeys(stages)))
 

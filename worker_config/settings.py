@@ -136,7 +136,7 @@ class Settings(BaseSettings):
         from tasks.autoscaler.policy import AutoscalePolicy
 
         try:
-            AutoscalePolicy(**value)
+            AutoscalePolicy(**value)  # type: ignore[arg-type]
         except TypeError:
             known = ", ".join(AutoscalePolicy.__dataclass_fields__)
             raise ValueError(f"unknown autoscale setting among {sorted(value)}; the settings are {known}") from None

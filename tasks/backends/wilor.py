@@ -126,7 +126,7 @@ class WilorHands(HandsBackend):
             )
         T, H, W = frames.shape[:3]
         torch, cfg = self._api["torch"], self._api["cfg"]
-        out = {side: _empty(T) for side in SIDES}
+        out: dict[str, Any] = {side: _empty(T) for side in SIDES}
         frames_bgr = [np.ascontiguousarray(f[..., ::-1]) for f in frames]  # YOLO and WiLoR read OpenCV BGR
         on_cuda = str(self.device).startswith("cuda")
         if on_cuda:

@@ -129,7 +129,7 @@ class H5Stage(Stage):
     ) -> tuple[list[tuple[int, dict[str, np.ndarray]]], dict[str, list[np.ndarray]]]:
         n = self.num_track_ts
         acc: dict[str, list[np.ndarray]] = {k: [] for k in ("displacement", "depth", "pose", "hand_uvd", "hand_rot")}
-        groups = []
+        groups: list[tuple[int, dict[str, np.ndarray]]] = []
         starts = np.asarray(tracks["window_starts"])
         all_points = np.asarray(tracks["tracks"])
         if all_points.ndim != 4 or all_points.shape[1] < n:
@@ -165,7 +165,7 @@ class H5Stage(Stage):
     ) -> tuple[list[tuple[int, dict[str, np.ndarray]]], dict[str, list[np.ndarray]]]:
         n, T = self.num_track_ts, shape[0]
         acc: dict[str, list[np.ndarray]] = {k: [] for k in ("displacement", "depth", "pose", "hand_uvd", "hand_rot")}
-        groups = []
+        groups: list[tuple[int, dict[str, np.ndarray]]] = []
         source = tracks if tracks2d is None else tracks2d
         if tracks2d is not None and (
             int(np.asarray(tracks2d["num_frames"])) != T or tuple(np.asarray(tracks2d["resolution"])) != shape[1:]
