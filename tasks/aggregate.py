@@ -46,6 +46,27 @@ def write_statistics(out_root: Path, track_type: str) -> int:
     return len(parts)
 
 
+def video_notes(out_root: Path, video_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Return per video the facts its backends recorded (camera fallback and reason, hands backend); never raises."""
+    import numpy as np
+
+    notes: dict[str, dict[str, Any]] = {}
+    for vid in video_ids:
+        entry: dict[str, Any] = {}
+        try:
+            with np.load(output_path(out_root, vid, "depth"), allow_pickle=False) as depth:
+                if "notes" in depth.files:
+                    entry.update(json.loads(str(depth["notes"])))
+            with np.load(output_path(out_root, vid, "hands"), allow_pickle=False) as hands:
+                if "hands_backend" in hands.files:
+                    entry["hands_backend"] = str(hands["hands_backend"])
+        except (OSError, ValueError, KeyError) as exc:  # the notes are informative; the run is not theirs to fail
+            log.warning("notes of %s not read: %s", vid, exc)
+        if entry:
+            notes[vid] = entry
+    return notes
+
+
 def stage_timings(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-stage durations and the overhead between one stage's end and the next one's start."""
     out: dict[str, Any] = {}
@@ -112,6 +133,7 @@ def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, A
         "finished": time.time(),
         "wall_s": time.time() - run["started"] if run.get("started") else None,
         "stages": stage_timings([r for r in results if not r.get("failed")]),
+        "video_notes": video_notes(out_root, done),
         "outputs": {"statistics": "normalization_stats.yaml", "hdf5": "{video_id}.hdf5",
                     "quarantine": quarantine.FILE, "report": "report.html"},
     }

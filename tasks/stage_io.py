@@ -56,7 +56,8 @@ def gather_inputs(stage: str, job: dict[str, Any]) -> dict[str, Any]:
     if stage == "tracks":
         return {"frames": pre["frames"], **depth}
     if stage == "hands":
-        return {"frames": pre["frames"], "intrinsics": depth["intrinsics"][0], "fps": float(pre["fps"])}
+        return {"frames": pre["frames"], "intrinsics": depth["intrinsics"][0], "fps": float(pre["fps"]),
+                "depths": depth["depths"]}
     if stage == "h5":
         return {
             "frames": pre["frames"],

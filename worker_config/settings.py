@@ -14,9 +14,9 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 CONFIG_ENV = "FRAMEFLEET_CONFIG"
 BACKENDS = {
     "preprocess": ("builtin",),
-    "depth": ("synthetic",),
-    "tracks": ("synthetic",),
-    "hands": ("synthetic",),
+    "depth": ("synthetic", "classical"),
+    "tracks": ("synthetic", "opencv"),
+    "hands": ("synthetic", "mediapipe"),
     "h5": ("builtin",),
 }
 

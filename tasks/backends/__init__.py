@@ -26,6 +26,11 @@ BUILTIN: dict[tuple[str, str], str] = {
     ("depth", "synthetic"): "tasks.backends.synthetic:SyntheticDepth",
     ("tracks", "synthetic"): "tasks.backends.synthetic:SyntheticTracker",
     ("hands", "synthetic"): "tasks.backends.synthetic:SyntheticHands",
+    # Real backends that run on a CPU (the `real` extra): see README, "Real backends".
+    ("depth", "classical"): "tasks.backends.classical_depth:ClassicalDepth",
+    ("tracks", "opencv"): "tasks.backends.opencv_tracks:OpenCVTracks",
+    ("tracks2d", "opencv"): "tasks.backends.opencv_tracks:OpenCVTracks2D",
+    ("hands", "mediapipe"): "tasks.backends.mediapipe_hands:MediaPipeHands",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from typing import Any
 
@@ -48,6 +49,8 @@ class DepthStage(ModelStage):
         # ViPE writes camera->world; the contract stores world->camera.
         extrinsics = np.linalg.inv(np.asarray(out["cam_to_world"], dtype=np.float64))
         return {
+            # Facts for the run summary (a fallback and its reason), as JSON text: npz holds no dicts.
+            "notes": np.str_(json.dumps({"depth_backend": self.backend_name, **out.get("notes", {})}, sort_keys=True)),
             "depths": depths.astype(np.float16),
             "intrinsics": np.tile(K, (T, 1, 1)).astype(np.float32),
             "extrinsics": extrinsics.astype(np.float32),

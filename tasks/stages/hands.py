@@ -72,8 +72,10 @@ class HandsStage(ModelStage):
         K = np.asarray(K.reshape(-1, 3, 3)[0], dtype=np.float32)
         fps = float(require(inputs, "fps", self.name, ()))
         T = frames.shape[0]
-        detections = self.model.detect(frames, K, progress=lambda done, total: report(progress, done, total))
-        out: dict[str, Any] = {"intrinsics": K}
+        depths = inputs.get("depths")  # the depth stage's, for backends that place the wrist by depth
+        detections = self.model.detect(frames, K, depths=depths,
+                                       progress=lambda done, total: report(progress, done, total))
+        out: dict[str, Any] = {"intrinsics": K, "hands_backend": np.str_(self.backend_name)}
         for name in SIDES:
             side = {key: np.array(detections[name][key], dtype=np.float32) for key in _POSE_KEYS}
             side["valid"] = np.array(detections[name]["valid"], dtype=bool).reshape(T)

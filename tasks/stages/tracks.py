@@ -10,8 +10,8 @@ from tasks.geometry import content_seed, unproject, window_poses, window_starts
 from tasks.stages import ModelStage, Progress, report, require
 
 
-def sample_queries(depth: np.ndarray, K: np.ndarray, target_points: int, seed: int) -> np.ndarray:
-    """Return up to ``target_points`` points (N, 3) float64 unprojected from pixels with depth > 0.
+def sample_queries(depth: np.ndarray, K: np.ndarray, target_points: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return up to ``target_points`` points (N, 3) float64 unprojected from pixels with depth > 0, and those pixels (N, 2).
 
     The pixels are drawn without replacement by a generator seeded with ``seed``, then
     sorted row-major, so the same frame and seed give the same points.
@@ -23,7 +23,7 @@ def sample_queries(depth: np.ndarray, K: np.ndarray, target_points: int, seed: i
     chosen = np.sort(rng.choice(candidates, size=n, replace=False)) if n else candidates[:0]
     rows, cols = np.divmod(chosen, d.shape[1])
     pixels = np.stack([cols, rows], axis=-1).astype(np.float64)
-    return unproject(pixels, d.reshape(-1)[chosen], K)
+    return unproject(pixels, d.reshape(-1)[chosen], K), pixels
 
 
 class TracksStage(ModelStage):
@@ -69,7 +69,7 @@ class TracksStage(ModelStage):
         video_seed = content_seed(frames[:, ::8, ::8]) if len(starts) else 0
         for w, s in enumerate(starts):
             window = slice(int(s), int(s) + L)
-            queries = sample_queries(depths[s], intrinsics[s], P, seed=content_seed(np.int64(s), video_seed))
+            queries, pixels = sample_queries(depths[s], intrinsics[s], P, seed=content_seed(np.int64(s), video_seed))
             if len(queries):
                 out = self.model.track(
                     frames=frames[window],
@@ -77,6 +77,7 @@ class TracksStage(ModelStage):
                     depths=depths[window],
                     intrinsics=intrinsics[window],
                     extrinsics=extrinsics[window],
+                    query_pixels=pixels,
                 )
                 tracks[w, :, : len(queries)] = out
             num_points[w] = len(queries)
