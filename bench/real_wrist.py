@@ -56,13 +56,18 @@ def main() -> None:
                     steps[mode].append(float(np.linalg.norm(pose[:3, 3] - last[key][1])))
                 last[key] = (t, pose[:3, 3])
     dt = time.perf_counter() - t0
-    print(f"{args.video}: {len(frames)} frames, hands on {found}; {1000 * dt / len(frames):.0f} ms/frame (both placements)")
+    print(
+        f"{args.video}: {len(frames)} frames, hands on {found}; "
+        f"{1000 * dt / len(frames):.0f} ms/frame (both placements)"
+    )
     print(f"depth backend notes: {d.get('notes', {})}")
     for mode, r in rows.items():
         a = np.array(r)
-        print(f"{mode:5s}: hands placed {len(a)}, joint reprojection RMS median {np.median(a[:, 0]):.1f} px, "
-              f"wrist z median {np.median(a[:, 1]):.2f} m, frame-to-frame wrist step median "
-              f"{np.median(steps[mode]):.3f} m (n={len(steps[mode])})")
+        print(
+            f"{mode:5s}: hands placed {len(a)}, joint reprojection RMS median {np.median(a[:, 0]):.1f} px, "
+            f"wrist z median {np.median(a[:, 1]):.2f} m, frame-to-frame wrist step median "
+            f"{np.median(steps[mode]):.3f} m (n={len(steps[mode])})"
+        )
 
 
 if __name__ == "__main__":

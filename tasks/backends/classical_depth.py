@@ -53,9 +53,7 @@ class ClassicalDepth(DepthBackend):
         densify_sigma_px: float = 24.0,
         **unknown: Any,
     ) -> None:
-        check_params(
-            type(self), unknown, "fov_degrees, median_depth_m, min_parallax_px, min_flow_px, densify_sigma_px"
-        )
+        check_params(type(self), unknown, "fov_degrees, median_depth_m, min_parallax_px, min_flow_px, densify_sigma_px")
         super().__init__()
         tv.fov_intrinsics(2, 2, fov_degrees)  # validates the field of view now, not mid-run
         if median_depth_m <= 0 or min_parallax_px < 0 or min_flow_px < 0 or densify_sigma_px <= 0:
@@ -126,7 +124,9 @@ class ClassicalDepth(DepthBackend):
         }
         reason = fallback_reason(T, solved, med_flow, self.min_flow_px)
         if reason:
-            notes.update(camera="fallback", reason=f"{reason}: identity poses, fixed {self.fov_degrees:g} deg field of view")
+            notes.update(
+                camera="fallback", reason=f"{reason}: identity poses, fixed {self.fov_degrees:g} deg field of view"
+            )
             E = np.tile(np.eye(4), (T, 1, 1))
             sparse = [None] * T
         else:
@@ -160,7 +160,10 @@ class ClassicalDepth(DepthBackend):
         # Away from the features the map leans on the plane prior at the frame's own median depth.
         dense = {
             t: tv.densify(
-                shape, sparse[t][0], sparse[t][1], self.densify_sigma_px,
+                shape,
+                sparse[t][0],
+                sparse[t][1],
+                self.densify_sigma_px,
                 tv.plane_prior_depth(shape, float(np.median(sparse[t][1]))),
             )
             for t in have

@@ -90,7 +90,10 @@ def wrist_from_pnp(world: np.ndarray, image_px: np.ndarray, K: np.ndarray) -> tu
     import cv2
 
     ok, rvec, tvec = cv2.solvePnP(
-        np.asarray(world, np.float64), np.asarray(image_px, np.float64), np.asarray(K, np.float64), None,
+        np.asarray(world, np.float64),
+        np.asarray(image_px, np.float64),
+        np.asarray(K, np.float64),
+        None,
         flags=cv2.SOLVEPNP_SQPNP,
     )
     if not ok:

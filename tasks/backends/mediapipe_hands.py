@@ -10,6 +10,7 @@ NaN) and no shape (``betas`` are zeros); the wrist rotation is the palm frame of
 from __future__ import annotations
 
 import io
+import os
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -59,9 +60,7 @@ class MediaPipeHands(HandsBackend):
         model_variant: str = "full",
         **unknown: Any,
     ) -> None:
-        check_params(
-            type(self), unknown, "wrist, min_detection_confidence, min_presence_confidence, model_variant"
-        )
+        check_params(type(self), unknown, "wrist, min_detection_confidence, min_presence_confidence, model_variant")
         if wrist not in ("pnp", "depth"):
             raise ValueError(f"wrist must be 'pnp' or 'depth', got {wrist!r}")
         if model_variant not in ("full", "lite"):
@@ -75,12 +74,15 @@ class MediaPipeHands(HandsBackend):
 
     def load(self, device: str) -> None:
         """Build the landmarker on the CPU (MediaPipe's Python wheel has no CUDA delegate)."""
+        # MediaPipe's C++ logs a line per frame at INFO and WARNING through glog; keep the worker's log readable.
+        os.environ.setdefault("GLOG_minloglevel", "2")
         try:
             import mediapipe as mp
             from mediapipe.tasks.python import BaseOptions, vision
         except ImportError as exc:
-            raise ModelLoadError(f"the mediapipe hands backend needs MediaPipe ({exc}); install it with: {INSTALL}") \
-                from exc
+            raise ModelLoadError(
+                f"the mediapipe hands backend needs MediaPipe ({exc}); install it with: {INSTALL}"
+            ) from exc
         bundle = task_bundle(Path(mp.__file__).parent / "modules", self.model_variant)
         options = vision.HandLandmarkerOptions(
             base_options=BaseOptions(model_asset_buffer=bundle),
@@ -93,7 +95,7 @@ class MediaPipeHands(HandsBackend):
         super().load(device)
 
     def landmarks(self, frame: np.ndarray) -> list[dict[str, Any]]:
-        """Return the hands in one RGB ``frame`` (H, W, 3): side, score, ``image_px`` (21, 2) and ``world`` (21, 3) m."""
+        """Return the hands in RGB ``frame`` (H, W, 3): side, score, ``image_px`` (21, 2), ``world`` (21, 3) m."""
         import mediapipe as mp
 
         if self._landmarker is None:
@@ -101,14 +103,15 @@ class MediaPipeHands(HandsBackend):
         H, W = frame.shape[:2]
         result = self._landmarker.detect(mp.Image(image_format=mp.ImageFormat.SRGB, data=np.ascontiguousarray(frame)))
         hands = []
-        for label, px, world in zip(result.handedness, result.hand_landmarks, result.hand_world_landmarks,
-                                    strict=True):
-            hands.append({
-                "side": side_of(label[0].category_name),
-                "score": float(label[0].score),
-                "image_px": np.array([[p.x * W, p.y * H] for p in px]),
-                "world": np.array([[p.x, p.y, p.z] for p in world]),
-            })
+        for label, px, world in zip(result.handedness, result.hand_landmarks, result.hand_world_landmarks, strict=True):
+            hands.append(
+                {
+                    "side": side_of(label[0].category_name),
+                    "score": float(label[0].score),
+                    "image_px": np.array([[p.x * W, p.y * H] for p in px]),
+                    "world": np.array([[p.x, p.y, p.z] for p in world]),
+                }
+            )
         return hands
 
     def detect(
@@ -118,7 +121,7 @@ class MediaPipeHands(HandsBackend):
         depths: np.ndarray | None = None,
         progress: Progress | None = None,
     ) -> dict[str, HandDetections]:
-        """Return per side ``valid``, ``wrist_pose``, ``joints_3d`` (camera frame, m), NaN ``hand_pose``, zero ``betas``."""
+        """Return per side ``valid``, ``wrist_pose``, ``joints_3d`` (camera, m), NaN ``hand_pose``, zero ``betas``."""
         T = len(frames)
         K = np.asarray(intrinsics, np.float64).reshape(-1, 3, 3)[0]
         if self.wrist == "depth" and depths is None:

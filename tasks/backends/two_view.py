@@ -48,7 +48,7 @@ def rotation_angle_deg(R: np.ndarray) -> float:
 
 
 def parallax_px(p0: np.ndarray, p1: np.ndarray, R: np.ndarray, K: np.ndarray) -> np.ndarray:
-    """Return per match the pixel distance between ``p1`` and ``p0`` moved by rotation R alone (the translation's share)."""
+    """Return per match the pixels between ``p1`` and ``p0`` moved by rotation R alone (the translation's share)."""
     H = K @ R @ np.linalg.inv(K)
     h = np.c_[p0, np.ones(len(p0))] @ H.T
     return np.linalg.norm(h[:, :2] / h[:, 2:3] - p1, axis=1)
@@ -105,9 +105,11 @@ def triangulate(p0: np.ndarray, p1: np.ndarray, R: np.ndarray, t: np.ndarray, K:
     return (X[:3] / X[3]).T
 
 
-def reprojection_error_px(X: np.ndarray, p0: np.ndarray, p1: np.ndarray, R: np.ndarray, t: np.ndarray,
-                          K: np.ndarray) -> np.ndarray:
+def reprojection_error_px(
+    X: np.ndarray, p0: np.ndarray, p1: np.ndarray, R: np.ndarray, t: np.ndarray, K: np.ndarray
+) -> np.ndarray:
     """Return per point the mean pixel error of points X (N, 3) reprojected into both views."""
+
     def proj(Y: np.ndarray) -> np.ndarray:
         h = Y @ K.T
         return h[:, :2] / h[:, 2:3]

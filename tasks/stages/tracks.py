@@ -11,7 +11,7 @@ from tasks.stages import ModelStage, Progress, report, require
 
 
 def sample_queries(depth: np.ndarray, K: np.ndarray, target_points: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Return up to ``target_points`` points (N, 3) float64 unprojected from pixels with depth > 0, and those pixels (N, 2).
+    """Return up to ``target_points`` points (N, 3) float64 unprojected from pixels with depth > 0, and those (N, 2).
 
     The pixels are drawn without replacement by a generator seeded with ``seed``, then
     sorted row-major, so the same frame and seed give the same points.

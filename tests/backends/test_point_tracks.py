@@ -37,7 +37,9 @@ def test_tracks_recover_a_known_shift_of_a_real_frame_to_subpixel():
     assert visible[-1].mean() > 0.9
     for t, (du, dv) in enumerate(shifts):
         err = np.linalg.norm(tracks[t, visible[-1]] - (queries[visible[-1]] + [du, dv]), axis=1)
-        assert np.median(err) < 0.1 and err.max() < 0.5, f"step {t}: median {np.median(err):.3f} px, max {err.max():.3f}"
+        assert np.median(err) < 0.1 and err.max() < 0.5, (
+            f"step {t}: median {np.median(err):.3f} px, max {err.max():.3f}"
+        )
 
 
 def test_tracks_survive_the_forward_backward_check_on_hand_held_footage():
@@ -93,8 +95,9 @@ def test_3d_backend_returns_the_queries_at_step_0_and_nan_once_lost():
     depths = np.full((5, 384, 512), 1.5, np.float32)
     pixels = np.array([[100.0, 100.0], [508.0, 300.0]])
     queries = np.c_[(pixels - [256, 192]) * 1.5 / 440.0, [1.5, 1.5]]
-    out = OpenCVTracks().track(clip, queries, depths, np.tile(K, (5, 1, 1)), np.tile(np.eye(4), (5, 1, 1)),
-                               query_pixels=pixels)
+    out = OpenCVTracks().track(
+        clip, queries, depths, np.tile(K, (5, 1, 1)), np.tile(np.eye(4), (5, 1, 1)), query_pixels=pixels
+    )
     assert np.allclose(out[0], queries)
     assert np.isfinite(out[:, 0]).all() and np.isnan(out[-1, 1]).all()
     assert np.isclose(out[-1, 0, 0] - out[0, 0, 0], 8.0 * 1.5 / 440.0, atol=2e-3)

@@ -37,7 +37,7 @@ def depth_out() -> tuple[np.ndarray, dict]:
 
 
 def test_unknown_backend_names_stage_name_and_choices() -> None:
-    with pytest.raises(UnknownBackend, match=r"unknown depth backend 'vipe'; available: synthetic"):
+    with pytest.raises(UnknownBackend, match=r"unknown depth backend 'vipe'; available: classical, synthetic"):
         DepthStage(backend="vipe")
     with pytest.raises(UnknownBackend, match="'h5' has no model backends"):
         get_backend("h5", "synthetic")
