@@ -50,9 +50,10 @@ def test_pstudio_through_the_real_backends_gives_a_dataset_that_verifies(pipelin
 
     summary = json.loads((out / "run_summary.json").read_text())
     (vid,) = summary["done_videos"]
-    notes = summary["video_notes"][vid]
-    assert notes["hands_backend"] == "mediapipe" and notes["depth_backend"] == "classical"
-    assert notes["camera"] == "fallback" and "barely moves" in notes["reason"]  # a camera on a tripod
+    notes = summary["notes"][vid]
+    assert notes["hands"]["hands_backend"] == "mediapipe" and notes["depth"]["depth_backend"] == "classical"
+    camera = notes["depth"]
+    assert camera["camera"] == "fallback" and "barely moves" in camera["reason"]  # a camera on a tripod
     with h5py.File(out / f"{vid}.hdf5") as f:
         assert int(f["root/num_frames"][()]) == 16 and str(f["root/track_type"][()].decode()) == "3d"
         windows = sorted(f["root/tracks"])
