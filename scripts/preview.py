@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks.stage_io import output_path
+from tasks.stages import DepthStage, HandsStage, PreprocessStage, TracksStage
 from tasks.storage import load_npz
 
 BONES = [
@@ -95,14 +96,11 @@ def write_preview(out_root: Path, video_id: str) -> Path:
     """Render and write OUT/{video_id}.preview.png; return its path."""
     from PIL import Image
 
-    pre = load_npz(output_path(out_root, video_id, "preprocess"))
-    depth = load_npz(output_path(out_root, video_id, "depth"))
-    image = render(
-        pre["frames"],
-        depth["depths"][0],
-        load_npz(output_path(out_root, video_id, "tracks")),
-        load_npz(output_path(out_root, video_id, "hands")),
-    )
+    def output(stage: type) -> dict:
+        return load_npz(output_path(out_root, video_id, stage.name))
+
+    pre, depth = output(PreprocessStage), output(DepthStage)
+    image = render(pre["frames"], depth["depths"][0], output(TracksStage), output(HandsStage))
     path = out_root / f"{video_id}.preview.png"
     Image.fromarray(image).save(path)
     return path

@@ -121,7 +121,10 @@ class MediaPipeHands(HandsBackend):
         depths: np.ndarray | None = None,
         progress: Progress | None = None,
     ) -> dict[str, HandDetections]:
-        """Return per side ``valid``, ``wrist_pose``, ``joints_3d`` (camera, m), NaN ``hand_pose``, zero ``betas``."""
+        """Return per side ``valid``, ``wrist_pose``, ``joints_3d`` (camera, m), NaN ``hand_pose``, zero ``betas``.
+
+        A ``notes`` entry beside "left" and "right" names the backend for the run summary.
+        """
         T = len(frames)
         K = np.asarray(intrinsics, np.float64).reshape(-1, 3, 3)[0]
         if self.wrist == "depth" and depths is None:
@@ -153,4 +156,11 @@ class MediaPipeHands(HandsBackend):
                 progress(t + 1, T)
         if progress is not None:
             progress(T, T)
+        # For the run summary: which model, and what the contract's MANO fields hold here.
+        out["notes"] = {
+            "hands_backend": self.name,
+            "wrist": self.wrist,
+            "hand_pose": "NaN (no MANO)",
+            "betas": "zeros (no MANO)",
+        }
         return out
