@@ -50,6 +50,7 @@ def main() -> None:
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, OpenCV {cv2.__version__}, "
         f"{args.threads} OpenCV threads"
     )
+    print(f"load average at start: {os.getloadavg()[0]:.1f}; ms/frame as wall (CPU of this process)")
     print(
         "| clip | frames | depth ms/frame | camera | frames posed | reproj. px | tracks ms/frame | points kept "
         "per window (median, of 64) | hands ms/frame | frames with a hand (raw / after filter) |"
@@ -84,9 +85,13 @@ def main() -> None:
         found_raw = int((raw["left"]["valid"] | raw["right"]["valid"]).sum())
         found = int((h["left_valid"] | h["right_valid"]).sum())
         reproj = notes.get("median_reprojection_error_px", "-")
+
+        def ms(t: tuple[float, float], frames: int = T) -> str:
+            return f"{1000 * t[0] / frames:.0f} ({1000 * t[1] / frames:.0f})"
+
         print(
-            f"| {name} | {T} | {1000 * t_depth / T:.0f} | {notes['camera']} | {notes['frames_posed']}/{T} | {reproj} "
-            f"| {1000 * t_tracks / T:.0f} | {np.median(kept) if kept else 0:.0f} | {1000 * t_hands / T:.0f} "
+            f"| {name} | {T} | {ms(t_depth)} | {notes['camera']} | {notes['frames_posed']}/{T} | {reproj} "
+            f"| {ms(t_tracks)} | {np.median(kept) if kept else 0:.0f} | {ms(t_hands)} "
             f"| {found_raw}/{T} / {found}/{T} |"
         )
 
