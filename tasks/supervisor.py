@@ -18,6 +18,26 @@ MAX_BACKOFF_S = 60.0
 STABLE_RUN_S = 60.0  # a worker that ran this long before failing starts its backoff afresh
 
 
+# The CPU stages run in solo workers too, one process per core, each supervised like a GPU worker.
+# DESIGN promises CPU stages the GPU runtime: claims renewed, a deadline, published busy state,
+# recycling. That runtime lives in the process that runs the task (the heartbeat thread renews
+# the claims the task thread holds, ends the process at the deadline, publishes its state), so
+# a prefork pool would split it across two processes: the parent would have to learn each
+# child's claims and task by id over IPC, and could only enforce a deadline by killing a child
+# it does not own. One solo process per core keeps one runtime for every worker, one code path,
+# and the same supervisor restarting a recycled or killed process; it costs one broker
+# connection and one registry entry per core.
+CPU_GROUP = -1  # the supervisor's group of CPU workers; GPU groups are GPU indices
+
+
+def cpu_worker_count() -> int:
+    """One CPU worker per core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def worker_argv(queue: str, name: str, pool: str = "solo", concurrency: int = 1,
                 python: str | None = None) -> list[str]:
     """The command of one framefleet worker: ``celery -A tasks worker -Q queue -n name@%h`` and our flags.

@@ -35,7 +35,7 @@ def _frames(name: str, count: int, step: int) -> np.ndarray:
     with av.open(str(real_dir() / name)) as container:
         for i, frame in enumerate(container.decode(video=0)):
             if i % step == 0:
-                out.append(resize(frame.to_image()))
+                out.append(resize(frame.to_ndarray(format="rgb24")))
             if len(out) == count:
                 break
     frames = np.stack(out)
