@@ -10,7 +10,6 @@ NaN) and no shape (``betas`` are zeros); the wrist rotation is the palm frame of
 from __future__ import annotations
 
 import io
-import os
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -74,8 +73,6 @@ class MediaPipeHands(HandsBackend):
 
     def load(self, device: str) -> None:
         """Build the landmarker on the CPU (MediaPipe's Python wheel has no CUDA delegate)."""
-        # MediaPipe's C++ logs a line per frame at INFO and WARNING through glog; keep the worker's log readable.
-        os.environ.setdefault("GLOG_minloglevel", "2")
         try:
             import mediapipe as mp
             from mediapipe.tasks.python import BaseOptions, vision
