@@ -20,7 +20,8 @@ KIND = {"depth": base.DepthBackend, "tracks": base.TrackBackend, "tracks2d": bas
         "hands": base.HandsBackend, "masks": base.MasksBackend}
 # Names from CONTRACTS.md that are spelled like a stage but name an HDF5 dataset or a statistic.
 CONTRACT_NAMES = {("tasks/stats.py", "depth"), ("scripts/verify_dataset.py", "depth"),
-                  ("scripts/verify_dataset.py", "tracks"), ("scripts/_y2r_strict.py", "tracks")}
+                  ("scripts/verify_dataset.py", "tracks"), ("scripts/_y2r_strict.py", "tracks"),
+                  ("scripts/preview.py", "tracks")}
 
 
 def test_every_stage_has_one_task_one_settings_entry_and_a_default_backend_that_exists():
@@ -78,7 +79,7 @@ def test_an_unknown_backend_is_refused_when_settings_load_naming_the_choices(tmp
     config.write_text("stages:\n  hands: {backend: nosuch}\n")
     with pytest.raises(ConfigError, match=r"unknown backend 'nosuch'.*available: .*synthetic"):
         load_settings(config)
-    with pytest.raises(UnknownBackend, match="available: cotracker, synthetic"):
+    with pytest.raises(UnknownBackend, match="available: cotracker, opencv, synthetic"):
         backends.get_backend("tracks2d", "nosuch")
 
 

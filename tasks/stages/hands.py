@@ -84,6 +84,8 @@ class HandsStage(ModelStage):
         detections = self.model.detect(frames, K, depths=None if depths is None else np.asarray(depths),
                                        progress=lambda done, total: report(progress, done, total))
         out: dict[str, Any] = {"intrinsics": K}
+        if detections.get("notes"):  # a backend's facts for the run summary, as the depth stage passes them on
+            out["notes"] = dict(detections["notes"])
         for name in SIDES:
             side = {key: np.array(detections[name][key], dtype=np.float32) for key in _POSE_KEYS}
             side["valid"] = np.array(detections[name]["valid"], dtype=bool).reshape(T)

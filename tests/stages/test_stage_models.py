@@ -37,7 +37,7 @@ def depth_out() -> tuple[np.ndarray, dict]:
 
 
 def test_unknown_backend_names_stage_name_and_choices() -> None:
-    with pytest.raises(UnknownBackend, match=r"unknown depth backend 'dpt'; available: synthetic, vipe"):
+    with pytest.raises(UnknownBackend, match=r"unknown depth backend 'dpt'; available: classical, synthetic, vipe"):
         DepthStage(backend="dpt")
     with pytest.raises(UnknownBackend, match="unknown h5 backend 'synthetic'; available: none"):
         get_backend("h5", "synthetic")
