@@ -214,7 +214,8 @@ def test_real_gpu_config_runs_each_model_in_its_own_environment(video_factory, p
     for stage in ("masks", "depth", "tracks", "tracks2d", "hands"):
         # Each model stage ran on its own queue, in a worker started from the stage's interpreter.
         ran = summary["stages"][stage]["workers"]
-        assert sum(ran.values()) == 2 and all(w.startswith(f"gpu0.{stage}-") and w.endswith(f"@{host}") for w in ran), ran
+        assert sum(ran.values()) == 2, ran
+        assert all(w.startswith(f"gpu0.{stage}-") and w.endswith(f"@{host}") for w in ran), ran
     check = run_script("verify_dataset.py", str(out), env=env)
     assert check.returncode == 0, check.stdout + check.stderr
     work = next((out / "work").iterdir())
