@@ -124,9 +124,11 @@ def hand_in_camera(
         return None
     R, pos = fit
     if wrist == "depth":
-        pos = wrist_from_depth(image_px[WRIST], depth, K)
-        if pos is None:
+        assert depth is not None  # checked above
+        at = wrist_from_depth(image_px[WRIST], depth, K)
+        if at is None:
             return None
+        pos = at
     joints = (np.asarray(world, np.float64) - world[WRIST]) @ R.T + pos
     pose = np.eye(4)
     pose[:3, :3] = palm_rotation(joints, side)

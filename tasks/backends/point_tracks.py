@@ -6,6 +6,8 @@ frame resolution; cameras follow CONTRACTS.md (world->camera E, OpenCV axes, met
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 LK_WINDOW_PX = 21
@@ -31,9 +33,9 @@ def lk_step(gray0: np.ndarray, gray1: np.ndarray, pts: np.ndarray, fb_max_px: fl
         return np.zeros((0, 2), np.float32), np.zeros(0, bool)
     criteria = (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, 30, 0.01)
     p0 = np.ascontiguousarray(pts, dtype=np.float32).reshape(-1, 1, 2)
-    kw = {"winSize": (LK_WINDOW_PX, LK_WINDOW_PX), "maxLevel": LK_LEVELS, "criteria": criteria}
-    p1, st1, _ = cv2.calcOpticalFlowPyrLK(gray0, gray1, p0, None, **kw)
-    back, st2, _ = cv2.calcOpticalFlowPyrLK(gray1, gray0, p1, None, **kw)
+    kw: dict[str, Any] = {"winSize": (LK_WINDOW_PX, LK_WINDOW_PX), "maxLevel": LK_LEVELS, "criteria": criteria}
+    p1, st1, _ = cv2.calcOpticalFlowPyrLK(gray0, gray1, p0, None, **kw)  # type: ignore[call-overload]
+    back, st2, _ = cv2.calcOpticalFlowPyrLK(gray1, gray0, p1, None, **kw)  # type: ignore[call-overload]
     p1, back = p1.reshape(-1, 2), back.reshape(-1, 2)
     H, W = gray0.shape
     inside = (p1[:, 0] >= 0) & (p1[:, 0] <= W - 1) & (p1[:, 1] >= 0) & (p1[:, 1] <= H - 1)

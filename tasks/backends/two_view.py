@@ -92,7 +92,7 @@ def relative_motion(p0: np.ndarray, p1: np.ndarray, K: np.ndarray, min_parallax_
         return None
     inl = pose_inl.ravel().astype(bool)
     par = float(np.median(parallax_px(p0[inl], p1[inl], R, K)))
-    return Motion(R, t.ravel() / max(np.linalg.norm(t), 1e-12), par, inl)
+    return Motion(R, t.ravel() / max(float(np.linalg.norm(t)), 1e-12), par, inl)
 
 
 def triangulate(p0: np.ndarray, p1: np.ndarray, R: np.ndarray, t: np.ndarray, K: np.ndarray) -> np.ndarray:
@@ -145,8 +145,8 @@ def densify(
     v = np.clip(np.round(pixels[:, 1]).astype(int), 0, H - 1)
     np.add.at(num, (v, u), depth.astype(np.float32))
     np.add.at(den, (v, u), 1.0)
-    num = cv2.GaussianBlur(num, (0, 0), sigma_px)
-    den = cv2.GaussianBlur(den, (0, 0), sigma_px)
+    num = np.asarray(cv2.GaussianBlur(num, (0, 0), sigma_px), dtype=np.float32)
+    den = np.asarray(cv2.GaussianBlur(den, (0, 0), sigma_px), dtype=np.float32)
     # Where a handful of samples' tails are all there is, blend towards the background.
     weight = np.clip(den / (den.max() * 0.05 + 1e-12), 0.0, 1.0)
     mean = np.where(den > 0, num / np.maximum(den, 1e-12), 0.0)
