@@ -34,7 +34,6 @@ import redis  # noqa: E402
 
 from scripts import _cli  # noqa: E402
 from scripts.enqueue_dataset import parse_gpus  # noqa: E402
-from tasks.celery_app import GPU_STAGES  # noqa: E402
 from tasks.fake_gpu import INDEX_ENV, LEDGER_ENV  # noqa: E402
 from tasks.gpu_probe import GpuProbe, GpuReading, open_probe  # noqa: E402
 from tasks.metrics import start_exporter  # noqa: E402
@@ -150,7 +149,7 @@ class Autoscaler:
 
     def _decide(self, gpu: GpuReading, snap: Snapshot) -> Decision:
         now, idx, policy = self.clock(), gpu.index, self.policy
-        key = profiles.key_for(self.conf, gpu.name, GPU_STAGES)
+        key = profiles.key_for(self.conf, gpu.name, self.conf.hosted_stages())
         active, stopping = self.supervisor.active(idx), self.supervisor.stopping(idx)
         mine = [s for s in active + stopping if s.pid is not None]
         for slot in mine:

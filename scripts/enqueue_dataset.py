@@ -20,7 +20,7 @@ import yaml  # noqa: E402
 
 from scripts import _cli  # noqa: E402
 from tasks import quarantine, stall
-from tasks.celery_app import STAGES
+from tasks.celery_app import settings
 from tasks.dataset import (
     DatasetError,
     build_chord,
@@ -104,7 +104,7 @@ def render(counts: dict[str, int], total: int, started: float) -> str:
     finished = counts.get("videos.done", 0) + counts.get("videos.failed", 0)
     width = 24
     filled = int(width * finished / total) if total else width
-    stages = " ".join(f"{s} {counts.get(s + '.done', 0)}" for s in STAGES)
+    stages = " ".join(f"{s} {counts.get(s + '.done', 0)}" for s in settings().enabled_stages())
     elapsed = time.time() - started
     eta = "--:--"
     if 0 < finished < total:

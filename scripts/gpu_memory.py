@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis  # noqa: E402
 
 from scripts import _cli  # noqa: E402
-from tasks.celery_app import GPU_STAGES
 from tasks.gpu_probe import GpuProbe, GpuReading, ProcessReading, open_probe
 from tasks.redis_client import get_redis
 from tasks.registry import live_workers
+from tasks.stages import GPU_STAGES
 from worker_config.settings import Settings, redact_url
 
 PROFILES_KEY = "ff:profiles"

@@ -25,9 +25,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts import _cli  # noqa: E402
-from tasks.celery_app import STAGES  # noqa: E402
 from tasks.metrics import AUTOSCALE_KEY, STAGE_LOG_KEY  # noqa: E402
 from tasks.redis_client import get_redis  # noqa: E402
+from tasks.stages import STAGE_NAMES, dataset_stage  # noqa: E402
 from worker_config.settings import Settings  # noqa: E402
 
 MARGIN_S = 30.0  # samples and decisions this close to the run's window belong to it
@@ -76,7 +76,7 @@ def load(out: Path, conf: Settings) -> dict[str, Any]:
 
 def done_times(out: Path, data: dict[str, Any]) -> tuple[list[float], str]:
     """When each video of the run was done (epoch s): its h5 stage's end, else its HDF5 file's mtime."""
-    ends = sorted(e["end"] for e in data["stage_log"] if e["stage"] == STAGES[-1] and e.get("ok"))
+    ends = sorted(e["end"] for e in data["stage_log"] if e["stage"] == dataset_stage().name and e.get("ok"))
     if ends:
         return ends, "h5 stage ends, stage log"
     paths = [out / f"{vid}.hdf5" for vid in data["summary"].get("done_videos", [])]
@@ -117,8 +117,8 @@ def plot_gpu_memory(ax: Any, data: dict[str, Any]) -> str | None:
 
 def plot_durations(ax: Any, data: dict[str, Any]) -> str | None:
     spans = {s: [e["end"] - e["start"] for e in data["stage_log"]
-                 if e["stage"] == s and e.get("ok") and not e.get("skipped")] for s in STAGES}
-    stages = [s for s in STAGES if spans[s]]
+                 if e["stage"] == s and e.get("ok") and not e.get("skipped")] for s in STAGE_NAMES}
+    stages = [s for s in STAGE_NAMES if spans[s]]
     if stages:
         ax.boxplot([spans[s] for s in stages], tick_labels=stages)
         ax.set(ylabel="seconds per task", title="Stage durations (stage log)")

@@ -189,8 +189,14 @@ def main(argv: list[str] | None = None) -> int:
         if not gpus:
             print("no GPU found: one CPU worker stands in for gpu0")
             gpus = [0]
+        names = []
         for gpu in gpus:
-            cluster.start(f"gpu{gpu}", worker_argv(conf.gpu_queue(gpu), f"gpu{gpu}"), env)
+            if conf.hosted_stages():
+                names.append(f"gpu{gpu}")
+                cluster.start(names[-1], worker_argv(conf.gpu_queue(gpu), names[-1]), env)
+            for stage in conf.own_env_stages():  # a worker per stage with its own environment
+                names.append(conf.stage_queue(stage, gpu))
+                cluster.start(names[-1], worker_argv(names[-1], names[-1], python=conf.stages[stage].python), env)
         cluster.start("cpu", worker_argv(conf.cpu_queue, "cpu", "prefork", args.cpu_workers), env)
         port = args.flower_port or free_port()
         flower_env, login = flower_auth(env, cluster.logs)
@@ -203,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         if probe.mode != "none":
             sampler = GpuSampler(probe, cluster.logs / "gpu-samples.jsonl")
             sampler.start()
-        cluster.wait_for_workers(conf, [f"gpu{g}" for g in gpus] + ["cpu"])
+        cluster.wait_for_workers(conf, [*names, "cpu"])
         record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force)
         print(f"run {record['run_id']}: {record['videos']} videos", flush=True)
         summary = wait_for(conf, record)

@@ -23,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts import _cli  # noqa: E402
 from scripts.enqueue_dataset import check_redis  # noqa: E402
 from tasks import progress, registry  # noqa: E402
-from tasks.celery_app import STAGES  # noqa: E402
 from tasks.gpu_probe import GpuReading, open_probe  # noqa: E402
 from tasks.metrics import QUARANTINE_PREFIX, STAGE_LOG_KEY  # noqa: E402
 from tasks.redis_client import get_redis  # noqa: E402
@@ -91,7 +90,7 @@ def latest_run(conf: Settings, out: Path | None) -> tuple[str, list[list[Any]], 
     started = record.get("started") or time.mktime(time.strptime(run_id[:15], "%Y%m%d-%H%M%S"))
     last_end = _last_ends(r, run_id)
     rows = []
-    for stage in STAGES:
+    for stage in conf.enabled_stages():
         done, failed = counts.get(f"{stage}.done", 0), counts.get(f"{stage}.failed", 0)
         elapsed = (last_end.get(stage) or time.time()) - started
         rate = done / elapsed * 60 if done and elapsed > 0 else 0.0

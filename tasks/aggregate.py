@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from tasks import quarantine
-from tasks.celery_app import STAGES, TASK_PREFIX, app, settings
+from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.redis_client import get_redis
-from tasks.stage_io import marker_of, output_path
+from tasks.stage_io import dataset_file
+from tasks.stages import dataset_stage
 from tasks.storage import read_marker, write_text_atomic
 
 log = logging.getLogger("framefleet.aggregate")
@@ -28,8 +29,7 @@ def completed_videos(out_root: Path) -> dict[str, dict[str, Any]]:
     found = {}
     for folder in sorted((out_root / "work").glob("*")):
         vid = folder.name
-        record = read_marker(output_path(out_root, vid, "h5"), marker_of(out_root, vid, "h5"),
-                             check_hash=False)
+        record = read_marker(*dataset_file(out_root, vid), check_hash=False)
         if record is not None and "stats" in record.get("report", {}):
             found[vid] = record
     return found
@@ -49,7 +49,8 @@ def write_statistics(out_root: Path, track_type: str) -> int:
 def stage_timings(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-stage durations and the overhead between one stage's end and the next one's start."""
     out: dict[str, Any] = {}
-    for i, stage in enumerate(STAGES):
+    order = settings().enabled_stages()
+    for i, stage in enumerate(order):
         spans = [r["timings"][stage] for r in results if stage in r.get("timings", {})]
         ran = [s["end"] - s["start"] for s in spans if not s.get("skipped")]
         entry: dict[str, Any] = {"tasks": len(spans), "skipped": len(spans) - len(ran),
@@ -57,7 +58,7 @@ def stage_timings(results: list[dict[str, Any]]) -> dict[str, Any]:
         if ran:
             entry.update(mean_s=statistics.fmean(ran), max_s=max(ran), total_s=sum(ran))
         if i:
-            prev = STAGES[i - 1]
+            prev = order[i - 1]
             gaps = [r["timings"][stage]["start"] - r["timings"][prev]["end"]
                     for r in results if {stage, prev} <= set(r.get("timings", {}))]
             if gaps:
@@ -89,7 +90,7 @@ def write_report(out_root: Path) -> None:
 def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any]:
     """Chord callback: write normalization_stats.yaml and run_summary.json; return the summary."""
     out_root = Path(run["output_root"])
-    track_type = settings().stages["h5"].params.get("track_type", "3d")
+    track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
     merged = write_statistics(out_root, track_type)
     done = sorted(r["video_id"] for r in results if not r.get("failed"))
     failed = [{"video_id": r["video_id"], "video": r["video"], **r["failed"]}
@@ -112,6 +113,7 @@ def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, A
         "finished": time.time(),
         "wall_s": time.time() - run["started"] if run.get("started") else None,
         "stages": stage_timings([r for r in results if not r.get("failed")]),
+        "notes": {r["video_id"]: r["notes"] for r in results if r.get("notes")},
         "outputs": {"statistics": "normalization_stats.yaml", "hdf5": "{video_id}.hdf5",
                     "quarantine": quarantine.FILE, "report": "report.html"},
     }

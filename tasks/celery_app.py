@@ -6,9 +6,6 @@ from celery import Celery
 
 from worker_config.settings import ConfigError, Settings, exit_on_config_error, load_settings
 
-STAGES = ("preprocess", "depth", "tracks", "hands", "h5")
-GPU_STAGES = ("depth", "tracks", "hands")
-CPU_STAGES = ("preprocess", "h5")
 TASK_PREFIX = "framefleet."
 
 app = Celery("framefleet")

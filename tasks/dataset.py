@@ -77,11 +77,10 @@ def write_manifest(raw_dir: Path, out_dir: Path, videos: list[Path], run_id: str
 
 def incomplete(entries: list[dict[str, Any]], out_dir: Path) -> list[dict[str, Any]]:
     """Return the entries whose HDF5 output is missing or fails its hash check."""
-    from tasks.stage_io import marker_of, output_path
+    from tasks.stage_io import dataset_file
     from tasks.storage import read_marker
 
-    return [e for e in entries
-            if read_marker(output_path(out_dir, e["video_id"], "h5"), marker_of(out_dir, e["video_id"], "h5")) is None]
+    return [e for e in entries if read_marker(*dataset_file(out_dir, e["video_id"])) is None]
 
 
 def new_run_id() -> str:
@@ -97,16 +96,18 @@ def build_chord(
     With no entries, the canvas is the callback alone: the statistics are still rebuilt.
     """
     from tasks.aggregate import aggregate
+    from tasks.celery_app import settings
     from tasks.pipeline import STAGE_TASKS
 
     run = {"run_id": run_id, "output_root": str(out_dir.resolve()), "started": time.time(),
            "videos": len(entries), "already_complete": already_complete}
+    order = settings().enabled_stages()
     chains = []
     for entry in entries:
         job = {"run_id": run_id, "video_id": entry["video_id"], "video": entry["path"],
                "dataset_root": str(raw_dir.resolve()), "output_root": run["output_root"],
-               "gpus": gpus, "gpu": None, "force": force, "text": entry.get("text", "")}
-        first, *rest = STAGE_TASKS
+               "gpus": gpus, "gpu": None, "force": force, "text": entry.get("text", ""), "chain": list(order)}
+        first, *rest = (STAGE_TASKS[name] for name in order)
         chains.append(chain(first.s(job), *(t.s() for t in rest)))
     if not chains:
         return aggregate.s([], run), run

@@ -22,9 +22,9 @@ from typing import Any
 import redis
 
 from tasks import registry
-from tasks.celery_app import STAGES
 from tasks.gpu_probe import GpuProbe, open_probe
 from tasks.redis_client import get_redis
+from tasks.stages import STAGE_NAMES, dataset_stage
 from worker_config.settings import Settings
 
 log = logging.getLogger("framefleet.metrics")
@@ -63,7 +63,7 @@ def record_stage(redis_url: str, stage: str, job: dict[str, Any]) -> None:
         pipe.hincrby(COUNTS_KEY, f"stage|{stage}|{outcome}", 1)
         if outcome == "failed":
             pipe.hincrby(COUNTS_KEY, f"videos_failed|{stage}|{entry['error_class']}", 1)
-        elif stage == STAGES[-1]:
+        elif stage == dataset_stage().name:
             pipe.hincrby(COUNTS_KEY, "videos_done", 1)
         if outcome == "done":
             seconds = entry["end"] - entry["start"]
@@ -166,7 +166,7 @@ class FramefleetCollector:
                                      labels=["stage"])
         tasks = CounterMetricFamily("framefleet_stage_tasks", "Stage tasks finished, by outcome (failed: for good)",
                                     labels=["stage", "outcome"])
-        for stage in STAGES:
+        for stage in STAGE_NAMES:
             buckets = [(f"{le:g}", durations.get(f"{stage}|{le:g}", 0.0)) for le in DURATION_BUCKETS_S]
             hist.add_metric([stage], [*buckets, ("+Inf", durations.get(f"{stage}|inf", 0.0))],
                             durations.get(f"{stage}|sum", 0.0))

@@ -13,6 +13,8 @@ from typing import Any
 
 import redis
 
+from tasks.stages import ModelStage
+
 log = logging.getLogger("framefleet.oom")
 OOM_KEY = "ff:oom"
 MIB = 1 << 20
@@ -21,8 +23,7 @@ MIB = 1 << 20
 def stage_peak_mib(stage: Any, message: str = "") -> float:
     """The device memory the failed call needed, in MiB: what the process held at its peak plus
     the allocation that failed (from torch's message), or the model's own last peak if larger."""
-    model = getattr(stage, "model", stage)
-    reported = float(getattr(model, "peak_memory_bytes", 0) or 0) / MIB
+    reported = float(stage.peak_memory_bytes) / MIB if isinstance(stage, ModelStage) else 0.0
     held = 0.0
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -34,9 +35,8 @@ def stage_peak_mib(stage: Any, message: str = "") -> float:
 
 def set_chunk_scale(stage: Any, scale: float) -> None:
     """Tell a stage's model to use ``scale`` of its activation memory (models without chunks ignore it)."""
-    model = getattr(stage, "model", None)
-    if model is not None and hasattr(model, "chunk_scale"):
-        model.chunk_scale = scale
+    if isinstance(stage, ModelStage):
+        stage.chunk_scale = scale
 
 
 def release_memory() -> None:

@@ -1,4 +1,4 @@
-"""The five stage tasks: thin wrappers that skip finished work, run a stage and write atomically."""
+"""One task per stage of tasks.stages: thin wrappers that skip finished work, run a stage, write atomically."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from tasks.errors import (
 from tasks.redis_client import get_redis
 from tasks.routing import route_task
 from tasks.stage_io import check_roots, gather_inputs, marker_of, output_path
+from tasks.stages import STAGE_NAMES, stage_class
 from tasks.storage import atomic_write, read_marker, save_npz, write_marker
 
 log = logging.getLogger("framefleet.pipeline")
@@ -54,7 +55,7 @@ def _execute(stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
             return {"skipped": True, **done.get("report", {})}
     stage = worker.get_stage(stage_name)
     oom.set_chunk_scale(stage, float(job.get("chunk_scale", 1.0)))
-    inputs = gather_inputs(stage_name, job)
+    inputs = gather_inputs(stage_name, job, chain_of(job))
     report: dict[str, Any] = {}
     last_sent = [-PROGRESS_EVENT_INTERVAL_S]
 
@@ -64,16 +65,25 @@ def _execute(stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
             last_sent[0] = time.monotonic()
             _announce_progress({"video_id": vid, "stage": stage_name, "done": done_frames, "total": total_frames})
 
-    if stage_name == "h5":
+    if stage_class(stage_name).writes == "hdf5":
         def write(tmp: Path) -> None:
             report.update(stage.run({**inputs, "out_path": str(tmp)}, progress=on_progress))
 
         digest = atomic_write(output, write)
     else:
-        digest = save_npz(output, stage.run(inputs, progress=on_progress))
+        arrays = stage.run(inputs, progress=on_progress)
+        notes = arrays.pop("notes", None)  # facts for the run summary, not arrays
+        if notes:
+            report["notes"] = notes
+        digest = save_npz(output, arrays)
     write_marker(output, digest, marker, report=report)
     log.info("ran %s of %s", stage_name, vid)
     return report
+
+
+def chain_of(job: dict[str, Any]) -> tuple[str, ...]:
+    """The stages this job's video runs (decided at enqueue), or this worker's enabled stages."""
+    return tuple(job.get("chain") or settings().enabled_stages())
 
 
 def _announce_progress(meta: dict[str, Any]) -> None:
@@ -185,8 +195,10 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
         job = {**job, "timings": {**job.get("timings", {}), stage_name: timing}}
         if worker.ROLE.gpu is not None:
             job["gpu"] = worker.ROLE.gpu
-        if stage_name == "h5":
+        if stage_class(stage_name).writes == "hdf5":
             job["report"] = {k: v for k, v in report.items() if k != "stats"}
+        if report.get("notes"):
+            job["notes"] = {**job.get("notes", {}), stage_name: report["notes"]}
     try:
         if r is not None:
             claims.mark_done(r, task.request.id, conf.result_expires_s)
@@ -207,11 +219,7 @@ def _stage_task(stage_name: str) -> Task:
     return app.task(bind=True, name=TASK_PREFIX + stage_name, acks_late=True)(body)
 
 
-preprocess = _stage_task("preprocess")
-depth = _stage_task("depth")
-tracks = _stage_task("tracks")
-hands = _stage_task("hands")
-h5 = _stage_task("h5")
-STAGE_TASKS = (preprocess, depth, tracks, hands, h5)
+# One task per stage, named framefleet.<stage>.
+STAGE_TASKS: dict[str, Task] = {name: _stage_task(name) for name in STAGE_NAMES}
 
 from tasks import aggregate  # noqa: E402,F401  (registers the chord callback)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from tasks.celery_app import STAGES
+from tasks.stages import dataset_stage
 
 
 def run_key(run_id: str) -> str:
@@ -18,7 +18,7 @@ def record(r: redis.Redis, run_id: str, stage: str, ok: bool, ttl_s: int) -> Non
     pipe.hincrby(key, f"{stage}.{'done' if ok else 'failed'}", 1)
     if not ok:
         pipe.hincrby(key, "videos.failed", 1)
-    elif stage == STAGES[-1]:
+    elif stage == dataset_stage().name:
         pipe.hincrby(key, "videos.done", 1)
     pipe.expire(key, ttl_s)
     pipe.execute()

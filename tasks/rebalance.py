@@ -10,8 +10,9 @@ from typing import Any
 import redis
 
 from tasks import registry
-from tasks.celery_app import GPU_STAGES, TASK_PREFIX
+from tasks.celery_app import TASK_PREFIX
 from tasks.routing import job_of
+from tasks.stages import GPU_STAGES
 from worker_config.routing import QueueLoad, choose_gpu_queue
 from worker_config.settings import Settings
 
@@ -53,7 +54,15 @@ def rebalance(r: redis.Redis, conf: Settings, max_moves: int = 100) -> int:
     moved = 0
     for queue in sorted(registry.known_gpu_queues(r) - live):
         moved += _drain(r, queue, workers, max_moves - moved)
-    return moved + _balance(r, workers, max_moves - moved)
+    for stage in _queue_families(conf):
+        moved += _balance(r, registry.queue_loads(r, stage, workers), max_moves - moved)
+    return moved
+
+
+def _queue_families(conf: Settings) -> list[str]:
+    """One GPU stage per family of GPU queues: gpuN (the stages sharing the main environment), gpuN.<stage>."""
+    shared = [s for s in GPU_STAGES if not conf.stages[s].python]
+    return shared[:1] + [s for s in GPU_STAGES if conf.stages[s].python]
 
 
 def _drain(r: redis.Redis, queue: str, workers: list[dict[str, Any]], max_moves: int) -> int:
@@ -79,9 +88,9 @@ def _drain(r: redis.Redis, queue: str, workers: list[dict[str, Any]], max_moves:
     return moved
 
 
-def _balance(r: redis.Redis, workers: list[dict[str, Any]], max_moves: int) -> int:
-    """Move tasks from the busiest live GPU queue to the least busy while that lowers the imbalance."""
-    loads = {q.queue: q for q in registry.queue_loads(r, GPU_STAGES[0], workers)}
+def _balance(r: redis.Redis, queue_loads: list[QueueLoad], max_moves: int) -> int:
+    """Move tasks from the busiest live queue of a family to the least busy while that lowers the imbalance."""
+    loads = {q.queue: q for q in queue_loads}
     work = {name: q.waiting + q.busy for name, q in loads.items()}
     moved = 0
     while moved < max_moves and len(loads) > 1:

@@ -8,8 +8,9 @@ from typing import Any
 import redis
 
 from tasks import registry
-from tasks.celery_app import GPU_STAGES, TASK_PREFIX, settings
+from tasks.celery_app import TASK_PREFIX, settings
 from tasks.redis_client import get_redis
+from tasks.stages import GPU_STAGES
 from worker_config.routing import choose_gpu_queue
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,6 @@ def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None
     fallback = previous if previous is not None else min(allowed) if allowed else 0
     log.warning(
         "no live worker hosts %s%s; queued on %s until one registers or the rebalancer moves it",
-        stage, f" on GPUs {allowed}" if allowed else "", conf.gpu_queue(fallback),
+        stage, f" on GPUs {allowed}" if allowed else "", conf.stage_queue(stage, fallback),
     )
-    return {"queue": conf.gpu_queue(fallback)}
+    return {"queue": conf.stage_queue(stage, fallback)}

@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import PathOutsideRoot
+from tasks.stages import dataset_stage, stage_class
 from tasks.storage import confine, load_npz
 from worker_config.settings import Settings
-
-NPZ_STAGES = ("preprocess", "depth", "tracks", "hands")
 
 
 def check_roots(job: dict[str, Any], conf: Settings) -> None:
@@ -28,10 +27,16 @@ def work_dir(out_root: Path, video_id: str) -> Path:
 
 
 def output_path(out_root: Path, video_id: str, stage: str) -> Path:
-    """The final output of ``stage`` for a video: npz intermediates, the dataset's .hdf5."""
-    if stage == "h5":
+    """The final output of ``stage`` for a video: an npz intermediate, or the dataset's .hdf5."""
+    if stage_class(stage).writes == "hdf5":
         return confine(out_root, f"{video_id}.hdf5")
     return work_dir(out_root, video_id) / f"{stage}.npz"
+
+
+def dataset_file(out_root: Path, video_id: str) -> tuple[Path, Path]:
+    """A video's dataset file and its completion marker."""
+    final = dataset_stage().name
+    return output_path(out_root, video_id, final), marker_of(out_root, video_id, final)
 
 
 def marker_of(out_root: Path, video_id: str, stage: str) -> Path:
@@ -39,30 +44,11 @@ def marker_of(out_root: Path, video_id: str, stage: str) -> Path:
     return work_dir(out_root, video_id) / f"{stage}.done.json"
 
 
-def gather_inputs(stage: str, job: dict[str, Any]) -> dict[str, Any]:
-    """Return the inputs of ``stage`` for ``job``, read from earlier stages' outputs."""
+def gather_inputs(stage: str, job: dict[str, Any], enabled: tuple[str, ...]) -> dict[str, Any]:
+    """Return the inputs of ``stage`` for ``job``: the outputs of the stages it reads (and of the
+    ``enabled`` optional stages it uses), chosen by the stage class."""
+    cls = stage_class(stage)
     out_root = Path(job["output_root"])
-    vid = job["video_id"]
-
-    def load(name: str) -> dict[str, Any]:
-        return load_npz(output_path(out_root, vid, name))
-
-    if stage == "preprocess":
-        return {"video_path": str(confine(Path(job["dataset_root"]), job["video"]))}
-    pre = load("preprocess")
-    if stage == "depth":
-        return {"frames": pre["frames"]}
-    depth = load("depth")
-    if stage == "tracks":
-        return {"frames": pre["frames"], **depth}
-    if stage == "hands":
-        return {"frames": pre["frames"], "intrinsics": depth["intrinsics"][0], "fps": float(pre["fps"])}
-    if stage == "h5":
-        return {
-            "frames": pre["frames"],
-            "depths": depth["depths"],
-            "tracks": load("tracks"),
-            "hands": load("hands"),
-            "text": job.get("text", ""),
-        }
-    raise KeyError(f"unknown stage {stage!r}")
+    names = [*cls.reads, *(u for u in cls.uses if u in enabled)]
+    outputs = {name: load_npz(output_path(out_root, job["video_id"], name)) for name in names}
+    return cls.select_inputs(outputs, job)

@@ -18,9 +18,13 @@ MAX_BACKOFF_S = 60.0
 STABLE_RUN_S = 60.0  # a worker that ran this long before failing starts its backoff afresh
 
 
-def worker_argv(queue: str, name: str, pool: str = "solo", concurrency: int = 1) -> list[str]:
-    """The command of one framefleet worker: ``celery -A tasks worker -Q queue -n name@%h`` and our flags."""
-    return [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-P", pool,
+def worker_argv(queue: str, name: str, pool: str = "solo", concurrency: int = 1,
+                python: str | None = None) -> list[str]:
+    """The command of one framefleet worker: ``celery -A tasks worker -Q queue -n name@%h`` and our flags.
+
+    ``python``: the interpreter of a stage's own environment (default: this one).
+    """
+    return [python or sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-P", pool,
             "-c", str(concurrency), "-n", f"{name}@%h", "-E", "--without-gossip", "--without-mingle",
             "--loglevel", "INFO"]
 

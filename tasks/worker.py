@@ -13,9 +13,10 @@ from typing import Any
 
 from celery import signals
 
-from tasks import fake_gpu, stage_factory
-from tasks.celery_app import CPU_STAGES, GPU_STAGES, settings
+from tasks import fake_gpu
+from tasks.celery_app import settings
 from tasks.errors import ModelLoadError
+from tasks.stages import CPU_STAGES, GPU_STAGES, ModelStage, build
 
 log = logging.getLogger("framefleet.worker")
 
@@ -51,9 +52,38 @@ def role_for(queues: list[str], hostname: str) -> WorkerRole:
             f"Start one worker per GPU queue, e.g. `celery -A tasks worker -Q {conf.gpu_queue(gpus[0])}`."
         )
     stages = [s for s in CPU_STAGES if conf.cpu_queue in queues]
-    if gpus:
-        stages += list(GPU_STAGES)
-    return WorkerRole(hostname, list(queues), gpus[0] if gpus else None, "cpu", stages)
+    for queue in queues:
+        if conf.gpu_index(queue) is None:
+            continue
+        _, _, own = queue.partition(".")
+        if not own:  # gpuN: every enabled GPU stage that has no environment of its own
+            stages += conf.hosted_stages()
+        elif own not in GPU_STAGES:
+            raise GpuPinningError(
+                f"framefleet: queue {queue} names {own!r}, which is not a GPU stage; GPU stages are "
+                f"{', '.join(GPU_STAGES)}. Consume gpuN, or gpuN.<stage> for a stage with its own python."
+            )
+        elif not conf.stages[own].python:
+            raise GpuPinningError(
+                f"framefleet: queue {queue} is for a stage with its own environment, but stages.{own}.python "
+                f"is not set, so {own} tasks go to {conf.gpu_queue(gpus[0])}. Consume that queue, or set "
+                f"stages.{own}.python in the settings."
+            )
+        else:
+            _check_interpreter(own, conf.stages[own].python)
+            stages.append(own)
+    return WorkerRole(hostname, list(queues), gpus[0] if gpus else None, "cpu", list(dict.fromkeys(stages)))
+
+
+def _check_interpreter(stage: str, python: str) -> None:
+    """Refuse to host ``stage`` from another environment than the one its settings name."""
+    here = os.path.realpath(os.path.dirname(sys.executable))
+    wanted = os.path.realpath(os.path.dirname(python))
+    if here != wanted:
+        raise GpuPinningError(
+            f"framefleet: stages.{stage}.python is {python}, but this worker runs {sys.executable}. "
+            f"Start it from that environment: {python} -m celery -A tasks worker -Q gpuN.{stage} -P solo"
+        )
 
 
 DEVICE_ENV = "FRAMEFLEET_DEVICE"
@@ -145,7 +175,7 @@ def check_pinning(gpu: int, torch: Any) -> None:
 def memory_state() -> dict[str, float]:
     """This process's device memory (used and peak, MiB) and resident host memory (MiB)."""
     out = {"rss_mib": _rss_mib()}
-    peaks = [float(getattr(getattr(s, "model", s), "peak_memory_bytes", 0) or 0) for s in STAGES.values()]
+    peaks = [float(s.peak_memory_bytes) for s in STAGES.values() if isinstance(s, ModelStage)]
     torch = sys.modules.get("torch")
     if ROLE.device.startswith("cuda") and torch is not None:
         out["gpu_used_mib"] = torch.cuda.memory_reserved(0) / 2**20
@@ -170,7 +200,7 @@ def load_stage(name: str, device: str) -> Any:
     conf = settings().stages[name]
     started = time.monotonic()
     try:
-        stage = stage_factory.build(name, conf)
+        stage = build(name, conf)
         stage.load(device)
     except Exception as exc:
         raise ModelLoadError(

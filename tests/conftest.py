@@ -24,7 +24,6 @@ sys.path.insert(0, str(ROOT))
 from scripts.make_sample_dataset import make_video  # noqa: E402
 
 
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from tasks.celery_app import GPU_STAGES
 from tasks.fake_gpu import LEDGER_ENV, FakeGpuLedger
 from tasks.registry import live_workers
+from tasks.stages import GPU_STAGES
 from tasks.supervisor import Supervisor
 from tests.conftest import ROOT, wait_until
 from worker_config import profiles
@@ -146,7 +146,7 @@ def test_packs_to_capacity_learns_the_peak_and_stops_every_worker(
         assert d["peak_mib"] == PEAK_MIB and d["capacity"] == 3 and d["backlog"] > d["workers"] + d["starting"]
         assert {"free_mib", "used_mib", "other_used_mib", "host_free_mib", "worker_rss_mib"} <= set(d)
     assert {d["worker"] for d in ups} == {"gpu0-1", "gpu0-2", "gpu0-3"}
-    key = profiles.key_for(load_settings(config), "Fake GPU 1GB", GPU_STAGES)
+    key = profiles.key_for(load_settings(config), "Fake GPU 1GB", load_settings(config).hosted_stages())
     assert key == "Fake GPU 1GB|depth+tracks+hands|synthetic|512x384"
     assert profiles.load(r, key).peak_mib == PEAK_MIB  # the activation is in the learned peak
 
@@ -166,7 +166,7 @@ def test_an_oom_raises_the_peak_scales_down_and_loses_nothing(
     config.write_text(DEPTH)
     env = {**pipeline_env, "FRAMEFLEET_CONFIG": str(config)}
     # A profile from an earlier run: the autoscaler goes straight to 3 workers.
-    key = profiles.key_for(load_settings(config), "Fake GPU 1GB", GPU_STAGES)
+    key = profiles.key_for(load_settings(config), "Fake GPU 1GB", load_settings(config).hosted_stages())
     profiles.learn(r, key, PEAK_MIB)
     workers.start("cpu", env={"FRAMEFLEET_CONFIG": str(config)})
     autoscaler.start("--fake-gpu", str(ledger), "--config", str(config), *FAST)
@@ -265,7 +265,7 @@ def test_supervisor_stops_warm_then_kills_after_the_grace(tmp_path):
 
 
 def test_profiles_keep_the_largest_peak_and_rise_after_an_oom(r):
-    key = profiles.profile_key("NVIDIA H100 80GB HBM3", GPU_STAGES, "synthetic", "512x384")
+    key = profiles.profile_key("NVIDIA H100 80GB HBM3", ("depth", "tracks", "hands"), "synthetic", "512x384")
     assert key == "NVIDIA H100 80GB HBM3|depth+tracks+hands|synthetic|512x384"
     assert profiles.load(r, key) is None
     assert profiles.learn(r, key, 14_000).peak_mib == 14_000

@@ -8,6 +8,7 @@ import pytest
 import redis
 
 from tasks import registry
+from tasks.pipeline import STAGE_TASKS
 from tasks.rebalance import rebalance
 from tasks.routing import route_task
 
@@ -46,7 +47,7 @@ def test_router_sends_gpu_stages_to_the_least_loaded_live_queue(app_on_test_redi
 
 def test_rebalancer_moves_waiting_tasks_off_a_queue_without_live_worker(app_on_test_redis):
     conf, r = app_on_test_redis
-    from tasks.pipeline import depth
+    depth = STAGE_TASKS["depth"]
 
     register(r, "gpu1@a", 1)
     depth.apply_async(args=(job(video_id="a"),), queue="gpu1")
@@ -67,7 +68,7 @@ def test_rebalancer_moves_waiting_tasks_off_a_queue_without_live_worker(app_on_t
 
 def test_rebalancer_evens_out_live_queues_respecting_gpu_restrictions(app_on_test_redis):
     conf, r = app_on_test_redis
-    from tasks.pipeline import depth
+    depth = STAGE_TASKS["depth"]
     from tasks.rebalance import _decode
 
     register(r, "gpu0@a", 0)

@@ -38,7 +38,9 @@ def key_for(conf: Settings, gpu_name: str, stages: Iterable[str]) -> str:
     """The profile key of a worker hosting ``stages`` on a GPU named ``gpu_name`` under ``conf``."""
     stages = list(stages)
     backends = list(dict.fromkeys(conf.stages[s].backend for s in stages))
-    params = conf.stages["preprocess"].params
+    from tasks.stages import source_stage
+
+    params = conf.stages[source_stage().name].params
     resolution = f"{int(params.get('width', 512))}x{int(params.get('height', 384))}"
     return profile_key(gpu_name, stages, "+".join(backends), resolution)
 

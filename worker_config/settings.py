@@ -12,13 +12,6 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 CONFIG_ENV = "FRAMEFLEET_CONFIG"
-BACKENDS = {
-    "preprocess": ("builtin",),
-    "depth": ("synthetic",),
-    "tracks": ("synthetic",),
-    "hands": ("synthetic",),
-    "h5": ("builtin",),
-}
 
 
 class ConfigError(ValueError):
@@ -26,24 +19,61 @@ class ConfigError(ValueError):
 
 
 class StageSettings(BaseModel):
-    """One stage: which backend runs it, its parameters, and how long one task may take."""
+    """One stage: whether it runs, which backend runs it, its parameters, its interpreter, how long a task may take.
+
+    ``python``: the interpreter of the stage's own environment (a GPU stage whose model pins
+    packages the others cannot share); its tasks then go to the queues ``gpu{N}.{stage}``,
+    consumed by workers started from that interpreter.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    backend: str = "synthetic"
+    enabled: bool = True
+    backend: str = "builtin"
     params: dict[str, Any] = Field(default_factory=dict)
+    python: str | None = None
     deadline_s: float = Field(default=3600.0, gt=0)
     max_retries: int = Field(default=3, ge=0)
 
 
 def _default_stages() -> dict[str, StageSettings]:
+    from tasks.stages import ALL
+
     return {
-        "preprocess": StageSettings(backend="builtin", params={"target_fps": 10.0}, deadline_s=1800),
-        "depth": StageSettings(),
-        "tracks": StageSettings(),
-        "hands": StageSettings(),
-        "h5": StageSettings(backend="builtin", deadline_s=1800),
+        cls.name: StageSettings(enabled=not cls.optional, backend=cls.default_backend,
+                                params=dict(cls.default_params), deadline_s=cls.default_deadline_s)
+        for cls in ALL
     }
+
+
+def _runs_here(python: str) -> bool:
+    """Whether ``python`` is the interpreter of this process's environment."""
+    return os.path.realpath(os.path.dirname(python)) == os.path.realpath(os.path.dirname(sys.executable))
+
+
+def _check_stages(stages: dict[str, Any]) -> None:
+    """Refuse unknown backends, interpreters for CPU stages and chains with a missing stage."""
+    from tasks.backends import available
+    from tasks.stages import chain_order, stage_class
+
+    for name, stage in stages.items():
+        cls = stage_class(name)
+        choices = available(name) if cls.device == "gpu" else ["builtin"]
+        elsewhere = bool(stage.get("python")) and not _runs_here(stage["python"])
+        # A stage with its own environment may use a backend only that environment has: its
+        # worker checks the name when it starts (and exits naming the choices).
+        if stage["backend"] not in choices and not elsewhere:
+            raise ValueError(
+                f"stage {name!r} has unknown backend {stage['backend']!r} (stages.{name}.backend, "
+                f"${'FRAMEFLEET_STAGES__' + name.upper() + '__BACKEND'}); available: {', '.join(choices)}"
+            )
+        if stage.get("python") and cls.device != "gpu":
+            raise ValueError(f"stages.{name}.python: {name} runs on the cpu queue, in the main environment; "
+                             "only GPU stages can have an interpreter of their own")
+        if stage.get("python") and not Path(stage["python"]).is_absolute():
+            raise ValueError(f"stages.{name}.python must be an absolute path to an interpreter, "
+                             f"got {stage['python']!r} (e.g. /opt/envs/{name}/bin/python)")
+    chain_order({name: bool(stage["enabled"]) for name, stage in stages.items()})
 
 
 class Settings(BaseSettings):
@@ -94,14 +124,10 @@ class Settings(BaseSettings):
                 raise ValueError(f"unknown stage {name!r}; the stages are {', '.join(merged)}")
             if isinstance(override, StageSettings):
                 override = override.model_dump()
+            if not isinstance(override, dict):
+                raise ValueError(f"stages.{name} must be a mapping of setting: value, got {override!r}")
             merged[name] = {**merged[name], **override}
-        for name, stage in merged.items():
-            if stage["backend"] not in BACKENDS[name]:
-                raise ValueError(
-                    f"stage {name!r} has unknown backend {stage['backend']!r} (stages.{name}.backend, "
-                    f"${'FRAMEFLEET_STAGES__' + name.upper() + '__BACKEND'}); "
-                    f"available: {', '.join(BACKENDS[name])}"
-                )
+        _check_stages(merged)
         return merged
 
     @field_validator("autoscale")
@@ -140,11 +166,35 @@ class Settings(BaseSettings):
         return f"{self.gpu_queue_prefix}{index}"
 
     def gpu_index(self, queue: str) -> int | None:
-        """Return N for a queue named ``{gpu_queue_prefix}N``, else None."""
-        suffix = queue[len(self.gpu_queue_prefix) :]
+        """Return N for a queue named ``{gpu_queue_prefix}N`` or ``{gpu_queue_prefix}N.{stage}``, else None."""
+        suffix = queue[len(self.gpu_queue_prefix) :].split(".", 1)[0]
         if queue.startswith(self.gpu_queue_prefix) and suffix.isdigit():
             return int(suffix)
         return None
+
+    def stage_queue(self, stage: str, gpu: int) -> str:
+        """The queue of ``stage`` on GPU ``gpu``: ``gpu{N}``, or ``gpu{N}.{stage}`` for a stage with its own python."""
+        return f"{self.gpu_queue(gpu)}.{stage}" if self.stages[stage].python else self.gpu_queue(gpu)
+
+    def hosted_stages(self, own: str | None = None) -> tuple[str, ...]:
+        """The enabled GPU stages a worker of ``gpuN`` hosts (``own`` None), or of ``gpuN.<own>`` (just ``own``)."""
+        from tasks.stages import GPU_STAGES
+
+        if own is not None:
+            return (own,)
+        return tuple(s for s in self.enabled_stages() if s in GPU_STAGES and not self.stages[s].python)
+
+    def own_env_stages(self) -> tuple[str, ...]:
+        """The enabled GPU stages with an interpreter of their own (queues ``gpuN.<stage>``)."""
+        from tasks.stages import GPU_STAGES
+
+        return tuple(s for s in self.enabled_stages() if s in GPU_STAGES and self.stages[s].python)
+
+    def enabled_stages(self) -> tuple[str, ...]:
+        """The stages a video runs, in order (tasks.stages.chain_order of the enabled ones)."""
+        from tasks.stages import chain_order
+
+        return chain_order(self.stages)
 
 
 def exit_on_config_error(exc: ConfigError) -> NoReturn:

@@ -1,4 +1,4 @@
-"""Model backends, one registry keyed by (stage, name): the built-in ones, then the ``framefleet.backends`` entry points.
+"""Model backends in one registry keyed by (stage, name): built-in ones, then the ``framefleet.backends`` entry points.
 
 A backend living in its own package (beside its heavy dependencies) registers itself with
 an entry point in that package's ``pyproject.toml``::
@@ -26,6 +26,8 @@ BUILTIN: dict[tuple[str, str], str] = {
     ("depth", "synthetic"): "tasks.backends.synthetic:SyntheticDepth",
     ("tracks", "synthetic"): "tasks.backends.synthetic:SyntheticTracker",
     ("hands", "synthetic"): "tasks.backends.synthetic:SyntheticHands",
+    ("tracks2d", "synthetic"): "tasks.backends.synthetic:SyntheticTracker2D",
+    ("masks", "none"): "tasks.backends.trivial:AllTrueMasks",
 }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from tasks import fake_gpu
-from tasks.backends.base import DepthBackend, HandsBackend, TrackBackend
+from tasks.backends.base import DepthBackend, HandsBackend, Track2DBackend, TrackBackend, Tracks2DOutput
 from tasks.geometry import axis_angle_to_matrix, content_seed
 
 MIB = 1 << 20
@@ -174,6 +174,27 @@ class SyntheticTracker(SyntheticModel, TrackBackend):
         curl = np.stack([-np.sin(theta), np.cos(theta), np.zeros_like(theta)], axis=-1)
         t = np.arange(L, dtype=np.float64)[:, None, None]
         return (q[None] + speed * t * direction[None] + 0.002 * t**2 * curl[None]).astype(np.float32)
+
+
+class SyntheticTracker2D(SyntheticModel, Track2DBackend):
+    """CoTracker's role: pixels drift along a smooth, frame-seeded flow; a point leaving the frame is not visible."""
+
+    name = "synthetic"
+
+    def track2d(self, frames: np.ndarray, query_pixels: np.ndarray, masks: Any = None) -> Tracks2DOutput:
+        """Return tracks (L, N, 2) and visibility (L, N) of ``query_pixels`` (N, 2) over ``frames`` (L, H, W, 3)."""
+        L, H, W = frames.shape[:3]
+        with self.activations():
+            self.spend(1)
+        rng = np.random.default_rng(content_seed(frames[0, ::8, ::8]))
+        k, phase, speed = rng.uniform(0.005, 0.02, 2), rng.uniform(0, 2 * np.pi), rng.uniform(1.0, 4.0)
+        q = np.asarray(query_pixels, dtype=np.float64)
+        theta = k[0] * q[:, 0] + k[1] * q[:, 1] + phase
+        direction = np.stack([np.cos(theta), np.sin(theta)], axis=-1)
+        t = np.arange(L, dtype=np.float64)[:, None, None]
+        uv = q[None] + speed * t * direction[None]
+        visible = (uv[..., 0] >= 0) & (uv[..., 0] <= W - 1) & (uv[..., 1] >= 0) & (uv[..., 1] <= H - 1)
+        return {"tracks": uv.astype(np.float32), "visible": visible}
 
 
 def _hand_skeleton() -> np.ndarray:

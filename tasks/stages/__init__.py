@@ -1,99 +1,98 @@
-"""The five pipeline stages as plain classes with ``load(device)`` and ``run(inputs, progress)``.
+"""The pipeline's stages, declared once: this list, and what each class says of itself (tasks.stages.base).
 
-Stage modules are imported on first use, so importing this package loads neither
-PyAV, h5py nor torch.
+Everything else derives from it: the Celery tasks (tasks.pipeline), the CPU/GPU split, the
+settings' stage defaults and their validation (worker_config.settings), the inputs each stage
+is given (tasks.stage_io) and the chain a video follows (``chain_order``). To add a stage,
+write its class in a module of this package and add it to ``ALL``.
+Importing this package loads neither PyAV, h5py nor torch.
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
+from tasks.stages.base import ModelStage, Progress, Stage, report, require
+from tasks.stages.depth import DepthStage
+from tasks.stages.h5 import H5Stage
+from tasks.stages.hands import HandsStage
+from tasks.stages.masks import MasksStage
+from tasks.stages.preprocess import PreprocessStage
+from tasks.stages.tracks import TracksStage
+from tasks.stages.tracks2d import Tracks2DStage
 
-from tasks.errors import BadInput
+# In pipeline order; a stage comes after every stage it reads or uses.
+ALL: tuple[type[Stage], ...] = (
+    PreprocessStage, MasksStage, DepthStage, TracksStage, Tracks2DStage, HandsStage, H5Stage,
+)
+BY_NAME: dict[str, type[Stage]] = {cls.name: cls for cls in ALL}
+STAGE_NAMES = tuple(BY_NAME)
+GPU_STAGES = tuple(cls.name for cls in ALL if cls.device == "gpu")
+CPU_STAGES = tuple(cls.name for cls in ALL if cls.device == "cpu")
 
-Progress = Callable[[int, int], None]
-log = logging.getLogger(__name__)
-
-_CLASSES = {
-    "preprocess": ("tasks.stages.preprocess", "PreprocessStage"),
-    "depth": ("tasks.stages.depth", "DepthStage"),
-    "tracks": ("tasks.stages.tracks", "TracksStage"),
-    "hands": ("tasks.stages.hands", "HandsStage"),
-    "h5": ("tasks.stages.h5", "H5Stage"),
-}
-STAGE_NAMES = tuple(_CLASSES)
-__all__ = ["STAGE_NAMES", "stage_class", "require", "report", *(cls for _, cls in _CLASSES.values())]
-
-
-class ModelStage:
-    """What the three model stages share: a backend model built from its name, loaded on a device."""
-
-    name = ""
-
-    def __init__(self, backend: str = "synthetic", **backend_params: Any) -> None:
-        from tasks.backends import get_backend
-
-        self.backend_name = backend
-        self.model = get_backend(self.name, backend, **backend_params)
-
-    @property
-    def peak_memory_bytes(self) -> int:
-        return int(getattr(self.model, "peak_memory_bytes", 0))
-
-    def load(self, device: str) -> None:
-        self.model.load(device)
+__all__ = [
+    "ALL", "CPU_STAGES", "GPU_STAGES", "STAGE_NAMES", "ModelStage", "Progress", "Stage", "build", "chain_order",
+    "dataset_stage", "source_stage", "stage_class", "report", "require", *(cls.__name__ for cls in ALL),
+]
 
 
-def stage_class(name: str) -> type:
-    """Return the stage class named ``name`` (one of STAGE_NAMES); raises KeyError naming the choices."""
-    if name not in _CLASSES:
+def stage_class(name: str) -> type[Stage]:
+    """Return the stage class named ``name``; raises KeyError naming the choices."""
+    if name not in BY_NAME:
         raise KeyError(f"unknown stage {name!r}; stages are {', '.join(STAGE_NAMES)}")
-    module, cls = _CLASSES[name]
-    return getattr(importlib.import_module(module), cls)
+    return BY_NAME[name]
 
 
-def __getattr__(attr: str) -> Any:
-    for name, (_, cls) in _CLASSES.items():
-        if cls == attr:
-            return stage_class(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+def source_stage() -> type[Stage]:
+    """The stage that reads the raw video (it reads no other stage)."""
+    return next(cls for cls in ALL if not cls.reads)
 
 
-def require(
-    inputs: dict[str, Any],
-    key: str,
-    stage: str,
-    shape: tuple[int | None, ...] | None = None,
-    kind: str | None = None,
-) -> np.ndarray:
-    """Return ``inputs[key]`` as an array; raises BadInput naming the key, the shape wanted and found.
+def dataset_stage() -> type[Stage]:
+    """The stage that writes a video's dataset file (the .hdf5)."""
+    return next(cls for cls in ALL if cls.writes == "hdf5")
 
-    ``shape`` uses None for any length; ``kind`` is a NumPy dtype-kind string such as "f", "u" or "fiu".
+
+def chain_order(enabled: Mapping[str, Any]) -> tuple[str, ...]:
+    """Return the enabled stages in the order a video runs them.
+
+    ``enabled`` maps a stage name to something with an ``enabled`` attribute (the settings'
+    stages) or a bool. Raises ValueError when an enabled stage reads one that is off.
     """
-    if key not in inputs:
-        raise BadInput(
-            f"{stage}: input {key!r} is missing (got keys {sorted(inputs)}); pass the previous stage's output"
-        )
-    arr = np.asarray(inputs[key])
-    if shape is not None:
-        ok = arr.ndim == len(shape) and all(w is None or w == n for w, n in zip(shape, arr.shape, strict=True))
-        if not ok:
-            wanted = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ")"
-            raise BadInput(f"{stage}: input {key!r} must have shape {wanted}, got {arr.shape}")
-    if kind is not None and arr.dtype.kind not in kind:
-        raise BadInput(f"{stage}: input {key!r} must have a dtype of kind {kind!r}, got {arr.dtype}")
-    return arr
+
+    def on(name: str) -> bool:
+        value = enabled.get(name)
+        if value is None:
+            return not BY_NAME[name].optional
+        return bool(getattr(value, "enabled", value))
+
+    order = tuple(cls.name for cls in ALL if on(cls.name))
+    for name in order:
+        missing = [r for r in BY_NAME[name].reads if r not in order]
+        if missing:
+            raise ValueError(
+                f"stage {name!r} reads {', '.join(missing)}, which is switched off; "
+                f"set stages.{missing[0]}.enabled: true or switch {name} off"
+            )
+    return order
 
 
-def report(progress: Progress | None, done: int, total: int) -> None:
-    """Call ``progress(done, total)`` if given; a failing callback must not fail the stage."""
-    if progress is None:
-        return
-    try:
-        progress(int(done), int(total))
-    except Exception:  # progress is cosmetic: log it, keep the work
-        log.warning("progress callback failed at %d/%d", done, total, exc_info=True)
+def _check_order() -> None:
+    seen: set[str] = set()
+    for cls in ALL:
+        late = [r for r in (*cls.reads, *cls.uses) if r not in seen]
+        if late:
+            raise RuntimeError(f"stage {cls.name!r} reads {late} but comes before them in tasks.stages.ALL")
+        seen.add(cls.name)
+
+
+_check_order()
+
+
+def build(name: str, conf: Any) -> Stage:
+    """Return an unloaded stage ``name`` configured by ``conf`` (its StageSettings: backend and params)."""
+    cls = stage_class(name)
+    params: dict[str, Any] = dict(conf.params)
+    if issubclass(cls, ModelStage):
+        params["backend"] = conf.backend
+    return cls(**params)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from tasks.errors import BadInput
-from tasks.stages import ModelStage, Progress, report, require
+from tasks.stages.base import ModelStage, Outputs, Progress, report, require
 
 
 class DepthStage(ModelStage):
@@ -19,10 +20,11 @@ class DepthStage(ModelStage):
     """
 
     name = "depth"
+    reads = ("preprocess",)
 
     def __init__(
         self,
-        backend: str = "synthetic",
+        backend: str | None = None,
         flat_std_threshold: float = 0.1,
         max_flat_frame_pct: float = 10.0,
         **backend_params: Any,
@@ -30,6 +32,10 @@ class DepthStage(ModelStage):
         self.flat_std_threshold = float(flat_std_threshold)
         self.max_flat_frame_pct = float(max_flat_frame_pct)
         super().__init__(backend, **backend_params)
+
+    @classmethod
+    def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
+        return {"frames": outputs["preprocess"]["frames"]}
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
         frames = require(inputs, "frames", self.name, (None, None, None, 3), "u")
@@ -47,11 +53,14 @@ class DepthStage(ModelStage):
         K = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
         # ViPE writes camera->world; the contract stores world->camera.
         extrinsics = np.linalg.inv(np.asarray(out["cam_to_world"], dtype=np.float64))
-        return {
+        result = {
             "depths": depths.astype(np.float16),
             "intrinsics": np.tile(K, (T, 1, 1)).astype(np.float32),
             "extrinsics": extrinsics.astype(np.float32),
         }
+        if out.get("notes"):
+            result["notes"] = dict(out["notes"])
+        return result
 
     def _check_not_flat(self, depths: np.ndarray) -> None:
         finite = np.where(np.isfinite(depths), depths, np.nan)

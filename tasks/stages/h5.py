@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from tasks.errors import BadInput
 from tasks.geometry import crop_intrinsics, pose_9d, project_uvd, rot_6d, square_crop
-from tasks.stages import Progress, report, require
+from tasks.stages.base import Outputs, Progress, Stage, report, require
 from tasks.stats import Moments, VideoStats
 
 SIDES = ("left", "right")
@@ -56,13 +57,17 @@ def _concat(parts: list[np.ndarray], dim: int) -> np.ndarray:
     return np.concatenate(parts).reshape(-1, dim) if parts else np.zeros((0, dim))
 
 
-class H5Stage:
+class H5Stage(Stage):
     """Turn ``{"frames", "depths", "tracks", "hands", "text", "out_path"}`` into the HDF5 file at ``out_path``.
 
     Returns ``{"stats": VideoStats.to_dict(), "num_frames", "num_windows"}``.
     """
 
     name = "h5"
+    reads = ("preprocess", "depth", "tracks", "hands")
+    uses = ("tracks2d",)
+    writes = "hdf5"
+    default_deadline_s = 1800.0
 
     def __init__(
         self,
@@ -83,8 +88,13 @@ class H5Stage:
         self.track_type = track_type
         self.dims = 3 if track_type == "3d" else 2
 
-    def load(self, device: str) -> None:
-        """Nothing to load: writing runs on the CPU."""
+    @classmethod
+    def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
+        inputs = {"frames": outputs["preprocess"]["frames"], "depths": outputs["depth"]["depths"],
+                  "tracks": dict(outputs["tracks"]), "hands": dict(outputs["hands"]), "text": job.get("text", "")}
+        if "tracks2d" in outputs:
+            inputs["tracks2d"] = dict(outputs["tracks2d"])
+        return inputs
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
         import h5py

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from tasks.errors import BadInput
 from tasks.geometry import slerp
-from tasks.stages import ModelStage, Progress, report, require
+from tasks.stages.base import ModelStage, Outputs, Progress, report, require
 
 SIDES = ("left", "right")
 _POSE_KEYS = ("wrist_pose", "hand_pose", "joints_3d")
@@ -52,10 +53,11 @@ class HandsStage(ModelStage):
     """
 
     name = "hands"
+    reads = ("preprocess", "depth")
 
     def __init__(
         self,
-        backend: str = "synthetic",
+        backend: str | None = None,
         max_hand_velocity: float = 1.0,
         max_interpolation_gap: int = 20,
         **backend_params: Any,
@@ -63,6 +65,12 @@ class HandsStage(ModelStage):
         self.max_hand_velocity = float(max_hand_velocity)
         self.max_interpolation_gap = int(max_interpolation_gap)
         super().__init__(backend, **backend_params)
+
+    @classmethod
+    def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
+        depth = outputs["depth"]
+        return {"frames": outputs["preprocess"]["frames"], "intrinsics": depth["intrinsics"][0],
+                "depths": depth["depths"], "fps": float(outputs["preprocess"]["fps"])}
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
         frames = require(inputs, "frames", self.name, (None, None, None, 3), "u")
@@ -72,7 +80,9 @@ class HandsStage(ModelStage):
         K = np.asarray(K.reshape(-1, 3, 3)[0], dtype=np.float32)
         fps = float(require(inputs, "fps", self.name, ()))
         T = frames.shape[0]
-        detections = self.model.detect(frames, K, progress=lambda done, total: report(progress, done, total))
+        depths = inputs.get("depths")
+        detections = self.model.detect(frames, K, depths=None if depths is None else np.asarray(depths),
+                                       progress=lambda done, total: report(progress, done, total))
         out: dict[str, Any] = {"intrinsics": K}
         for name in SIDES:
             side = {key: np.array(detections[name][key], dtype=np.float32) for key in _POSE_KEYS}

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tasks.errors import BadInput
-from tasks.stages import Progress, report
+from tasks.stages.base import Outputs, Progress, Stage, report
+from tasks.storage import confine
 
 
-class PreprocessStage:
+class PreprocessStage(Stage):
     """Turn ``{"video_path"}`` into ``{"frames" (T, H, W, 3) uint8, "fps", "source_fps", "source_width",
     "source_height"}``; ``fps`` is the rate of the kept frames, min(target_fps, source_fps)."""
 
     name = "preprocess"
+    default_params = {"target_fps": 10.0}
+    default_deadline_s = 1800.0
 
     def __init__(self, target_fps: float = 10.0, width: int = 512, height: int = 384) -> None:
         if target_fps <= 0 or width <= 0 or height <= 0:
@@ -24,8 +29,9 @@ class PreprocessStage:
         self.width = int(width)
         self.height = int(height)
 
-    def load(self, device: str) -> None:
-        """Nothing to load: decoding runs on the CPU whatever the device."""
+    @classmethod
+    def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
+        return {"video_path": str(confine(Path(job["dataset_root"]), job["video"]))}
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
         """Decode ``inputs["video_path"]``; raises BadInput naming the file when no frame decodes."""

@@ -2,28 +2,47 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from tasks.geometry import content_seed, unproject, window_poses, window_starts
-from tasks.stages import ModelStage, Progress, report, require
+from tasks.stages.base import ModelStage, Outputs, Progress, report, require
 
 
-def sample_queries(depth: np.ndarray, K: np.ndarray, target_points: int, seed: int) -> np.ndarray:
-    """Return up to ``target_points`` points (N, 3) float64 unprojected from pixels with depth > 0.
+def sample_pixels(
+    depth: np.ndarray, target_points: int, seed: int, mask: np.ndarray | None = None, erosion_px: int = 0
+) -> np.ndarray:
+    """Return up to ``target_points`` pixels (N, 2) float64 (u, v) with depth > 0, inside ``mask`` when given.
 
-    The pixels are drawn without replacement by a generator seeded with ``seed``, then
-    sorted row-major, so the same frame and seed give the same points.
+    The mask (H, W) bool is first eroded by ``erosion_px``. The pixels are drawn without
+    replacement by a generator seeded with ``seed``, then sorted row-major, so the same
+    frame and seed give the same points.
     """
     d = np.asarray(depth, dtype=np.float32)
-    candidates = np.flatnonzero(np.isfinite(d) & (d > 0))
+    ok = np.isfinite(d) & (d > 0)
+    if mask is not None:
+        from tasks.stages.masks import erode
+
+        ok &= erode(mask, erosion_px)
+    candidates = np.flatnonzero(ok)
     n = min(target_points, candidates.size)
     rng = np.random.default_rng(seed)
     chosen = np.sort(rng.choice(candidates, size=n, replace=False)) if n else candidates[:0]
     rows, cols = np.divmod(chosen, d.shape[1])
-    pixels = np.stack([cols, rows], axis=-1).astype(np.float64)
-    return unproject(pixels, d.reshape(-1)[chosen], K)
+    return np.stack([cols, rows], axis=-1).astype(np.float64)
+
+
+def sample_queries(
+    depth: np.ndarray, K: np.ndarray, target_points: int, seed: int, mask: np.ndarray | None = None,
+    erosion_px: int = 0,
+) -> np.ndarray:
+    """Return up to ``target_points`` points (N, 3) float64 unprojected from the pixels of ``sample_pixels``."""
+    d = np.asarray(depth, dtype=np.float32)
+    pixels = sample_pixels(d, target_points, seed, mask, erosion_px)
+    cols, rows = pixels[:, 0].astype(np.int64), pixels[:, 1].astype(np.int64)
+    return unproject(pixels, d[rows, cols], K)
 
 
 class TracksStage(ModelStage):
@@ -36,16 +55,19 @@ class TracksStage(ModelStage):
     """
 
     name = "tracks"
+    reads = ("preprocess", "depth")
+    uses = ("masks",)
 
     def __init__(
         self,
-        backend: str = "synthetic",
+        backend: str | None = None,
         window_length: int = 10,
         stride: int = 1,
         target_points: int = 64,
+        mask_erosion_pixels: int = 0,
         **backend_params: Any,
     ) -> None:
-        if window_length < 1 or stride < 1 or target_points < 0:
+        if window_length < 1 or stride < 1 or target_points < 0 or mask_erosion_pixels < 0:
             raise ValueError(
                 f"window_length and stride must be >= 1 and target_points >= 0, "
                 f"got {window_length}, {stride}, {target_points}"
@@ -53,7 +75,15 @@ class TracksStage(ModelStage):
         self.window_length = int(window_length)
         self.stride = int(stride)
         self.target_points = int(target_points)
+        self.mask_erosion_pixels = int(mask_erosion_pixels)
         super().__init__(backend, **backend_params)
+
+    @classmethod
+    def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
+        inputs = {"frames": outputs["preprocess"]["frames"], **outputs["depth"]}
+        if "masks" in outputs:
+            inputs["masks"] = outputs["masks"]["masks"]
+        return inputs
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
         frames = require(inputs, "frames", self.name, (None, None, None, 3), "u")
@@ -61,6 +91,7 @@ class TracksStage(ModelStage):
         depths = require(inputs, "depths", self.name, (T, H, W), "f")
         intrinsics = require(inputs, "intrinsics", self.name, (T, 3, 3), "f")
         extrinsics = require(inputs, "extrinsics", self.name, (T, 4, 4), "f")
+        masks = inputs.get("masks")
         L, P = self.window_length, self.target_points
         starts = window_starts(T, L, self.stride)
         tracks = np.zeros((len(starts), L, P, 3), dtype=np.float32)
@@ -69,7 +100,10 @@ class TracksStage(ModelStage):
         video_seed = content_seed(frames[:, ::8, ::8]) if len(starts) else 0
         for w, s in enumerate(starts):
             window = slice(int(s), int(s) + L)
-            queries = sample_queries(depths[s], intrinsics[s], P, seed=content_seed(np.int64(s), video_seed))
+            mask = None if masks is None else np.asarray(masks[s], dtype=bool)
+            seed = content_seed(np.int64(s), video_seed)
+            pixels = sample_pixels(depths[s], P, seed, mask, self.mask_erosion_pixels)
+            queries = sample_queries(depths[s], intrinsics[s], P, seed, mask, self.mask_erosion_pixels)
             if len(queries):
                 out = self.model.track(
                     frames=frames[window],
@@ -77,6 +111,8 @@ class TracksStage(ModelStage):
                     depths=depths[window],
                     intrinsics=intrinsics[window],
                     extrinsics=extrinsics[window],
+                    query_pixels=pixels,
+                    masks=None if masks is None else np.asarray(masks[window], dtype=bool),
                 )
                 tracks[w, :, : len(queries)] = out
             num_points[w] = len(queries)

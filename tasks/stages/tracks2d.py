@@ -1,0 +1,86 @@
+"""2D tracks (CoTracker's role, for ``track_type: 2d``): pixel tracks per sliding window."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tasks.geometry import content_seed, window_starts
+from tasks.stages.base import ModelStage, Outputs, Progress, report, require
+from tasks.stages.tracks import sample_pixels
+
+
+class Tracks2DStage(ModelStage):
+    """Turn ``{"frames", "depths"[, "masks"]}`` into fixed-shape window arrays of pixel tracks.
+
+    Outputs: ``window_starts`` (W,) int64, ``tracks`` (W, L, P, 2) float32 pixels (u, v) at frame
+    size, zero-padded past ``num_points`` (W,) int64, ``visible`` (W, L, P) bool, ``num_frames``,
+    ``resolution`` (H, W) int64 and ``window_length``. Off unless ``stages.tracks2d.enabled``.
+    """
+
+    name = "tracks2d"
+    reads = ("preprocess", "depth")
+    uses = ("masks",)
+    optional = True
+
+    def __init__(
+        self,
+        backend: str | None = None,
+        window_length: int = 10,
+        stride: int = 1,
+        target_points: int = 64,
+        mask_erosion_pixels: int = 0,
+        **backend_params: Any,
+    ) -> None:
+        if window_length < 1 or stride < 1 or target_points < 0 or mask_erosion_pixels < 0:
+            raise ValueError(
+                "window_length and stride must be >= 1, target_points and mask_erosion_pixels >= 0, got "
+                f"{window_length}, {stride}, {target_points}, {mask_erosion_pixels}"
+            )
+        self.window_length, self.stride, self.target_points = int(window_length), int(stride), int(target_points)
+        self.mask_erosion_pixels = int(mask_erosion_pixels)
+        super().__init__(backend, **backend_params)
+
+    @classmethod
+    def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
+        inputs = {"frames": outputs["preprocess"]["frames"], "depths": outputs["depth"]["depths"]}
+        if "masks" in outputs:
+            inputs["masks"] = outputs["masks"]["masks"]
+        return inputs
+
+    def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
+        frames = require(inputs, "frames", self.name, (None, None, None, 3), "u")
+        T, H, W = frames.shape[:3]
+        depths = require(inputs, "depths", self.name, (T, H, W), "f")
+        masks = inputs.get("masks")
+        L, P = self.window_length, self.target_points
+        starts = window_starts(T, L, self.stride)
+        tracks = np.zeros((len(starts), L, P, 2), dtype=np.float32)
+        visible = np.zeros((len(starts), L, P), dtype=bool)
+        num_points = np.zeros(len(starts), dtype=np.int64)
+        video_seed = content_seed(frames[:, ::8, ::8]) if len(starts) else 0
+        for w, s in enumerate(starts):
+            window = slice(int(s), int(s) + L)
+            mask = None if masks is None else np.asarray(masks[s], dtype=bool)
+            pixels = sample_pixels(depths[s], P, content_seed(np.int64(s), video_seed), mask, self.mask_erosion_pixels)
+            if len(pixels):
+                out = self.model.track2d(
+                    frames[window], pixels, None if masks is None else np.asarray(masks[window], dtype=bool)
+                )
+                tracks[w, :, : len(pixels)] = np.asarray(out["tracks"], dtype=np.float32)
+                visible[w, :, : len(pixels)] = np.asarray(out["visible"], dtype=bool)
+            num_points[w] = len(pixels)
+            if w % 8 == 7:
+                report(progress, int(s) + 1, T)
+        report(progress, T, T)
+        return {
+            "window_starts": starts,
+            "tracks": tracks,
+            "visible": visible,
+            "num_points": num_points,
+            "num_frames": np.int64(T),
+            "resolution": np.array([H, W], dtype=np.int64),
+            "window_length": np.int64(L),
+        }
