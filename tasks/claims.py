@@ -12,6 +12,8 @@ import hashlib
 
 import redis
 
+from tasks.errors import ClaimLost, ClaimUnconfirmed
+
 CLAIM_PREFIX = "ff:claim:"
 DONE_PREFIX = "ff:done:"
 
@@ -39,6 +41,30 @@ def acquire(r: redis.Redis, key: str, owner: str, ttl_s: float) -> str | None:
         HELD[key] = owner
         return None
     return holder or ""
+
+
+def confirm(r: redis.Redis, key: str, ttl_s: float) -> None:
+    """Check, just before publishing an output, that this process still holds ``key``; re-take it if it lapsed
+    and nobody took it since. Raises ClaimLost when another run holds it, ClaimUnconfirmed when Redis cannot say.
+
+    This is the fence of a host that was cut off or paused: its claim lapsed, another host took the stage over,
+    and the late run must not overwrite that host's output or continue the chain a second time.
+    """
+    owner = HELD.get(key)
+    if owner is None:
+        return  # no claim taken (no Redis at start): nothing to fence with
+    try:
+        holder = r.get(key)
+        if holder is None and r.set(key, owner, nx=True, px=int(ttl_s * 1000)):
+            return  # lapsed (not renewed in time) but free: ours again
+        holder = holder if holder is not None else r.get(key)
+    except redis.RedisError as exc:
+        raise ClaimUnconfirmed(f"cannot confirm the claim {key} before publishing ({exc}); output discarded, "
+                               "the stage will run again", 10.0) from exc
+    if holder != owner:
+        HELD.pop(key, None)
+        raise ClaimLost(f"{key} is now held by {holder or 'nobody'} (ours lapsed: this host was cut off from Redis "
+                        "or paused for longer than lease_ttl_s); output discarded")
 
 
 def release(r: redis.Redis, key: str) -> None:

@@ -43,6 +43,15 @@ class TransientIO(RetryableError):
     """A file system or broker hiccup that may pass."""
 
 
+class ClaimLost(FramefleetError):
+    """Another run now holds this video's stage (ours lapsed: a host cut off or paused past the lease TTL);
+    this run must publish nothing and continue nothing."""
+
+
+class ClaimUnconfirmed(RetryableError):
+    """Redis could not be asked whether this run still holds its claim, so its output was not published."""
+
+
 def error_class(exc: BaseException) -> str:
     """Return the short class name recorded in failure records and quarantine entries."""
     return type(exc).__name__
