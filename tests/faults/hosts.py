@@ -75,14 +75,35 @@ class Host:
         env = dict(env)
         if self.skew_s:
             # libfaketime shifts the wall clock only; monotonic timers (sleeps, timeouts) stay true.
-            env.update(LD_PRELOAD=str(LIBFAKETIME), FAKETIME=f"{self.skew_s:+g}", FAKETIME_DONT_FAKE_MONOTONIC="1",
-                       FAKETIME_DONT_RESET="1")
+            env.update(
+                LD_PRELOAD=str(LIBFAKETIME),
+                FAKETIME=f"{self.skew_s:+g}",
+                FAKETIME_DONT_FAKE_MONOTONIC="1",
+                FAKETIME_DONT_RESET="1",
+            )
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                ["ip", "netns", "exec", self.netns, "unshare", "--uts", "--", sys.executable, "-c", SET_HOSTNAME,
-                 self.name, *argv],
-                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    self.netns,
+                    "unshare",
+                    "--uts",
+                    "--",
+                    sys.executable,
+                    "-c",
+                    SET_HOSTNAME,
+                    self.name,
+                    *argv,
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.procs.append(proc)
         return proc
 
@@ -165,9 +186,27 @@ class Cluster:
         self.port = free_port()
         binds = ["127.0.0.1", *(h.redis_address for h in self.hosts.values())]
         self.redis = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", *binds, "--requirepass", self.password,
-             "--dir", str(data), "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
-            stdout=open(data / "redis.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)  # noqa: SIM115
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                *binds,
+                "--requirepass",
+                self.password,
+                "--dir",
+                str(data),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ],
+            stdout=open(data / "redis.log", "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # noqa: SIM115
         client = self.client()
         wait_until(lambda: _pings(client), 20, "the cluster's redis-server to answer")
 

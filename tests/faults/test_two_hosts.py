@@ -40,8 +40,10 @@ stages:
 GPUS = {"hostA": 2, "hostB": 1}
 STAMP = r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): \w+/\w+\] "
 REQUEUED = re.compile(STAMP + r"requeued message ([0-9a-f-]+): its worker's lease lapsed")
-RECEIVED = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/\w+\] Task (framefleet\.\w+)\[([0-9a-f-]+)\] "
-                      r"received")
+RECEIVED = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/\w+\] Task (framefleet\.\w+)\[([0-9a-f-]+)\] "
+    r"received"
+)
 
 
 class TwoHosts:
@@ -58,8 +60,14 @@ class TwoHosts:
 
     def env(self, host: Host | None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in PIPELINE_ENV}
-        env.update(REDIS_URL=self.cluster.url(host), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1",
-                   FRAMEFLEET_CONFIG=str(self.tmp / "settings.yaml"), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        env.update(
+            REDIS_URL=self.cluster.url(host),
+            PYTHONPATH=str(ROOT),
+            PYTHONUNBUFFERED="1",
+            FRAMEFLEET_CONFIG=str(self.tmp / "settings.yaml"),
+            OMP_NUM_THREADS="1",
+            MKL_NUM_THREADS="1",
+        )
         return env
 
     def logs(self, host: Host) -> Path:
@@ -70,12 +78,49 @@ class TwoHosts:
             ledger = self.tmp / host.name / "ledger.json"
             ledger.parent.mkdir(parents=True)
             FakeGpuLedger.create(ledger, [{"total_mib": 8192, "name": f"Fake GPU of {host.name}"}] * GPUS[host.name])
-            host.start([sys.executable, "scripts/autoscaler.py", "--fake-gpu", str(ledger), "--log-dir",
-                        str(self.logs(host)), "--tick-s", "0.5", "--max-workers-per-gpu", "1", "--stop-grace-s", "20"],
-                       self.env(host), self.logs(host) / "autoscaler.log")
-            host.start([sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", "cpu", "-P", "prefork", "-c",
-                        "1", "-n", "cpu@%h", "-E", "--without-gossip", "--without-mingle", "--loglevel", "INFO"],
-                       self.env(host), self.logs(host) / "cpu.log")
+            host.start(
+                [
+                    sys.executable,
+                    "scripts/autoscaler.py",
+                    "--fake-gpu",
+                    str(ledger),
+                    "--log-dir",
+                    str(self.logs(host)),
+                    "--tick-s",
+                    "0.5",
+                    "--max-workers-per-gpu",
+                    "1",
+                    "--stop-grace-s",
+                    "20",
+                ],
+                self.env(host),
+                self.logs(host) / "autoscaler.log",
+            )
+            host.start(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "tasks",
+                    "worker",
+                    "-Q",
+                    "cpu",
+                    "-P",
+                    "prefork",
+                    "-c",
+                    "1",
+                    "-n",
+                    "cpu@%h",
+                    "-E",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--loglevel",
+                    "INFO",
+                ],
+                self.env(host),
+                self.logs(host) / "cpu.log",
+            )
         expected = {"gpu0-1@hostA", "gpu1-1@hostA", "cpu@hostA", "gpu0-1@hostB", "cpu@hostB"}
         wait_until(lambda: expected <= self.workers(), 120, f"the workers {sorted(expected)} to register")
 
@@ -129,8 +174,7 @@ class TwoHosts:
         requeued, started = self.requeued(self.a), self.received(self.a)
         missing = {task for task, tag in held.items() if tag not in requeued or task not in started}
         assert not missing, f"hostB's tasks {missing} were not requeued and run on hostA"
-        return (max(requeued[tag] for tag in held.values()) - lost_at,
-                max(started[task] for task in held) - lost_at)
+        return (max(requeued[tag] for tag in held.values()) - lost_at, max(started[task] for task in held) - lost_at)
 
     def stage_runs(self) -> Counter[tuple[str, str]]:
         """How many times each (stage, video) ran to its output, over both hosts' worker logs."""
@@ -148,7 +192,8 @@ class TwoHosts:
         for log in (self.tmp / "logs").glob("*/gpu*.log"):
             text = log.read_text(errors="replace")
             counts[f"{log.stem}@{log.parent.name}"] = sum(
-                text.count(f"] ran {s} of ") for s in ("depth", "tracks", "hands"))
+                text.count(f"] ran {s} of ") for s in ("depth", "tracks", "hands")
+            )
         return counts
 
     def close(self) -> None:
@@ -217,9 +262,14 @@ def test_host_b_killed_mid_run_its_tasks_finish_on_host_a(two_hosts, fault_raw):
     assert_markers_match_outputs(two_hosts.out)
     runs = two_hosts.stage_runs()
     assert len(runs) == 4 * 5 and set(runs.values()) == {1}, runs
-    record("two hosts: hostB SIGKILLed", f"{killed} processes killed holding {len(held)} task(s); started on "
-           f"hostA after {started_s:.1f} s; {sum(runs.values())} stage runs, max {max(runs.values())} per stage",
-           two_hosts.out, None, requeued_s)
+    record(
+        "two hosts: hostB SIGKILLed",
+        f"{killed} processes killed holding {len(held)} task(s); started on "
+        f"hostA after {started_s:.1f} s; {sum(runs.values())} stage runs, max {max(runs.values())} per stage",
+        two_hosts.out,
+        None,
+        requeued_s,
+    )
 
 
 def test_host_b_cut_off_mid_run_then_back_writes_no_second_copy(two_hosts, fault_raw):
@@ -242,9 +292,14 @@ def test_host_b_cut_off_mid_run_then_back_writes_no_second_copy(two_hosts, fault
     video = busy["current"]["video"]
     assert len(runs) == 4 * 5 and set(runs.values()) == {1}, {k: v for k, v in runs.items() if v != 1} or video
     assert json.loads((two_hosts.out / "run_summary.json").read_text())["done"] == 4
-    record("two hosts: hostB cut off, then back", f"link down with {len(held)} task(s) in hand; started on hostA "
-           f"after {started_s:.1f} s; {sum(runs.values())} stage runs, max {max(runs.values())} per stage",
-           two_hosts.out, None, requeued_s)
+    record(
+        "two hosts: hostB cut off, then back",
+        f"link down with {len(held)} task(s) in hand; started on hostA "
+        f"after {started_s:.1f} s; {sum(runs.values())} stage runs, max {max(runs.values())} per stage",
+        two_hosts.out,
+        None,
+        requeued_s,
+    )
 
 
 @pytest.mark.skipif(not LIBFAKETIME.exists(), reason=f"no libfaketime at {LIBFAKETIME} (apt install libfaketime)")
@@ -268,8 +323,13 @@ def test_host_b_with_its_clock_off_by_more_than_the_lease_ttl(tmp_path, fault_ra
         assert_markers_match_outputs(cluster.out)
         runs = cluster.stage_runs()  # while both ran, neither host's reaper took a live task of the other
         assert len(runs) == 4 * 5 and set(runs.values()) == {1}, runs
-        record(f"two hosts: hostB's clock {skew_s:+.0f} s, then SIGKILLed", f"lease TTL {LEASE_TTL_S:.0f} s; started "
-               f"on hostA after {started_s:.1f} s; {sum(runs.values())} stage runs, max {max(runs.values())} per stage",
-               cluster.out, None, requeued_s)
+        record(
+            f"two hosts: hostB's clock {skew_s:+.0f} s, then SIGKILLed",
+            f"lease TTL {LEASE_TTL_S:.0f} s; started "
+            f"on hostA after {started_s:.1f} s; {sum(runs.values())} stage runs, max {max(runs.values())} per stage",
+            cluster.out,
+            None,
+            requeued_s,
+        )
     finally:
         cluster.close()
