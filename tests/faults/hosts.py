@@ -24,7 +24,8 @@ import redis
 
 from tests.conftest import ROOT, wait_until
 
-LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
+# A sitecustomize that shifts the wall clock of the Python processes of a host whose clock is off.
+SKEWED_CLOCK = Path(__file__).resolve().parent / "skewed_clock"
 # Runs in the host's new UTS namespace: take the host name, then become the command (no shell).
 SET_HOSTNAME = "import os, socket, sys; socket.sethostname(sys.argv[1]); os.execvp(sys.argv[2], sys.argv[2:])"
 
@@ -74,12 +75,9 @@ class Host:
         """Start ``argv`` on this host (its network, its host name, its clock); output to ``log``."""
         env = dict(env)
         if self.skew_s:
-            # libfaketime shifts the wall clock only; monotonic timers (sleeps, timeouts) stay true.
             env.update(
-                LD_PRELOAD=str(LIBFAKETIME),
-                FAKETIME=f"{self.skew_s:+g}",
-                FAKETIME_DONT_FAKE_MONOTONIC="1",
-                FAKETIME_DONT_RESET="1",
+                PYTHONPATH=os.pathsep.join(filter(None, [str(SKEWED_CLOCK), env.get("PYTHONPATH")])),
+                FRAMEFLEET_TEST_CLOCK_SKEW_S=str(self.skew_s),
             )
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:

@@ -20,7 +20,7 @@ from tasks.fake_gpu import FakeGpuLedger
 from tasks.storage import read_marker
 from tests.conftest import PIPELINE_ENV, ROOT, run_script, wait_until
 from tests.faults.conftest import assert_nothing_lost, record, wait_for_summary
-from tests.faults.hosts import LIBFAKETIME, Cluster, Host, why_no_namespaces
+from tests.faults.hosts import Cluster, Host, why_no_namespaces
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 NO_NAMESPACES = why_no_namespaces()
@@ -302,7 +302,6 @@ def test_host_b_cut_off_mid_run_then_back_writes_no_second_copy(two_hosts, fault
     )
 
 
-@pytest.mark.skipif(not LIBFAKETIME.exists(), reason=f"no libfaketime at {LIBFAKETIME} (apt install libfaketime)")
 @pytest.mark.parametrize("skew_s", [-20.0, 20.0])
 def test_host_b_with_its_clock_off_by_more_than_the_lease_ttl(tmp_path, fault_raw, skew_s):
     cluster = TwoHosts(tmp_path, skew_b_s=skew_s)
