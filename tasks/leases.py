@@ -20,6 +20,8 @@ LEASE_PREFIX = "ff:lease:"
 UNACKED = "unacked"
 UNACKED_INDEX = "unacked_index"
 REAPER_LOCK = "ff:reaper-lock"
+# delivery tags that were ever leased: when such a lease is gone, the worker is gone, whatever the clocks say
+LEASED = "ff:leased"
 
 # delivery tag → task id of the messages this worker process holds
 HELD: dict[str, str] = {}
@@ -27,7 +29,10 @@ HELD: dict[str, str] = {}
 
 def grant(r: redis.Redis, tag: str, task_id: str, hostname: str, ttl_s: float) -> None:
     HELD[tag] = task_id
-    r.set(LEASE_PREFIX + tag, f"{hostname} {task_id}", px=int(ttl_s * 1000))
+    pipe = r.pipeline()
+    pipe.set(LEASE_PREFIX + tag, f"{hostname} {task_id}", px=int(ttl_s * 1000))
+    pipe.sadd(LEASED, tag)
+    pipe.execute()
 
 
 def renew(r: redis.Redis, ttl_s: float) -> int:
@@ -53,20 +58,29 @@ def reap(app: celery.Celery, r: redis.Redis, ttl_s: float) -> list[str]:
     """Requeue every unacknowledged message older than ``ttl_s`` whose lease has lapsed."""
     if not r.set(REAPER_LOCK, "1", nx=True, px=int(ttl_s * 500)):
         return []
+    # kombu dates each delivery by the receiving host's clock, so on several hosts an age says little: a
+    # message whose lease existed and lapsed is reaped at once; only one never leased (its worker died
+    # between delivery and the grant) waits until it looks older than the TTL.
     cutoff = time.time() - ttl_s
-    candidates = [tag for tag, _ in r.zrangebyscore(UNACKED_INDEX, "-inf", cutoff, withscores=True)]
+    delivered = dict(r.zrange(UNACKED_INDEX, 0, -1, withscores=True))
+    leased = r.smembers(LEASED)
+    gone = [tag for tag in leased if tag not in delivered]  # acknowledged or requeued since
+    if gone:
+        r.srem(LEASED, *gone)
+    candidates = [tag for tag, at in delivered.items() if tag in leased or at <= cutoff]
     if not candidates:
         return []
     pipe = r.pipeline()
     for tag in candidates:
         pipe.exists(LEASE_PREFIX + tag)
-    lapsed = [tag for tag, leased in zip(candidates, pipe.execute(), strict=True) if not leased]
+    lapsed = [tag for tag, alive in zip(candidates, pipe.execute(), strict=True) if not alive]
     if lapsed:
         with app.connection_for_write() as conn:
             qos = conn.default_channel.qos
             for tag in lapsed:
                 qos.restore_by_tag(tag, leftmost=False)  # front: it was already under way
                 log.warning("requeued message %s: its worker's lease lapsed (worker lost)", tag)
+        r.srem(LEASED, *lapsed)  # redelivered under the same tag, it is new: leased afresh or dated
     return lapsed
 
 
