@@ -27,7 +27,7 @@ from tasks.redis_client import get_redis
 from tasks.routing import route_task
 from tasks.stage_io import check_roots, gather_inputs, marker_of, output_path
 from tasks.stages import STAGE_NAMES, stage_class
-from tasks.storage import atomic_write, read_marker, save_npz, write_marker
+from tasks.storage import atomic_write, clear_temporaries, read_marker, save_npz, write_marker
 
 log = logging.getLogger("framefleet.pipeline")
 PROGRESS_EVENT_INTERVAL_S = 0.5  # at most 2 task-progress events a second per task
@@ -60,6 +60,9 @@ def _execute(stage_name: str, job: dict[str, Any], fence: Callable[[], None] | N
             return {"skipped": True, **done.get("report", {})}
     stage = worker.get_stage(stage_name)
     oom.set_chunk_scale(stage, float(job.get("chunk_scale", 1.0)))
+    for leftover in (output, marker):  # a worker (or a whole host) killed mid-write leaves its temporary behind
+        if cleared := clear_temporaries(leftover):
+            log.warning("removed %d temporary file(s) of %s left by a writer that died", cleared, leftover.name)
 
     def fence_output() -> None:
         # A run that lost its claim for a while may find the stage finished by the run that took over.

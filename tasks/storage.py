@@ -54,6 +54,17 @@ def atomic_write(path: Path, write: Callable[[Path], Any], fence: Callable[[], N
     return digest
 
 
+def clear_temporaries(path: Path) -> int:
+    """Remove the temporary files a writer of ``path`` left when it died mid-write; return how many.
+
+    Call it only while holding the claim on ``path``'s stage: no other writer is then legitimate.
+    """
+    stale = list(path.parent.glob(f".{path.name}.*.tmp")) if path.parent.is_dir() else []
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    return len(stale)
+
+
 def write_text_atomic(path: Path, text: str, fence: Callable[[], None] | None = None) -> str:
     return atomic_write(path, lambda tmp: tmp.write_text(text), fence)
 

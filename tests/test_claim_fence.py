@@ -54,3 +54,14 @@ def test_a_run_that_cannot_reach_redis_publishes_nothing_and_retries(r, tmp_path
     with pytest.raises(ClaimUnconfirmed):
         save_npz(out, {"x": [1]}, fence=lambda: claims.confirm(unreachable, KEY, 30))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_temporaries_of_a_writer_that_died_are_cleared_and_nothing_else(tmp_path):
+    from tasks.storage import clear_temporaries
+
+    out = tmp_path / "depth.npz"
+    (tmp_path / ".depth.npz.1a2b3c4d.tmp").write_bytes(b"torn")  # a host killed mid-write
+    (tmp_path / ".tracks.npz.1a2b3c4d.tmp").write_bytes(b"another stage's")
+    save_npz(out, {"x": [1]})
+    assert clear_temporaries(out) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tracks.npz.1a2b3c4d.tmp", "depth.npz"]
