@@ -1,9 +1,7 @@
-"""What every framefleet script shares: import path, --config, settings errors as clean exits."""
+"""Put the project on the import path for the scripts, then re-export what they share from tasks.cli.common."""
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -11,28 +9,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from worker_config.settings import CONFIG_ENV, ConfigError, Settings, exit_on_config_error, load_settings  # noqa: E402
+from tasks.cli.common import add_config_argument, fail, settings_from  # noqa: E402
 
-
-def add_config_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help=f"YAML settings file (else ${CONFIG_ENV})")
-
-
-def settings_from(args: argparse.Namespace) -> Settings:
-    """Load and apply the settings named by --config; exit 2 with the reason when they are bad."""
-    try:
-        conf = load_settings(args.config)
-    except ConfigError as exc:
-        exit_on_config_error(exc)
-    if args.config:
-        # Child processes (workers, Flower) read the same file.
-        os.environ[CONFIG_ENV] = str(Path(args.config).resolve())
-    from tasks import configure
-
-    configure(conf)
-    return conf
-
-
-def fail(message: str, code: int = 2) -> int:
-    print(f"framefleet: {message}", file=sys.stderr)
-    return code
+__all__ = ["ROOT", "add_config_argument", "fail", "settings_from"]

@@ -2,6 +2,11 @@
 """Enqueue a folder of videos as one dataset run and show its progress until the statistics exist.
 
     python scripts/enqueue_dataset.py RAW_DIR --out OUT [--limit N] [--gpus 0,2] [--no-wait]
+                                      [--metadata FILE] [--require-text]
+
+Text for each video's root/text (and the noun the masks stage prompts with) comes from
+RAW_DIR/metadata.csv, or --metadata FILE: columns clip_id, noun, text, where clip_id is the
+video's path under RAW_DIR without its extension, or y2r's index of it in sorted order.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from tasks.dataset import (
     new_run_id,
     write_manifest,
 )
+from tasks.metadata import MetadataError, texts_for
 from tasks.redis_client import get_redis
 from tasks.storage import write_text_atomic
 from worker_config.settings import Settings, redact_url, resolved_dict
@@ -60,12 +66,16 @@ def check_redis(conf: Settings) -> str | None:
 
 def enqueue(conf: Settings, raw_dir: Path, out_dir: Path, limit: int | None = None,
             gpus: list[int] | None = None, resume: bool = False, force: bool = False,
-            retry_quarantined: bool = False) -> dict[str, Any]:
-    """Send the run's chord; return {run_id, callback_id, videos}. Raises DatasetError."""
-    videos = find_videos(raw_dir)[: limit or None]
+            retry_quarantined: bool = False, metadata: Path | None = None,
+            require_text: bool = False) -> dict[str, Any]:
+    """Send the run's chord; return {run_id, callback_id, videos}. Raises DatasetError or MetadataError."""
+    every_video = find_videos(raw_dir)
+    videos = every_video[: limit or None]
     check_folders(raw_dir, out_dir, resume or retry_quarantined, force)
+    # y2r's numeric clip ids count every video, so the limit applies after reading the file.
+    texts = texts_for(raw_dir, every_video, metadata, require_text, selected=videos)
     run_id = new_run_id()
-    entries = write_manifest(raw_dir, out_dir, videos, run_id)
+    entries = write_manifest(raw_dir, out_dir, videos, run_id, texts)
     if retry_quarantined:
         held = quarantine.read(out_dir)
         if not held:
@@ -98,6 +108,14 @@ def release_result_subscriptions() -> None:
         for waiters in list(mapping.values()):
             for result in list(waiters.values()):
                 app.backend.remove_pending_result(result)
+
+
+def add_metadata_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add --metadata and --require-text (shared with run_local)."""
+    parser.add_argument("--metadata", type=Path, metavar="FILE",
+                        help="CSV with columns clip_id, noun, text (default: RAW_DIR/metadata.csv if present)")
+    parser.add_argument("--require-text", action="store_true",
+                        help="refuse to start unless every video has a non-empty text in the metadata")
 
 
 def render(counts: dict[str, int], total: int, started: float) -> str:
@@ -180,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--force", action="store_true", help="redo every video in OUT")
     mode.add_argument("--retry-quarantined", action="store_true",
                       help="enqueue again only the videos listed in OUT/quarantine.jsonl")
+    add_metadata_arguments(parser)
     _cli.add_config_argument(parser)
     args = parser.parse_args(argv)
     conf = _cli.settings_from(args)
@@ -187,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         return _cli.fail(why)
     try:
         record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force,
-                         args.retry_quarantined)
-    except DatasetError as exc:
+                         args.retry_quarantined, args.metadata, args.require_text)
+    except (DatasetError, MetadataError) as exc:
         return _cli.fail(str(exc))
     skipped = f" ({record['already_complete']} already complete)" if record["already_complete"] else ""
     print(f"run {record['run_id']}: {record['videos']} videos enqueued{skipped}; outputs in {args.out}",

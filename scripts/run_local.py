@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run a whole framefleet cluster on this machine for one dataset, then tear it down.
 
-    python scripts/run_local.py RAW_DIR --out OUT [--continue | --force] [--gpus 0,1]
+    python scripts/run_local.py RAW_DIR --out OUT [--continue | --force] [--gpus 0,1] [--metadata FILE] [--require-text]
 
 Uses $REDIS_URL when it answers, else a private redis-server on a free port; starts one solo
 worker per visible GPU (or one CPU stand-in for gpu0), a CPU worker, Flower and the metrics
@@ -30,10 +30,18 @@ import contextlib
 import redis  # noqa: E402
 
 from scripts import _cli  # noqa: E402
-from scripts.enqueue_dataset import check_redis, enqueue, parse_gpus, report, wait_for  # noqa: E402
+from scripts.enqueue_dataset import (  # noqa: E402
+    add_metadata_arguments,
+    check_redis,
+    enqueue,
+    parse_gpus,
+    report,
+    wait_for,
+)
 from tasks import registry  # noqa: E402
 from tasks.dataset import DatasetError  # noqa: E402
 from tasks.gpu_probe import open_probe  # noqa: E402
+from tasks.metadata import MetadataError  # noqa: E402
 from tasks.metrics import GpuSampler, start_exporter  # noqa: E402
 from tasks.redis_client import get_redis  # noqa: E402
 from tasks.supervisor import worker_argv  # noqa: E402
@@ -161,15 +169,19 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--continue", dest="resume", action="store_true")
     mode.add_argument("--force", action="store_true")
+    add_metadata_arguments(parser)
     _cli.add_config_argument(parser)
     args = parser.parse_args(argv)
     conf = _cli.settings_from(args)
     try:
         from tasks.dataset import check_folders, find_videos
+        from tasks.metadata import texts_for
 
-        find_videos(args.raw_dir)
+        videos = find_videos(args.raw_dir)
         check_folders(args.raw_dir, args.out, args.resume, args.force)
-    except DatasetError as exc:
+        # Before any process starts: a bad metadata file should cost no cluster start-up.
+        texts_for(args.raw_dir, videos, args.metadata, args.require_text, selected=videos[: args.limit or None])
+    except (DatasetError, MetadataError) as exc:
         return _cli.fail(str(exc))
 
     cluster = Cluster(args.out / "logs")
@@ -210,13 +222,14 @@ def main(argv: list[str] | None = None) -> int:
             sampler = GpuSampler(probe, cluster.logs / "gpu-samples.jsonl")
             sampler.start()
         cluster.wait_for_workers(conf, [*names, "cpu"])
-        record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force)
+        record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force,
+                         metadata=args.metadata, require_text=args.require_text)
         print(f"run {record['run_id']}: {record['videos']} videos", flush=True)
         summary = wait_for(conf, record)
         code = report(summary, args.out)
         print(f"outputs: {args.out.resolve()}")
         return code
-    except DatasetError as exc:
+    except (DatasetError, MetadataError) as exc:
         return _cli.fail(str(exc))
     except KeyboardInterrupt:
         print("\ninterrupted: stopping the local cluster (complete outputs are kept; "

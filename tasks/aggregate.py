@@ -20,7 +20,6 @@ from tasks.stages import dataset_stage
 from tasks.storage import read_marker, write_text_atomic
 
 log = logging.getLogger("framefleet.aggregate")
-REPORT_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "report.py"
 REPORT_TIMEOUT_S = 120
 
 
@@ -75,10 +74,10 @@ def write_report(out_root: Path) -> None:
     """
     started = time.monotonic()
     try:
-        done = subprocess.run([sys.executable, str(REPORT_SCRIPT), str(out_root)], capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "tasks.report", str(out_root)], capture_output=True,
                               text=True, timeout=REPORT_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("report not written: %s; run scripts/report.py %s", exc, out_root)
+        log.warning("report not written: %s; run python -m tasks.report %s", exc, out_root)
         return
     if done.returncode:
         log.warning("report not written (exit status %d): %s", done.returncode, done.stderr.strip()[-2000:])

@@ -12,7 +12,6 @@ import redis
 from tasks import registry
 from tasks.celery_app import TASK_PREFIX
 from tasks.routing import job_of
-from tasks.stages import GPU_STAGES
 from worker_config.routing import QueueLoad, choose_gpu_queue
 from worker_config.settings import Settings
 
@@ -61,8 +60,7 @@ def rebalance(r: redis.Redis, conf: Settings, max_moves: int = 100) -> int:
 
 def _queue_families(conf: Settings) -> list[str]:
     """One GPU stage per family of GPU queues: gpuN (the stages sharing the main environment), gpuN.<stage>."""
-    shared = [s for s in GPU_STAGES if not conf.stages[s].python]
-    return shared[:1] + [s for s in GPU_STAGES if conf.stages[s].python]
+    return [*conf.hosted_stages()[:1], *conf.own_env_stages()]
 
 
 def _drain(r: redis.Redis, queue: str, workers: list[dict[str, Any]], max_moves: int) -> int:

@@ -26,3 +26,10 @@ def test_gpus_restriction_and_no_live_worker():
 def test_a_gpu_that_ran_out_of_memory_is_avoided_while_another_is_live():
     assert choose_gpu_queue([q(0), q(1, waiting=5)], avoid=0).queue == "gpu1"
     assert choose_gpu_queue([q(0)], avoid=0).queue == "gpu0"
+
+
+def test_a_video_stays_on_its_previous_gpu_unless_that_one_has_more_than_a_task_per_worker_more():
+    # the sender's worker still counts as busy: staying costs nothing and keeps the video's files local
+    assert choose_gpu_queue([q(0, busy=1), q(1)], previous=0).queue == "gpu0"
+    assert choose_gpu_queue([q(0, waiting=2), q(1)], previous=0).queue == "gpu1"
+    assert choose_gpu_queue([q(0, busy=1), q(1)], previous=0, avoid=0).queue == "gpu1"

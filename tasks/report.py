@@ -1,0 +1,217 @@
+"""Write OUT/report.html: a finished run's throughput, GPU memory with the autoscaler's decisions,
+stage durations and failures, as PNG plots in OUT/report/.
+
+    python scripts/report.py OUT [--config FILE]      (or: python -m tasks.report OUT)
+
+Reads OUT/run_summary.json; from Redis, when it answers, the run's stage log (ff:stages) and the
+autoscaler's decisions (ff:autoscale); and OUT/logs/gpu-samples.jsonl (run_local writes it). What
+it read from Redis is kept in OUT/report/data.json, so the report can be rebuilt once Redis is gone.
+A plot without data is replaced by a sentence saying what is missing. Exit status 0, or 2 without
+a run summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tasks.cli import common as _cli
+from tasks.metrics import AUTOSCALE_KEY, STAGE_LOG_KEY
+from tasks.redis_client import get_redis
+from tasks.stages import STAGE_NAMES, dataset_stage
+from worker_config.settings import Settings
+
+MARGIN_S = 30.0  # samples and decisions this close to the run's window belong to it
+MARKERS = {"up": ("^", "tab:green"), "down": ("v", "tab:red"), "restart": ("o", "tab:orange")}
+
+
+def load(out: Path, conf: Settings) -> dict[str, Any]:
+    """The summary, the run's stage log, autoscaler decisions and GPU samples in its window.
+
+    Raises FileNotFoundError without OUT/run_summary.json.
+    """
+    summary = json.loads((out / "run_summary.json").read_text())
+    start = float(summary.get("started") or 0) - MARGIN_S
+    end = float(summary.get("finished") or time.time()) + MARGIN_S
+    snapshot = out / "report" / "data.json"
+    saved = json.loads(snapshot.read_text()) if snapshot.exists() else {}
+    if saved.get("run_id") != summary["run_id"]:
+        saved = {}
+    source = "a snapshot (OUT/report/data.json)" if saved else "nowhere (no stage log in Redis, no snapshot)"
+    stage_log, decisions = saved.get("stage_log", []), saved.get("autoscale", [])
+    try:
+        r = get_redis(conf.redis_url)
+        entries = [json.loads(raw) for raw in r.lrange(STAGE_LOG_KEY, 0, -1)]
+        mine = [e for e in entries if e.get("run") == summary["run_id"]]
+        if mine:  # Redis still knows the run: it is the source; else keep what the snapshot kept
+            records = [json.loads(raw) for raw in r.lrange(AUTOSCALE_KEY, 0, -1)]
+            stage_log, source = mine, "Redis"
+            decisions = [d for d in records if start <= float(d.get("time", 0)) <= end]
+    except Exception as exc:  # a report from the files alone is still a report
+        print(f"framefleet: Redis not read ({type(exc).__name__}); using {source}", file=sys.stderr)
+    snapshot.parent.mkdir(parents=True, exist_ok=True)
+    snapshot.write_text(json.dumps({"run_id": summary["run_id"], "stage_log": stage_log, "autoscale": decisions}))
+    samples = []
+    samples_path = out / "logs" / "gpu-samples.jsonl"
+    if samples_path.exists():
+        for line in samples_path.read_text().splitlines():
+            try:
+                sample = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a killed sampler
+            if start <= float(sample["time"]) <= end:
+                samples.append(sample)
+    return {"summary": summary, "stage_log": stage_log, "autoscale": decisions, "samples": samples,
+            "source": source}
+
+
+def done_times(out: Path, data: dict[str, Any]) -> tuple[list[float], str]:
+    """When each video of the run was done (epoch s): its h5 stage's end, else its HDF5 file's mtime."""
+    ends = sorted(e["end"] for e in data["stage_log"] if e["stage"] == dataset_stage().name and e.get("ok"))
+    if ends:
+        return ends, "h5 stage ends, stage log"
+    paths = [out / f"{vid}.hdf5" for vid in data["summary"].get("done_videos", [])]
+    return sorted(p.stat().st_mtime for p in paths if p.exists()), "HDF5 file times"
+
+
+def plot_throughput(ax: Any, out: Path, data: dict[str, Any]) -> str | None:
+    times, source = done_times(out, data)
+    if not times:
+        return "No video was done in this run, so there is no throughput to plot."
+    t0 = float(data["summary"].get("started") or times[0])
+    minutes = [(t - t0) / 60 for t in times]
+    ax.step([0.0, *minutes], range(len(times) + 1), where="post")
+    ax.set(xlabel="minutes since the run started", ylabel="videos done", title=f"Throughput (from {source})")
+    return None
+
+
+def plot_gpu_memory(ax: Any, data: dict[str, Any]) -> str | None:
+    samples, decisions = data["samples"], data["autoscale"]
+    if not samples and not decisions:
+        return ("No GPU memory data for this run: no GPU samples in OUT/logs/gpu-samples.jsonl (run_local writes "
+                "them where it sees a GPU) and no autoscaler decisions in Redis (ff:autoscale).")
+    t0 = float(data["summary"].get("started") or 0)
+    for gpu in sorted({int(s["gpu"]) for s in samples}):
+        mine = [s for s in samples if int(s["gpu"]) == gpu]
+        ax.plot([(s["time"] - t0) / 60 for s in mine], [s["used_mib"] / 1024 for s in mine], label=f"GPU {gpu}")
+    for action, (marker, color) in MARKERS.items():
+        chosen = [d for d in decisions if d.get("action") == action and d.get("used_mib") is not None]
+        if chosen:
+            ax.scatter([(d["time"] - t0) / 60 for d in chosen], [d["used_mib"] / 1024 for d in chosen],
+                       marker=marker, color=color, s=60, zorder=3, label=f"autoscaler: {action}")
+        for d in (d for d in decisions if d.get("action") == action):
+            ax.axvline((d["time"] - t0) / 60, color=color, alpha=0.3, linestyle="--")
+    ax.set(xlabel="minutes since the run started", ylabel="GiB used", title="GPU memory and autoscaler decisions")
+    ax.legend(loc="best", fontsize="small")
+    return None
+
+
+def plot_durations(ax: Any, data: dict[str, Any]) -> str | None:
+    spans = {s: [e["end"] - e["start"] for e in data["stage_log"]
+                 if e["stage"] == s and e.get("ok") and not e.get("skipped")] for s in STAGE_NAMES}
+    stages = [s for s in STAGE_NAMES if spans[s]]
+    if stages:
+        ax.boxplot([spans[s] for s in stages], tick_labels=stages)
+        ax.set(ylabel="seconds per task", title="Stage durations (stage log)")
+        return None
+    means = {s: v["mean_s"] for s, v in data["summary"].get("stages", {}).items() if "mean_s" in v}
+    if not means:
+        return "No stage ran in this run (every output was already complete), so there are no durations."
+    ax.bar(list(means), list(means.values()))
+    ax.set(ylabel="mean seconds per task", title="Stage durations (means from run_summary.json; no stage log)")
+    return None
+
+
+def plot_failures(ax: Any, data: dict[str, Any]) -> str | None:
+    classes = Counter(f"{f['error_class']} ({f['stage']})" for f in data["summary"].get("failed", []))
+    if not classes:
+        return "No video failed in this run."
+    ax.barh(list(classes), list(classes.values()))
+    ax.set(xlabel="videos", title="Failures by class (stage)")
+    return None
+
+
+def build(out: Path, conf: Settings) -> Path:
+    """Write OUT/report.html and its plots; return the HTML's path. Raises FileNotFoundError without a summary."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = load(out, conf)
+    folder = out / "report"
+    sections = []
+    plots = [("Throughput", "throughput", lambda ax: plot_throughput(ax, out, data)),
+             ("GPU memory", "gpu_memory", lambda ax: plot_gpu_memory(ax, data)),
+             ("Stage durations", "stage_durations", lambda ax: plot_durations(ax, data)),
+             ("Failures", "failures", lambda ax: plot_failures(ax, data))]
+    for title, name, draw in plots:
+        fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
+        try:
+            missing = draw(ax)
+            if missing is None:
+                fig.tight_layout()
+                fig.savefig(folder / f"{name}.png")
+                body = f'<img src="report/{name}.png" alt="{html.escape(title)}">'
+            else:
+                (folder / f"{name}.png").unlink(missing_ok=True)
+                body = f'<p class="missing">{html.escape(missing)}</p>'
+        finally:
+            plt.close(fig)
+        sections.append(f"<h2>{html.escape(title)}</h2>\n{body}")
+    path = out / "report.html"
+    path.write_text(page(data, sections))
+    return path
+
+
+def page(data: dict[str, Any], sections: list[str]) -> str:
+    s = data["summary"]
+    rows = [("Run", s["run_id"]), ("Videos", s["videos"]), ("Done", s["done"]),
+            ("Already complete", s.get("already_complete", 0)), ("Failed", len(s.get("failed", []))),
+            ("Quarantined", len(s.get("quarantined", []))),
+            ("Wall time", f"{s['wall_s']:.1f} s" if s.get("wall_s") is not None else "unknown"),
+            ("Started", _when(s.get("started"))), ("Finished", _when(s.get("finished"))),
+            ("Stage log and decisions from", data["source"]),
+            ("GPU samples", f"{len(data['samples'])} from OUT/logs/gpu-samples.jsonl")]
+    table = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>framefleet run {html.escape(s["run_id"])}</title>
+<style>body{{font-family:sans-serif;max-width:900px;margin:2em auto}}th{{text-align:left;padding-right:1em}}
+img{{max-width:100%}}.missing{{color:#555;font-style:italic}}</style></head>
+<body><h1>framefleet run {html.escape(s["run_id"])}</h1>
+<table>
+{table}
+</table>
+{chr(10).join(sections)}
+<p>Files: <a href="run_summary.json">run_summary.json</a>,
+<a href="normalization_stats.yaml">normalization_stats.yaml</a>, <a href="quarantine.jsonl">quarantine.jsonl</a>.</p>
+</body></html>
+"""
+
+
+def _when(epoch: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch)) if epoch else "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, metavar="OUT", help="a run's output folder")
+    _cli.add_config_argument(parser)
+    args = parser.parse_args(argv)
+    conf = _cli.settings_from(args)
+    try:
+        path = build(args.out, conf)
+    except FileNotFoundError as exc:
+        return _cli.fail(f"no run summary in {args.out} ({exc.filename}): report on a finished run's output folder")
+    print(f"report: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
