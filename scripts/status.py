@@ -62,6 +62,24 @@ def gpu_rows(readings: list[GpuReading], workers: list[dict[str, Any]]) -> list[
     return rows
 
 
+def host_of(worker: dict[str, Any]) -> str:
+    """The host part of a worker's node name (``gpu0-1@hostA`` -> ``hostA``)."""
+    return str(worker.get("hostname", "")).rpartition("@")[2] or "?"
+
+
+def host_rows(workers: list[dict[str, Any]]) -> list[list[Any]]:
+    """One row per host with live workers: its workers, the GPU queues they serve and what they run."""
+    by_host: dict[str, list[dict[str, Any]]] = {}
+    for w in workers:
+        by_host.setdefault(host_of(w), []).append(w)
+    rows = []
+    for host in sorted(by_host):
+        mine = by_host[host]
+        queues = sorted({q for w in mine for q in w.get("gpu_queues", [])})
+        rows.append([host, ",".join(queues) or "-", *_workers_cells(mine)])
+    return rows
+
+
 def _workers_cells(workers: list[dict[str, Any]]) -> list[str]:
     """The WORKERS cell (with a count per queue when a GPU's workers consume several: gpuN, gpuN.<stage>)
     and the CURRENT cell."""
@@ -158,6 +176,8 @@ def render(conf: Settings, out: Path | None) -> str:
     if no_gpu:
         parts.append(f"no GPU visible ({no_gpu}); GPU queues are served by CPU stand-ins if any")
     parts += [table(["GPU", "NAME", "MEMORY", "UTIL", "WORKERS", "CURRENT"], gpu_rows(readings, workers)), ""]
+    # GPU memory is read on this host only; every host's workers are listed here.
+    parts += [table(["HOST", "GPU QUEUES", "WORKERS", "CURRENT"], host_rows(workers)), ""]
     parts += [table(["QUEUE", "WAITING"], queue_rows(conf, workers)), ""]
     run = latest_run(conf, out)
     if run is None:

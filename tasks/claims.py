@@ -23,6 +23,7 @@ from typing import Literal
 import redis
 
 from tasks import keys, registry
+from tasks.errors import ClaimLost, ClaimUnconfirmed
 
 log = logging.getLogger("framefleet.claims")
 CLAIM_PREFIX = keys.CLAIM_PREFIX
@@ -154,6 +155,31 @@ def finish(r: redis.Redis, task_id: str, succeeded: bool, done_ttl_s: int) -> No
             release(r, key)
     except redis.RedisError as exc:  # the claim's TTL ends it; a duplicate then finds the output made
         log.warning("claim of task %s not released: %s", task_id, exc)
+
+
+def confirm(r: redis.Redis, key: str, ttl_s: float) -> None:
+    """Check, just before publishing an output, that this process still holds ``key``; re-take it if it lapsed
+    and nobody took it since. Raises ClaimLost when another run holds it, ClaimUnconfirmed when Redis cannot say.
+
+    This is the fence of a host that was cut off or paused: its claim lapsed, another host took the stage over,
+    and the late run must not overwrite that host's output or continue the chain a second time.
+    """
+    owner = HELD.get(key)
+    if owner is None:
+        return  # no claim taken (no Redis at start): nothing to fence with
+    try:
+        holder = r.get(key)
+        if holder is None and r.set(key, owner, nx=True, px=int(ttl_s * 1000)):
+            return  # lapsed (not renewed in time) but free: ours again
+        holder = holder if holder is not None else r.get(key)
+    except redis.RedisError as exc:
+        raise ClaimUnconfirmed(f"cannot confirm the claim {key} before publishing ({exc}); output discarded, "
+                               "the stage will run again", 10.0) from exc
+    if holder != owner:
+        with _lock:
+            HELD.pop(key, None)
+        raise ClaimLost(f"{key} is now held by {holder or 'nobody'} (ours lapsed: this host was cut off from Redis "
+                        "or paused for longer than lease_ttl_s); output discarded")
 
 
 def release(r: redis.Redis, key: str) -> None:

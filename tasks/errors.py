@@ -47,6 +47,15 @@ class RedisUnavailable(RetryableError):
     """Redis (the broker or framefleet's own keys) did not answer; the task is retried when it may be back."""
 
 
+class ClaimLost(FramefleetError):
+    """Another run now holds this video's stage (ours lapsed: a host cut off or paused past the lease TTL);
+    this run must publish nothing and continue nothing."""
+
+
+class ClaimUnconfirmed(RetryableError):
+    """Redis could not be asked whether this run still holds its claim, so its output was not published."""
+
+
 def error_class(exc: BaseException) -> str:
     """Return the short class name recorded in failure records and quarantine entries."""
     return type(exc).__name__

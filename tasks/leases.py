@@ -169,8 +169,15 @@ def reap(app: celery.Celery, r: redis.Redis, workers_r: redis.Redis, ttl_s: floa
         return []
     if redis_uptime_s(r) < ttl_s or redis_uptime_s(workers_r) < ttl_s:
         return []  # Redis restarted: let every live holder re-assert its leases first
+    # kombu dates a delivery by the receiving host's clock, which may be off: a message whose lease
+    # was granted (it has an owner record) is looked at whatever its age; only one never leased (its
+    # worker died between delivery and the grant) waits until it looks older than the TTL.
     cutoff = time.time() - ttl_s
-    candidates = [tag for tag, _ in r.zrangebyscore(UNACKED_INDEX, "-inf", cutoff, withscores=True)]
+    delivered = r.zrange(UNACKED_INDEX, 0, -1, withscores=True)
+    pipe = r.pipeline()
+    for tag, _ in delivered:
+        pipe.exists(OWNER_PREFIX + tag)
+    candidates = [tag for (tag, at), owned in zip(delivered, pipe.execute(), strict=True) if owned or at <= cutoff]
     if not candidates:
         return []
     pipe = r.pipeline()
@@ -196,10 +203,11 @@ def _orphaned(r: redis.Redis, workers_r: redis.Redis, tag: str, workers: dict[st
     if owner is None:
         # No record of who took it (its worker died before the lease was written): requeue once
         # it has stayed unowned a whole TTL, time enough for a live holder to re-assert.
-        first = r.set(ORPHAN_PREFIX + tag, str(time.time()), nx=True, px=int(ttl_s * 4000))
-        since = time.time() if first else float(r.get(ORPHAN_PREFIX + tag) or time.time())
-        if time.time() - since > ttl_s:
-            log.warning("requeued message %s: no worker has held it for %.0f s", tag, time.time() - since)
+        now = registry.redis_now(r)  # reapers on several hosts: one clock
+        first = r.set(ORPHAN_PREFIX + tag, str(now), nx=True, px=int(ttl_s * 4000))
+        since = now if first else float(r.get(ORPHAN_PREFIX + tag) or now)
+        if now - since > ttl_s:
+            log.warning("requeued message %s: no worker has held it for %.0f s", tag, now - since)
             return True
         return False
     hostname, _, task_id = owner.partition(" ")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from celery.exceptions import Ignore, Reject
 from tasks import claims, leases, metrics, oom, progress, worker
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.errors import (
+    ClaimLost,
     FramefleetError,
     GpuOutOfMemory,
     PermanentError,
@@ -27,7 +29,7 @@ from tasks.redis_client import get_redis
 from tasks.routing import route_task
 from tasks.stage_io import check_roots, gather_inputs, marker_of, output_path
 from tasks.stages import STAGE_NAMES, stage_class
-from tasks.storage import atomic_write, read_marker, save_npz, write_marker
+from tasks.storage import atomic_write, clear_temporaries, read_marker, save_npz, write_marker
 
 log = logging.getLogger("framefleet.pipeline")
 PROGRESS_EVENT_INTERVAL_S = 0.5  # at most 2 task-progress events a second per task
@@ -45,8 +47,11 @@ def _as_framefleet_error(exc: Exception) -> FramefleetError | Exception:
     return exc
 
 
-def _execute(stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
-    """Run one stage for ``job`` unless its valid output exists; return what the stage reports."""
+def _execute(stage_name: str, job: dict[str, Any], fence: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Run one stage for ``job`` unless its valid output exists; return what the stage reports.
+
+    ``fence`` is called before the output and its marker are published; what it raises discards them.
+    """
     check_roots(job, settings())
     out_root = Path(job["output_root"])
     vid = job["video_id"]
@@ -58,6 +63,17 @@ def _execute(stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
             return {"skipped": True, **done.get("report", {})}
     stage = worker.get_stage(stage_name)
     oom.set_chunk_scale(stage, float(job.get("chunk_scale", 1.0)))
+    for leftover in (output, marker):  # a worker (or a whole host) killed mid-write leaves its temporary behind
+        if cleared := clear_temporaries(leftover):
+            log.warning("removed %d temporary file(s) of %s left by a writer that died", cleared, leftover.name)
+
+    def fence_output() -> None:
+        # A run that lost its claim for a while may find the stage finished by the run that took over.
+        if not job.get("force") and read_marker(output, marker, check_hash=False) is not None:
+            raise ClaimLost(f"{stage_name} of {vid} was completed by another run meanwhile; output discarded")
+        if fence is not None:
+            fence()
+
     inputs = gather_inputs(stage_name, job, chain_of(job))
     report: dict[str, Any] = {}
     last_sent = [-PROGRESS_EVENT_INTERVAL_S]
@@ -72,14 +88,14 @@ def _execute(stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
         def write(tmp: Path) -> None:
             report.update(stage.run({**inputs, "out_path": str(tmp)}, progress=on_progress))
 
-        digest = atomic_write(output, write)
+        digest = atomic_write(output, write, fence_output)
     else:
         arrays = stage.run(inputs, progress=on_progress)
         notes = arrays.pop("notes", None)  # facts for the run summary, not arrays
         if notes:
             report["notes"] = notes
-        digest = save_npz(output, arrays)
-    write_marker(output, digest, marker, report=report)
+        digest = save_npz(output, arrays, fence_output)
+    write_marker(output, digest, marker, fence, report=report)
     log.info("ran %s of %s", stage_name, vid)
     return report
 
@@ -202,7 +218,11 @@ def _run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, An
                 f"{stage_name} of {job['video']} was started {attempts - 1} times without finishing: "
                 f"its worker died or passed the {stage_conf.deadline_s:g} s deadline each time"
             )
-        report = _execute(stage_name, job)
+        report = _execute(stage_name, job, lambda: claims.confirm(get_redis(conf.redis_url), key, conf.lease_ttl_s))
+    except ClaimLost as exc:
+        # Another run took this stage over while ours was cut off; that run publishes and continues the chain.
+        log.warning("%s of %s: %s; dropping this run", stage_name, job["video_id"], exc)
+        raise Ignore() from exc
     except Exception as exc:
         job = _after_failure(task, stage_name, job, _as_framefleet_error(exc), attempts)
     else:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from typing import Any
 
 import redis
@@ -17,11 +16,18 @@ GPU_QUEUES_KEY = keys.GPU_QUEUES
 SEEN_KEY = keys.WORKER_SEEN  # hostname → when its state was last published (unix s), kept past the TTL
 
 
+def redis_now(r: redis.Redis) -> float:
+    """Redis's own clock (unix s): the one clock every host agrees on, whatever its own says."""
+    seconds, micros = r.time()
+    return float(seconds) + float(micros) / 1e6
+
+
 def publish(r: redis.Redis, state: dict[str, Any], ttl_s: float) -> None:
     """Store ``state`` (which must hold ``hostname``) for ``ttl_s`` seconds."""
+    seen = redis_now(r)
     pipe = r.pipeline()
     pipe.set(WORKER_PREFIX + state["hostname"], json.dumps(state), ex=max(1, math.ceil(ttl_s)))
-    pipe.hset(SEEN_KEY, state["hostname"], str(time.time()))
+    pipe.hset(SEEN_KEY, state["hostname"], str(seen))
     for queue in state.get("gpu_queues", []):
         pipe.sadd(GPU_QUEUES_KEY, queue)
     pipe.execute()
@@ -38,8 +44,9 @@ def absent_for_s(r: redis.Redis, hostname: str) -> float:
     """
     if r.exists(WORKER_PREFIX + hostname):
         return 0.0
-    r.hsetnx(SEEN_KEY, hostname, str(time.time()))
-    return max(0.0, time.time() - float(r.hget(SEEN_KEY, hostname) or time.time()))
+    now = redis_now(r)
+    r.hsetnx(SEEN_KEY, hostname, str(now))
+    return max(0.0, now - float(r.hget(SEEN_KEY, hostname) or now))
 
 
 def live_workers(r: redis.Redis) -> list[dict[str, Any]]:

@@ -33,8 +33,11 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, write: Callable[[Path], Any]) -> str:
-    """Write ``path`` through ``write(tmp)`` to a temporary name, fsync, rename; return its sha256."""
+def atomic_write(path: Path, write: Callable[[Path], Any], fence: Callable[[], None] | None = None) -> str:
+    """Write ``path`` through ``write(tmp)`` to a temporary name, fsync, rename; return its sha256.
+
+    ``fence``, if given, is called just before the rename; whatever it raises discards the new file.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
@@ -42,6 +45,8 @@ def atomic_write(path: Path, write: Callable[[Path], Any]) -> str:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         digest = sha256_file(tmp)
+        if fence is not None:
+            fence()
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -49,18 +54,29 @@ def atomic_write(path: Path, write: Callable[[Path], Any]) -> str:
     return digest
 
 
-def write_text_atomic(path: Path, text: str) -> str:
-    return atomic_write(path, lambda tmp: tmp.write_text(text))
+def clear_temporaries(path: Path) -> int:
+    """Remove the temporary files a writer of ``path`` left when it died mid-write; return how many.
+
+    Call it only while holding the claim on ``path``'s stage: no other writer is then legitimate.
+    """
+    stale = list(path.parent.glob(f".{path.name}.*.tmp")) if path.parent.is_dir() else []
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    return len(stale)
 
 
-def save_npz(path: Path, arrays: dict[str, Any]) -> str:
+def write_text_atomic(path: Path, text: str, fence: Callable[[], None] | None = None) -> str:
+    return atomic_write(path, lambda tmp: tmp.write_text(text), fence)
+
+
+def save_npz(path: Path, arrays: dict[str, Any], fence: Callable[[], None] | None = None) -> str:
     """Save ``arrays`` (numeric only, no pickle) atomically; return the file's sha256."""
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as fh:
             np.savez(fh, **{key: np.asarray(value) for key, value in arrays.items()})  # type: ignore[arg-type]
 
-    return atomic_write(path, write)
+    return atomic_write(path, write, fence)
 
 
 def load_npz(path: Path) -> dict[str, np.ndarray]:
@@ -72,10 +88,11 @@ def marker_path(output: Path) -> Path:
     return output.with_name(output.name + MARKER_SUFFIX)
 
 
-def write_marker(output: Path, digest: str, marker: Path | None = None, **extra: Any) -> None:
-    """Record that ``output`` is complete, with its hash and any small extra data."""
+def write_marker(output: Path, digest: str, marker: Path | None = None, fence: Callable[[], None] | None = None,
+                 **extra: Any) -> None:
+    """Record that ``output`` is complete, with its hash and any small extra data (``fence``: as atomic_write)."""
     record = {"file": output.name, "sha256": digest, "bytes": output.stat().st_size, **extra}
-    write_text_atomic(marker or marker_path(output), json.dumps(record, sort_keys=True))
+    write_text_atomic(marker or marker_path(output), json.dumps(record, sort_keys=True), fence)
 
 
 def read_marker(output: Path, marker: Path | None = None, check_hash: bool = True) -> dict | None:

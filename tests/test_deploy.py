@@ -70,6 +70,19 @@ def test_cpu_unit_runs_the_compose_cpu_worker_command_one_solo_process_per_insta
     assert argv[1:] == [a.replace("cpu@%h", "cpu3@%h") for a in compose_argv("worker-cpu")][1:]
 
 
+def test_autoscaler_unit_runs_the_autoscaler_and_outwaits_its_warm_stop():
+    unit = read_unit("framefleet-autoscaler.service")
+    argv = exec_argv(unit)
+    assert argv[1] == "/opt/framefleet/scripts/autoscaler.py"
+    from scripts.autoscaler import parse_args
+
+    args = parse_args(argv[2:])
+    service = unit["Service"]
+    assert service["EnvironmentFile"] == ENV_FILE and service["KillSignal"] == "SIGTERM"
+    assert service["KillMode"] == "mixed"  # SIGTERM to the autoscaler, which warm-stops its workers itself
+    assert int(service["TimeoutStopSec"]) > args.stop_grace_s
+
+
 def test_flower_unit_runs_the_compose_flower_and_insists_on_auth():
     unit = read_unit("framefleet-flower.service")
     assert exec_argv(unit)[1:] == compose_argv("flower")[1:]
@@ -79,24 +92,47 @@ def test_flower_unit_runs_the_compose_flower_and_insists_on_auth():
     assert service["KillSignal"] == "SIGTERM" and service["Restart"] == "on-failure"
 
 
-@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="no systemd-analyze here")
-def test_systemd_accepts_the_units(tmp_path):
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
+needs_systemd_analyze = pytest.mark.skipif(
+    SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed here (apt install systemd); units not verified")
+UNIT_NAMES = ["framefleet-worker@0.service", "framefleet-cpu-worker@1.service", "framefleet-flower.service",
+              "framefleet-autoscaler.service"]
+
+
+def verify_units(folder: Path, texts: dict[str, str]) -> list[str]:
+    """Write ``texts`` (unit name: text) to ``folder`` and return systemd-analyze verify's complaints about them."""
     # Point ExecStart at a celery that exists here, so that only the units' own mistakes are reported.
-    celery = shutil.which("celery") or "/bin/true"
-    for unit in SYSTEMD.glob("*.service"):
-        text = unit.read_text().replace("/opt/framefleet/.venv/bin/celery", celery)
-        (tmp_path / unit.name).write_text(text)
-    (tmp_path / "framefleet-worker@0.service").symlink_to(tmp_path / "framefleet-worker@.service")
-    (tmp_path / "framefleet-cpu-worker@1.service").symlink_to(tmp_path / "framefleet-cpu-worker@.service")
-    names = ["framefleet-worker@0.service", "framefleet-cpu-worker@1.service", "framefleet-flower.service"]
+    celery, python = shutil.which("celery") or "/bin/true", shutil.which("python3") or "/bin/true"
+    for name, text in texts.items():
+        text = text.replace("/opt/framefleet/.venv/bin/celery", celery)
+        text = text.replace("/opt/framefleet/.venv/bin/python", python)
+        (folder / name).write_text(text)
+    (folder / "framefleet-worker@0.service").symlink_to(folder / "framefleet-worker@.service")
+    (folder / "framefleet-cpu-worker@1.service").symlink_to(folder / "framefleet-cpu-worker@.service")
     result = subprocess.run(
-        ["systemd-analyze", "verify", *(str(tmp_path / n) for n in names)],
+        [SYSTEMD_ANALYZE, "verify", *(str(folder / n) for n in UNIT_NAMES)],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    complaints = [line for line in (result.stdout + result.stderr).splitlines() if "framefleet" in line]
+    return [line for line in (result.stdout + result.stderr).splitlines() if "framefleet" in line]
+
+
+@needs_systemd_analyze
+def test_systemd_accepts_the_units(tmp_path):
+    units = {unit.name: unit.read_text() for unit in SYSTEMD.glob("*.service")}
+    complaints = verify_units(tmp_path, units)
     assert not complaints, complaints
+
+
+@needs_systemd_analyze
+def test_systemd_verify_reports_a_broken_unit(tmp_path):
+    # The check above can fail: a misspelt key and a bad value in the GPU unit are reported.
+    units = {unit.name: unit.read_text() for unit in SYSTEMD.glob("*.service")}
+    units["framefleet-worker@.service"] = units["framefleet-worker@.service"].replace(
+        "KillMode=mixed", "KillMode=gently").replace("TimeoutStopSec=", "TimeoutStopSecs=")
+    complaints = "\n".join(verify_units(tmp_path, units))
+    assert "kill mode" in complaints and "TimeoutStopSecs" in complaints, complaints
 
 
 def test_sbatch_starts_the_compose_gpu_worker_per_gpu():
@@ -109,7 +145,10 @@ def test_sbatch_starts_the_compose_gpu_worker_per_gpu():
 
 
 FAKE_CELERY = """#!/usr/bin/env bash
-# Records its arguments; the first run per queue exits 0 (a recycled worker), later ones wait for SIGTERM.
+# Records its arguments, folder and environment; the first run per queue exits 0 (a recycled worker),
+# later ones wait for SIGTERM.
+printf '%s\\0' "$@" > "$FAKE_LOG/argv.$$"
+printf '%s\\0' "$PWD" "${REDIS_URL:-}" "${CUDA_VISIBLE_DEVICES:-}" > "$FAKE_LOG/env.$$"
 while (($#)); do [[ $1 == -Q ]] && queue=$2; shift; done
 echo "$queue $$" >> "$FAKE_LOG/starts"
 if [[ -n ${FAKE_FAIL:-} ]]; then exit 3; fi
@@ -119,7 +158,8 @@ while :; do sleep 0.05; done
 """
 
 
-def run_sbatch(tmp_path: Path, **env: str) -> subprocess.Popen[str]:
+def run_sbatch(tmp_path: Path, drop: tuple[str, ...] = (), **env: str) -> subprocess.Popen[str]:
+    """Run the job script's body as Slurm would, with a stand-in ``celery`` on PATH; ``drop``: variables to unset."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "celery").write_text(FAKE_CELERY)
@@ -135,6 +175,8 @@ def run_sbatch(tmp_path: Path, **env: str) -> subprocess.Popen[str]:
         "CUDA_VISIBLE_DEVICES": "3,5",
         **env,
     }
+    for name in drop:
+        full_env.pop(name, None)
     return subprocess.Popen(
         ["bash", str(SBATCH)], env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -185,3 +227,60 @@ def test_sbatch_refuses_a_job_without_gpus(tmp_path):
     output, _ = job.communicate(timeout=30)
     assert job.returncode == 2 and "--gres=gpu:N" in output
     assert starts(tmp_path) == []
+
+
+def recorded(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """Queue -> (argv, [cwd, REDIS_URL, CUDA_VISIBLE_DEVICES]) of each stand-in celery's latest start."""
+    runs = {}
+    for line in (tmp_path / "starts").read_text().splitlines():
+        queue, pid = line.split()
+        argv = (tmp_path / f"argv.{pid}").read_text().split("\0")[:-1]
+        env = (tmp_path / f"env.{pid}").read_text().split("\0")[:-1]
+        runs[queue] = (argv, env)
+    return runs
+
+
+@pytest.mark.timeout(60)
+def test_sbatch_workers_get_the_env_file_the_job_id_in_their_names_and_the_jobs_gpus(tmp_path, monkeypatch):
+    env_file = tmp_path / "env"
+    env_file.write_text("REDIS_URL=redis://:secret@redis.example.internal:6379/0\n")
+    job = run_sbatch(tmp_path, FRAMEFLEET_ENV_FILE=str(env_file), SLURM_JOB_ID="4242", CUDA_VISIBLE_DEVICES="3,5",
+                     SLURM_JOB_GPUS="3,5", SLURM_STEP_GPUS="3,5", SLURM_JOB_NODELIST="node17")
+    try:
+        wait_for(lambda: len(starts(tmp_path)) == 4, 20, "two starts per GPU")
+        runs = recorded(tmp_path)
+        job.send_signal(signal.SIGTERM)
+        output, _ = job.communicate(timeout=20)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, output
+    assert sorted(runs) == ["gpu0", "gpu1"]
+    for i, queue in enumerate(sorted(runs)):
+        argv, (cwd, redis_url, visible) = runs[queue]
+        compose = compose_argv("worker-gpu0")
+        expected = [a.replace("gpu0@%h", f"gpu{i}.4242@%h").replace("gpu0", f"gpu{i}") for a in compose]
+        assert argv == expected[1:]
+        assert (cwd, redis_url, visible) == (str(tmp_path), "redis://:secret@redis.example.internal:6379/0", "3,5")
+        # What the real worker then does with that environment: queue gpuN takes the job's N-th GPU.
+        from tasks.worker import pin_visible_device
+
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        monkeypatch.delenv("FRAMEFLEET_DEVICE", raising=False)
+        pin_visible_device(i)
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == visible.split(",")[i]
+
+
+@pytest.mark.timeout(60)
+def test_sbatch_takes_the_gpus_from_slurm_when_cuda_visible_devices_is_unset(tmp_path):
+    job = run_sbatch(tmp_path, drop=("CUDA_VISIBLE_DEVICES",), SLURM_JOB_GPUS="1,2,6")
+    try:
+        wait_for(lambda: len(starts(tmp_path)) == 6, 20, "two starts per GPU")
+        runs = recorded(tmp_path)
+        job.send_signal(signal.SIGTERM)
+        output, _ = job.communicate(timeout=20)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0 and "3 GPU(s)" in output, output
+    assert {queue: env[2] for queue, (_, env) in runs.items()} == {"gpu0": "1,2,6", "gpu1": "1,2,6", "gpu2": "1,2,6"}
