@@ -74,7 +74,7 @@ def test_autoscaler_unit_runs_the_autoscaler_and_outwaits_its_warm_stop():
     unit = read_unit("framefleet-autoscaler.service")
     argv = exec_argv(unit)
     assert argv[1] == "/opt/framefleet/scripts/autoscaler.py"
-    from scripts.autoscaler import parse_args
+    from tasks.autoscaler.cli import parse_args
 
     args = parse_args(argv[2:])
     service = unit["Service"]

@@ -8,7 +8,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from scripts.autoscaler import parse_args
+from tasks.autoscaler.cli import parse_args
 from tasks.flower_guard import auth_problem, flower_args
 from tests.test_compose import worker_options
 from tests.test_deploy import compose_argv
