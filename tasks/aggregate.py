@@ -39,10 +39,9 @@ def write_statistics(out_root: Path, track_type: str) -> int:
     from tasks.stats import VideoStats, normalization_stats, write_stats_yaml
 
     records = completed_videos(out_root)
-    parts = [VideoStats.from_dict(r["report"]["stats"]) for r in records.values()]
-    total = sum(parts, start=VideoStats.empty(track_type))
+    total = VideoStats.pool([r["report"]["stats"] for r in records.values()], track_type)
     write_stats_yaml(out_root / "normalization_stats.yaml", normalization_stats(total))
-    return len(parts)
+    return len(records)
 
 
 def stage_timings(results: list[dict[str, Any]]) -> dict[str, Any]:
