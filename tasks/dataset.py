@@ -76,11 +76,16 @@ def write_manifest(raw_dir: Path, out_dir: Path, videos: list[Path], run_id: str
 
 
 def incomplete(entries: list[dict[str, Any]], out_dir: Path) -> list[dict[str, Any]]:
-    """Return the entries whose HDF5 output is missing or fails its hash check."""
-    from tasks.stage_io import dataset_file
-    from tasks.storage import read_marker
+    """Return the entries whose HDF5 output is missing, of another size, or altered since its marker.
 
-    return [e for e in entries if read_marker(*dataset_file(out_dir, e["video_id"])) is None]
+    A file whose size and modification time are those its marker recorded is taken as complete
+    without reading it; one touched since (same size, other time) is hashed. (verify_dataset.py
+    reads every file in full.)
+    """
+    from tasks.stage_io import dataset_file
+    from tasks.storage import IF_TOUCHED, read_marker
+
+    return [e for e in entries if read_marker(*dataset_file(out_dir, e["video_id"]), check_hash=IF_TOUCHED) is None]
 
 
 def new_run_id() -> str:
