@@ -85,7 +85,13 @@ def incomplete(entries: list[dict[str, Any]], out_dir: Path) -> list[dict[str, A
     from tasks.stage_io import dataset_file
     from tasks.storage import IF_TOUCHED, read_marker
 
-    return [e for e in entries if read_marker(*dataset_file(out_dir, e["video_id"]), check_hash=IF_TOUCHED) is None]
+    # The root is resolved once; ids are ours (letters, digits, - and _), and read_marker follows no link.
+    root = out_dir.resolve()
+    output, marker = dataset_file(root, "_")
+    output_name, marker_name = output.name.replace("_", "{}", 1), marker.name
+    return [e for e in entries if read_marker(root / output_name.format(e["video_id"]),
+                                              root / "work" / e["video_id"] / marker_name,
+                                              check_hash=IF_TOUCHED) is None]
 
 
 def new_run_id() -> str:

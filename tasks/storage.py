@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -92,8 +93,8 @@ def read_marker(output: Path, marker: Path | None = None, check_hash: bool | str
     marker = marker or marker_path(output)
     try:
         record = json.loads(marker.read_text())
-        st = output.stat()
-        if st.st_size != record["bytes"]:
+        st = output.lstat()  # a link in place of an output is not an output
+        if not stat.S_ISREG(st.st_mode) or st.st_size != record["bytes"]:
             return None
         touched = record.get("mtime_ns") != st.st_mtime_ns
         if (check_hash is True or (check_hash == IF_TOUCHED and touched)) and sha256_file(output) != record["sha256"]:
