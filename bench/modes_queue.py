@@ -162,8 +162,8 @@ def framefleet_one_by_one(raw_dir: Path, out_dir: Path, videos: int) -> dict[str
         from celery import chain
 
         from bench.modes_local import jobs_for
+        from tasks.autoscaler.supervisor import worker_argv
         from tasks.pipeline import STAGE_TASKS
-        from tasks.supervisor import worker_argv
 
         env = {**os.environ, "REDIS_URL": url}
         with processes(out_dir / "logs") as start:

@@ -2,6 +2,11 @@
 """Enqueue a folder of videos as one dataset run and show its progress until the statistics exist.
 
     python scripts/enqueue_dataset.py RAW_DIR --out OUT [--limit N] [--gpus 0,2] [--no-wait]
+                                      [--metadata FILE] [--require-text]
+
+Text for each video's root/text (and the noun the masks stage prompts with) comes from
+RAW_DIR/metadata.csv, or --metadata FILE: columns clip_id, noun, text, where clip_id is the
+video's path under RAW_DIR without its extension, or y2r's index of it in sorted order.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import redis  # noqa: E402
 import yaml  # noqa: E402
 
 from scripts import _cli  # noqa: E402
-from tasks import quarantine, stall
+from tasks import quarantine, registry, stall
 from tasks.celery_app import settings
+from tasks.cli.common import parse_gpus
 from tasks.dataset import (
     DatasetError,
     build_chord,
@@ -30,19 +36,10 @@ from tasks.dataset import (
     new_run_id,
     write_manifest,
 )
+from tasks.metadata import MetadataError, texts_for
 from tasks.redis_client import get_redis
 from tasks.storage import write_text_atomic
 from worker_config.settings import Settings, redact_url, resolved_dict
-
-
-def parse_gpus(text: str | None) -> list[int] | None:
-    if not text or text == "all":
-        return None
-    try:
-        gpus = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--gpus takes GPU indices like 0,2 or 'all', not {text!r}") from None
-    return gpus or None
 
 
 def check_redis(conf: Settings) -> str | None:
@@ -60,12 +57,16 @@ def check_redis(conf: Settings) -> str | None:
 
 def enqueue(conf: Settings, raw_dir: Path, out_dir: Path, limit: int | None = None,
             gpus: list[int] | None = None, resume: bool = False, force: bool = False,
-            retry_quarantined: bool = False) -> dict[str, Any]:
-    """Send the run's chord; return {run_id, callback_id, videos}. Raises DatasetError."""
-    videos = find_videos(raw_dir)[: limit or None]
+            retry_quarantined: bool = False, metadata: Path | None = None,
+            require_text: bool = False) -> dict[str, Any]:
+    """Send the run's chord; return {run_id, callback_id, videos}. Raises DatasetError or MetadataError."""
+    every_video = find_videos(raw_dir)
+    videos = every_video[: limit or None]
     check_folders(raw_dir, out_dir, resume or retry_quarantined, force)
+    # y2r's numeric clip ids count every video, so the limit applies after reading the file.
+    texts = texts_for(raw_dir, every_video, metadata, require_text, selected=videos)
     run_id = new_run_id()
-    entries = write_manifest(raw_dir, out_dir, videos, run_id)
+    entries = write_manifest(raw_dir, out_dir, videos, run_id, texts)
     if retry_quarantined:
         held = quarantine.read(out_dir)
         if not held:
@@ -100,6 +101,14 @@ def release_result_subscriptions() -> None:
                 app.backend.remove_pending_result(result)
 
 
+def add_metadata_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add --metadata and --require-text (shared with run_local)."""
+    parser.add_argument("--metadata", type=Path, metavar="FILE",
+                        help="CSV with columns clip_id, noun, text (default: RAW_DIR/metadata.csv if present)")
+    parser.add_argument("--require-text", action="store_true",
+                        help="refuse to start unless every video has a non-empty text in the metadata")
+
+
 def render(counts: dict[str, int], total: int, started: float) -> str:
     finished = counts.get("videos.done", 0) + counts.get("videos.failed", 0)
     width = 24
@@ -113,14 +122,21 @@ def render(counts: dict[str, int], total: int, started: float) -> str:
             f"failed {counts.get('videos.failed', 0)} | {elapsed:.0f}s elapsed, ETA {eta}")
 
 
+LOSS_CHECK_S = 10.0  # how often the enqueuer looks for the run's messages; two misses in a row: lost
+
+
 def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dict[str, Any]:
-    """Show progress until the chord callback has run; return its summary."""
+    """Show progress until the chord callback has run; return its summary.
+
+    Raises stall.RunLost when no message of the run is left in Redis (seen twice, LOSS_CHECK_S apart).
+    """
     from tasks import app, progress
 
     tty = sys.stdout.isatty()
     last, last_print = "", 0.0
     counts: dict[str, int] = {}
     changed, reported = time.monotonic(), 0.0
+    checked, misses = time.monotonic(), 0
     while True:
         try:
             now_counts = progress.read(get_redis(conf.redis_url), record["run_id"])
@@ -131,11 +147,19 @@ def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dic
             if stalled > conf.stall_after_s and time.monotonic() - reported > conf.stall_after_s:
                 reported = time.monotonic()
                 why = stall.diagnose(get_redis(conf.redis_url), get_redis(conf.broker), conf)
-                print(f"\nno task finished for {stalled:.0f} s: "
-                      + ("; ".join(why) or "every worker is busy with long tasks"), file=sys.stderr, flush=True)
+                print(f"\nno task finished for {stalled:.0f} s: " + ("; ".join(why) or _no_cause(conf)),
+                      file=sys.stderr, flush=True)
+            if time.monotonic() - checked > LOSS_CHECK_S:
+                checked = time.monotonic()
+                found = stall.run_messages(get_redis(conf.redis_url), get_redis(conf.broker), conf,
+                                           record["run_id"], record["callback_id"])
+                misses = 0 if found else misses + 1
             # Polled without an AsyncResult: its pub/sub outlives a private Redis at teardown.
             meta = app.backend.get_task_meta(record["callback_id"])
             ready = meta["status"] in ("SUCCESS", "FAILURE")
+            if misses >= 2 and not ready:
+                raise stall.RunLost(f"the messages of run {record['run_id']} are gone from Redis (it restarted "
+                                    "without persistence, or was flushed)")
         except redis.RedisError as exc:
             line, ready = f"Redis unreachable ({type(exc).__name__}); retrying…", False
         if tty:
@@ -151,6 +175,14 @@ def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dic
                 raise RuntimeError(f"the statistics callback failed: {meta['result']}")
             return meta["result"]
         time.sleep(poll_s)
+
+
+def _no_cause(conf: Settings) -> str:
+    busy = [w for w in registry.live_workers(get_redis(conf.redis_url)) if w.get("busy")]
+    if busy:
+        return f"{len(busy)} worker(s) busy with long tasks: " + ", ".join(
+            f"{w['hostname']} ({(w.get('current') or {}).get('task', '?')})" for w in busy)
+    return "no worker is busy and no task waits"
 
 
 def report(summary: dict[str, Any], out_dir: Path) -> int:
@@ -180,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--force", action="store_true", help="redo every video in OUT")
     mode.add_argument("--retry-quarantined", action="store_true",
                       help="enqueue again only the videos listed in OUT/quarantine.jsonl")
+    add_metadata_arguments(parser)
+    parser.add_argument("--resume-on-loss", action="store_true",
+                        help="if the run's messages vanish from Redis, enqueue the unfinished videos again "
+                             "(as --continue would) instead of exiting with status 3")
     _cli.add_config_argument(parser)
     args = parser.parse_args(argv)
     conf = _cli.settings_from(args)
@@ -187,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         return _cli.fail(why)
     try:
         record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force,
-                         args.retry_quarantined)
-    except DatasetError as exc:
+                         args.retry_quarantined, args.metadata, args.require_text)
+    except (DatasetError, MetadataError) as exc:
         return _cli.fail(str(exc))
     skipped = f" ({record['already_complete']} already complete)" if record["already_complete"] else ""
     print(f"run {record['run_id']}: {record['videos']} videos enqueued{skipped}; outputs in {args.out}",
@@ -197,7 +233,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"not waiting; the run record is {args.out / 'runs' / (record['run_id'] + '.json')}")
         return 0
     try:
-        return report(wait_for(conf, record), args.out)
+        while True:
+            try:
+                return report(wait_for(conf, record), args.out)
+            except stall.RunLost as exc:
+                if not args.resume_on_loss:
+                    return _cli.fail(f"{exc}. Complete outputs are kept: `python scripts/enqueue_dataset.py "
+                                     f"{args.raw_dir} --out {args.out} --continue` finishes the run "
+                                     "(or pass --resume-on-loss to do it by itself)", code=3)
+                record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, resume=True,
+                                 metadata=args.metadata, require_text=args.require_text)
+                print(f"{exc}; enqueued the {record['videos']} unfinished videos again as run "
+                      f"{record['run_id']}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         print(f"\nstopped watching; run {record['run_id']} goes on in the workers")
         return 130

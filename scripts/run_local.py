@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Run a whole framefleet cluster on this machine for one dataset, then tear it down.
 
-    python scripts/run_local.py RAW_DIR --out OUT [--continue | --force] [--gpus 0,1]
+    python scripts/run_local.py RAW_DIR --out OUT [--continue | --force] [--gpus 0,1] [--metadata FILE] [--require-text]
 
 Uses $REDIS_URL when it answers, else a private redis-server on a free port; starts one solo
 worker per visible GPU (or, without a GPU, one CPU stand-in for gpu0 per core as memory allows,
-each with its share of the cores for torch's threads), a CPU worker, Flower and the metrics
-exporter on 127.0.0.1. Flower's basic auth comes from $FLOWER_BASIC_AUTH (user:password); without
+each giving torch its share of the cores) and one solo CPU worker per core, all supervised (a
+recycled or crashed worker is replaced), Flower and the metrics exporter on 127.0.0.1.
+Flower's basic auth comes from $FLOWER_BASIC_AUTH (user:password); without
 it a random password is made for this run and written to OUT/logs/flower-auth.txt (mode 0600).
 """
 
@@ -21,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -31,13 +33,21 @@ import contextlib
 import redis  # noqa: E402
 
 from scripts import _cli  # noqa: E402
-from scripts.enqueue_dataset import check_redis, enqueue, parse_gpus, report, wait_for  # noqa: E402
-from tasks import registry  # noqa: E402
+from scripts.enqueue_dataset import (  # noqa: E402
+    add_metadata_arguments,
+    check_redis,
+    enqueue,
+    report,
+    wait_for,
+)
+from tasks import registry, stall  # noqa: E402
+from tasks.autoscaler.supervisor import CPU_GROUP, Supervisor, cpu_worker_count, worker_argv  # noqa: E402
+from tasks.cli.common import parse_gpus  # noqa: E402
 from tasks.dataset import DatasetError  # noqa: E402
-from tasks.gpu_probe import open_probe  # noqa: E402
+from tasks.gpu import open_probe  # noqa: E402
+from tasks.metadata import MetadataError  # noqa: E402
 from tasks.metrics import GpuSampler, start_exporter  # noqa: E402
 from tasks.redis_client import get_redis  # noqa: E402
-from tasks.supervisor import worker_argv  # noqa: E402
 from worker_config.settings import Settings  # noqa: E402
 
 
@@ -118,7 +128,8 @@ class Cluster:
                 time.sleep(0.05)
         raise DatasetError(f"the private redis-server did not answer; see {self.logs / 'redis.log'}")
 
-    def wait_for_workers(self, conf: Settings, names: list[str], timeout_s: float = 120) -> None:
+    def wait_for_workers(self, conf: Settings, names: list[str], timeout_s: float = 120,
+                         supervisor: Supervisor | None = None) -> None:
         """Wait until every worker has loaded its models and registered, or one has exited."""
         r = get_redis(conf.redis_url)
         deadline = time.monotonic() + timeout_s
@@ -126,6 +137,10 @@ class Cluster:
             live = {w["hostname"].split("@")[0] for w in registry.live_workers(r)}
             if set(names) <= live:
                 return
+            for slot in supervisor.slots if supervisor else []:
+                if slot.last_exit and slot.name not in live:
+                    raise DatasetError(f"worker {slot.name} {slot.last_exit}; see "
+                                       f"{self.logs / (slot.name + '.log')}")
             for name, proc in self.procs:
                 if proc.poll() is not None:
                     raise DatasetError(f"the {name} process exited ({proc.returncode}); see "
@@ -133,11 +148,15 @@ class Cluster:
             time.sleep(0.2)
         raise DatasetError(f"workers {names} did not register within {timeout_s:.0f} s; see {self.logs}")
 
-    def stop(self, grace_s: float = 20.0) -> None:
-        # Warm shutdown first (workers finish their task), then make sure nothing is left.
+    def terminate(self) -> None:
+        """Ask every process but Redis to stop (SIGTERM), without waiting."""
         for name, proc in reversed(self.procs):
             if proc.poll() is None and name != "redis":
                 os.killpg(proc.pid, signal.SIGTERM)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        # Warm shutdown first (workers finish their task), then make sure nothing is left.
+        self.terminate()
         deadline = time.monotonic() + grace_s
         for name, proc in self.procs:
             if name == "redis":
@@ -150,6 +169,13 @@ class Cluster:
             proc.wait()
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _keep(supervisor: Supervisor, stopping: threading.Event) -> None:
+    """Replace workers that exit (recycled, crashed, past a deadline) until ``stopping`` is set."""
+    while not stopping.wait(0.5):
+        for what, slot, detail in supervisor.reap():
+            print(f"worker {slot.name}: {what}: {detail}", file=sys.stderr, flush=True)
 
 
 FLOWER_USER = "framefleet"
@@ -180,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, metavar="OUT")
     parser.add_argument("--limit", type=int)
     parser.add_argument("--gpus", type=parse_gpus, help="GPU indices to run workers on (default: all)")
-    parser.add_argument("--cpu-workers", type=int, default=2, help="processes of the CPU worker")
+    parser.add_argument("--cpu-workers", type=int, default=cpu_worker_count(),
+                        help="solo CPU worker processes (default: one per core)")
     parser.add_argument("--gpu-workers", type=int, default=0,
                         help="solo workers per GPU queue (default: 1 per GPU; without a GPU, one CPU "
                              "stand-in for gpu0 per core as memory allows)")
@@ -189,19 +216,24 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--continue", dest="resume", action="store_true")
     mode.add_argument("--force", action="store_true")
+    add_metadata_arguments(parser)
     _cli.add_config_argument(parser)
     args = parser.parse_args(argv)
     conf = _cli.settings_from(args)
     try:
         from tasks.dataset import check_folders, find_videos
+        from tasks.metadata import texts_for
 
-        find_videos(args.raw_dir)
+        videos = find_videos(args.raw_dir)
         check_folders(args.raw_dir, args.out, args.resume, args.force)
-    except DatasetError as exc:
+        # Before any process starts: a bad metadata file should cost no cluster start-up.
+        texts_for(args.raw_dir, videos, args.metadata, args.require_text, selected=videos[: args.limit or None])
+    except (DatasetError, MetadataError) as exc:
         return _cli.fail(str(exc))
 
     cluster = Cluster(args.out / "logs")
-    exporter, sampler = None, None
+    exporter, sampler, supervisor = None, None, None
+    keeping = threading.Event()
     previous_sigterm = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         env = dict(os.environ)
@@ -219,18 +251,28 @@ def main(argv: list[str] | None = None) -> int:
             per_gpu = args.gpu_workers or stand_in_workers(host_cores(), available_mib())
             print(f"no GPU found: {per_gpu} CPU worker(s) stand in for gpu0")
             gpus = [0]
-        model_workers = len(gpus) * (per_gpu if conf.hosted_stages() else 0) + len(gpus) * len(conf.own_env_stages())
+        model_workers = len(gpus) * ((per_gpu if conf.hosted_stages() else 0) + len(conf.own_env_stages()))
         # Each model worker gets its share of the cores, so that together they do not oversubscribe them.
         env.setdefault("FRAMEFLEET_TORCH_THREADS", str(max(1, host_cores() // max(1, model_workers))))
-        names = []
+        # Supervised solo workers: per_gpu per GPU queue (and one per stage with its own environment), one
+        # per core for the CPU queue; a worker's name is its queue and a sequence number.
+        pythons: dict[str, str | None] = {conf.cpu_queue: None}
+        groups: list[tuple[int, str]] = []
         for gpu in gpus:
-            for k in range(per_gpu if conf.hosted_stages() else 0):
-                names.append(f"gpu{gpu}" + (f"-{k + 1}" if k else ""))
-                cluster.start(names[-1], worker_argv(conf.gpu_queue(gpu), names[-1]), env)
+            if conf.hosted_stages():
+                pythons[conf.gpu_queue(gpu)] = None
+                groups += [(gpu, conf.gpu_queue(gpu))] * per_gpu
             for stage in conf.own_env_stages():  # a worker per stage with its own environment
-                names.append(conf.stage_queue(stage, gpu))
-                cluster.start(names[-1], worker_argv(names[-1], names[-1], python=conf.stages[stage].python), env)
-        cluster.start("cpu", worker_argv(conf.cpu_queue, "cpu", "prefork", args.cpu_workers), env)
+                pythons[conf.stage_queue(stage, gpu)] = conf.stages[stage].python
+                groups.append((gpu, conf.stage_queue(stage, gpu)))
+        groups += [(CPU_GROUP, conf.cpu_queue)] * max(1, args.cpu_workers)
+        supervisor = Supervisor(
+            lambda group, name: worker_argv(queue := name.rsplit("-", 1)[0], name, python=pythons[queue]),
+            lambda group: env, cluster.logs, stop_grace_s=20.0)
+        for group, queue in groups:
+            supervisor.start(group, queue)
+        keeper = threading.Thread(target=_keep, args=(supervisor, keeping), name="supervisor", daemon=True)
+        keeper.start()
         port = args.flower_port or free_port()
         flower_env, login = flower_auth(env, cluster.logs)
         cluster.start("flower", [sys.executable, "-m", "celery", "-A", "tasks", "flower",
@@ -242,15 +284,19 @@ def main(argv: list[str] | None = None) -> int:
         if probe.mode != "none":
             sampler = GpuSampler(probe, cluster.logs / "gpu-samples.jsonl")
             sampler.start()
-        cluster.wait_for_workers(conf, [*names, "cpu"])
-        record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force)
+        cluster.wait_for_workers(conf, [slot.name for slot in supervisor.slots], supervisor=supervisor)
+        record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force,
+                         metadata=args.metadata, require_text=args.require_text)
         print(f"run {record['run_id']}: {record['videos']} videos", flush=True)
         summary = wait_for(conf, record)
         code = report(summary, args.out)
         print(f"outputs: {args.out.resolve()}")
         return code
-    except DatasetError as exc:
+    except (DatasetError, MetadataError) as exc:
         return _cli.fail(str(exc))
+    except stall.RunLost as exc:
+        return _cli.fail(f"{exc}; `scripts/run_local.py {args.raw_dir} --out {args.out} --continue` finishes it",
+                         code=3)
     except KeyboardInterrupt:
         print("\ninterrupted: stopping the local cluster (complete outputs are kept; "
               "--continue finishes the run)", file=sys.stderr)
@@ -260,6 +306,11 @@ def main(argv: list[str] | None = None) -> int:
             sampler.stop()
         if exporter is not None:
             exporter.stop()
+        keeping.set()
+        cluster.terminate()  # Flower stops while the workers finish; Redis stays up until they have
+        if supervisor is not None:
+            keeper.join(timeout=5)
+            supervisor.stop_all(20.0)
         cluster.stop()
         signal.signal(signal.SIGTERM, previous_sigterm)
 

@@ -1,14 +1,55 @@
-"""Say why a run makes no progress: a queue with waiting tasks and no live worker, or stuck workers."""
+"""Say why a run makes no progress: a queue with no live worker, a message held by an idle or gone
+worker, a worker past its deadline; and whether the run's messages are gone altogether."""
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from typing import Any
 
 import redis
 
-from tasks import registry
+from tasks import leases, registry
+from tasks.routing import job_of
 from worker_config.settings import Settings
+
+
+class RunLost(RuntimeError):
+    """No message of an unfinished run is left in Redis: it restarted without persistence, or was flushed."""
+
+
+def _decode(raw: str | bytes) -> tuple[str, str, dict[str, Any] | None]:
+    """Return (task name, task id, job) of a kombu message as it sits in a queue."""
+    message = json.loads(raw)
+    body = message["body"]
+    if message.get("properties", {}).get("body_encoding") == "base64":
+        body = base64.b64decode(body)
+    args, kwargs, _embed = json.loads(body)
+    headers = message.get("headers", {})
+    return headers.get("task", ""), headers.get("id", ""), job_of(args, kwargs)
+
+
+def queue_names(broker: redis.Redis, r: redis.Redis, conf: Settings) -> list[str]:
+    """Every queue a framefleet task may wait in: the CPU queue and each GPU (or per-stage GPU) queue."""
+    found = {q if isinstance(q, str) else q.decode()
+             for q in broker.scan_iter(match=conf.gpu_queue_prefix + "*", count=500)}
+    found = {q for q in found if broker.type(q) in ("list", b"list")}
+    return sorted(found | registry.known_gpu_queues(r) | {conf.cpu_queue})
+
+
+def run_messages(r: redis.Redis, broker: redis.Redis, conf: Settings, run_id: str, callback_id: str) -> int:
+    """Count the messages of run ``run_id`` (its stage tasks and its callback) waiting or in flight."""
+    raws = [m for q in queue_names(broker, r, conf) for m in broker.lrange(q, 0, -1)]
+    raws += [json.dumps(json.loads(entry)[0]) for entry in broker.hvals(leases.UNACKED)]
+    count = 0
+    for raw in raws:
+        try:
+            _, task_id, job = _decode(raw)
+        except (ValueError, KeyError, TypeError, IndexError):
+            continue
+        count += task_id == callback_id or (job is not None and job.get("run_id") == run_id)
+    return count
 
 
 def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
@@ -26,6 +67,7 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
             pool = "-P solo -c 1 " if queue != conf.cpu_queue else ""
             problems.append(f"queue {queue}: {waiting} tasks waiting and no live worker; start one with "
                             f"`celery -A tasks worker -Q {queue} {pool}-n {queue}@%h -E`")
+    problems += _held_by_idle_or_gone(broker, r, {w["hostname"]: w for w in workers}, conf)
     now = time.time()
     for w in workers:
         current: dict[str, Any] = w.get("current") or {}
@@ -37,4 +79,36 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
         if deadline and running > deadline:
             problems.append(f"worker {w['hostname']}: {stage} of {current.get('video')} running "
                             f"{running:.0f} s, past its {deadline:.0f} s deadline")
+    return problems
+
+
+def _held_by_idle_or_gone(broker: redis.Redis, r: redis.Redis, workers: dict[str, Any], conf: Settings) -> list[str]:
+    """One line per message in ``unacked`` (older than a lease TTL) whose owner is idle or no longer registered."""
+    problems = []
+    cutoff = time.time() - conf.lease_ttl_s
+    for tag, since in broker.zrangebyscore(leases.UNACKED_INDEX, "-inf", cutoff, withscores=True):
+        tag = tag if isinstance(tag, str) else tag.decode()
+        owner = broker.get(leases.OWNER_PREFIX + tag)
+        owner = owner.decode() if isinstance(owner, bytes) else owner
+        entry = broker.hget(leases.UNACKED, tag)
+        what = f"message {tag}"
+        try:
+            name, task_id, job = _decode(json.dumps(json.loads(entry)[0])) if entry else ("", "", None)
+            what = f"{name.rsplit('.', 1)[-1]} of {(job or {}).get('video_id')} (task {task_id})"
+        except (ValueError, KeyError, TypeError, IndexError):
+            pass
+        held_s = time.time() - since
+        hostname = (owner or "").partition(" ")[0]
+        state = workers.get(hostname)
+        if not owner:
+            problems.append(f"{what}: in unacked for {held_s:.0f} s with no owner on record; the reaper "
+                            "requeues it once it has stayed unowned a lease TTL")
+        elif state is None:
+            problems.append(f"{what}: held in unacked for {held_s:.0f} s by {hostname}, which is gone; the "
+                            f"reaper requeues it {conf.lease_ttl_s:.0f} s after its worker left (a live worker "
+                            "runs the reaper: start one)")
+        elif tag not in state.get("leases", [tag]):
+            idle = "idle" if not state.get("busy") else "busy with another task"
+            problems.append(f"{what}: held in unacked for {held_s:.0f} s by {hostname}, which is {idle} and no "
+                            "longer holds it (its ack was lost); the reaper requeues it once its lease lapses")
     return problems

@@ -20,7 +20,7 @@ KIND = {"depth": base.DepthBackend, "tracks": base.TrackBackend, "tracks2d": bas
         "hands": base.HandsBackend, "masks": base.MasksBackend}
 # Names from CONTRACTS.md that are spelled like a stage but name an HDF5 dataset or a statistic.
 CONTRACT_NAMES = {("tasks/stats.py", "depth"), ("scripts/verify_dataset.py", "depth"),
-                  ("scripts/verify_dataset.py", "tracks")}
+                  ("scripts/verify_dataset.py", "tracks"), ("scripts/_y2r_strict.py", "tracks")}
 
 
 def test_every_stage_has_one_task_one_settings_entry_and_a_default_backend_that_exists():
@@ -78,7 +78,7 @@ def test_an_unknown_backend_is_refused_when_settings_load_naming_the_choices(tmp
     config.write_text("stages:\n  hands: {backend: nosuch}\n")
     with pytest.raises(ConfigError, match=r"unknown backend 'nosuch'.*available: .*synthetic"):
         load_settings(config)
-    with pytest.raises(UnknownBackend, match="available: synthetic"):
+    with pytest.raises(UnknownBackend, match="available: cotracker, synthetic"):
         backends.get_backend("tracks2d", "nosuch")
 
 
@@ -94,3 +94,16 @@ def test_no_module_names_a_stage_by_a_string_literal_outside_its_own_class():
                 if named and (rel, node.value) not in CONTRACT_NAMES:
                     found.append(f"{rel}:{node.lineno} {node.value!r}")
     assert not found, "derive stage names from tasks.stages instead of spelling them:\n" + "\n".join(found)
+
+
+def test_redis_key_names_are_spelled_only_in_tasks_keys():
+    spelled = []
+    for folder in ("tasks", "worker_config", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel == "tasks/keys.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("ff:"):
+                    spelled.append(f"{rel}:{node.lineno} {node.value!r}")
+    assert not spelled, "name Redis keys in tasks/keys.py:\n" + "\n".join(spelled)

@@ -29,6 +29,17 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return conf
 
 
+def parse_gpus(text: str | None) -> list[int] | None:
+    """The GPU indices of a --gpus value such as "0,2" (None for "all" or nothing). Raises ArgumentTypeError."""
+    if not text or text == "all":
+        return None
+    try:
+        gpus = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gpus takes GPU indices like 0,2 or 'all', not {text!r}") from None
+    return gpus or None
+
+
 def fail(message: str, code: int = 2) -> int:
     print(f"framefleet: {message}", file=sys.stderr)
     return code
