@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     frames = sum(len(o[first.name]["frames"]) for o in outputs)
     import torch
 
-    torch.cuda.synchronize()
+    on_gpu = args.device.startswith("cuda")
+    if on_gpu:
+        torch.cuda.synchronize()
     began = time.perf_counter()
     for job, done in zip(jobs, outputs, strict=True):
         for name in gpu:
@@ -61,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             arrays.pop("notes", None)
             done[name] = arrays
             per_stage[name] += time.perf_counter() - t
-    torch.cuda.synchronize()
+    if on_gpu:
+        torch.cuda.synchronize()
     print(
         json.dumps(
             {
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                 "videos": len(jobs),
                 "frames": frames,
                 "per_stage_s": per_stage,
-                "device": torch.cuda.get_device_name(0),
+                "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
             }
         )
     )
