@@ -4,9 +4,10 @@
     python scripts/run_local.py RAW_DIR --out OUT [--continue | --force] [--gpus 0,1] [--metadata FILE] [--require-text]
 
 Uses $REDIS_URL when it answers, else a private redis-server on a free port; starts one solo
-worker per visible GPU (or one CPU stand-in for gpu0) and one solo CPU worker per core, all
-supervised (a recycled or crashed worker is replaced), Flower and the metrics exporter on
-127.0.0.1. Flower's basic auth comes from $FLOWER_BASIC_AUTH (user:password); without
+worker per visible GPU (or, without a GPU, one CPU stand-in for gpu0 per core as memory allows,
+each giving torch its share of the cores) and one solo CPU worker per core, all supervised (a
+recycled or crashed worker is replaced), Flower and the metrics exporter on 127.0.0.1.
+Flower's basic auth comes from $FLOWER_BASIC_AUTH (user:password); without
 it a random password is made for this run and written to OUT/logs/flower-auth.txt (mode 0600).
 """
 
@@ -68,6 +69,30 @@ def visible_gpus() -> int:
             pynvml.nvmlShutdown()
     except Exception:
         return 0
+
+
+STAND_IN_MIB = 1024  # host memory a CPU stand-in for a GPU worker may take (synthetic models: ~350 MiB RSS)
+
+
+def host_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def available_mib() -> float:
+    """MemAvailable of /proc/meminfo in MiB (infinity where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("inf")
+
+
+def stand_in_workers(cores: int, free_mib: float) -> int:
+    """How many CPU stand-ins for gpu0 to start: one per core, as far as host memory allows, at least one."""
+    return max(1, min(cores, int(free_mib // STAND_IN_MIB)))
 
 
 class Cluster:
@@ -183,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=parse_gpus, help="GPU indices to run workers on (default: all)")
     parser.add_argument("--cpu-workers", type=int, default=cpu_worker_count(),
                         help="solo CPU worker processes (default: one per core)")
+    parser.add_argument("--gpu-workers", type=int, default=0,
+                        help="solo workers per GPU queue (default: 1 per GPU; without a GPU, one CPU "
+                             "stand-in for gpu0 per core as memory allows)")
     parser.add_argument("--flower-port", type=int, default=0, help="default: a free port")
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus exporter; default: a free port")
     mode = parser.add_mutually_exclusive_group()
@@ -218,17 +246,22 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("Redis: $REDIS_URL")
         gpus = args.gpus if args.gpus is not None else list(range(visible_gpus()))
+        per_gpu = args.gpu_workers or 1
         if not gpus:
-            print("no GPU found: one CPU worker stands in for gpu0")
+            per_gpu = args.gpu_workers or stand_in_workers(host_cores(), available_mib())
+            print(f"no GPU found: {per_gpu} CPU worker(s) stand in for gpu0")
             gpus = [0]
-        # One supervised solo worker per GPU queue (and per stage with its own environment), one per core for
-        # the CPU queue; a worker's name is its queue and a sequence number.
+        model_workers = len(gpus) * ((per_gpu if conf.hosted_stages() else 0) + len(conf.own_env_stages()))
+        # Each model worker gets its share of the cores, so that together they do not oversubscribe them.
+        env.setdefault("FRAMEFLEET_TORCH_THREADS", str(max(1, host_cores() // max(1, model_workers))))
+        # Supervised solo workers: per_gpu per GPU queue (and one per stage with its own environment), one
+        # per core for the CPU queue; a worker's name is its queue and a sequence number.
         pythons: dict[str, str | None] = {conf.cpu_queue: None}
         groups: list[tuple[int, str]] = []
         for gpu in gpus:
             if conf.hosted_stages():
                 pythons[conf.gpu_queue(gpu)] = None
-                groups.append((gpu, conf.gpu_queue(gpu)))
+                groups += [(gpu, conf.gpu_queue(gpu))] * per_gpu
             for stage in conf.own_env_stages():  # a worker per stage with its own environment
                 pythons[conf.stage_queue(stage, gpu)] = conf.stages[stage].python
                 groups.append((gpu, conf.stage_queue(stage, gpu)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import statistics
 import subprocess
 import sys
@@ -24,11 +25,22 @@ REPORT_TIMEOUT_S = 120
 
 
 def completed_videos(out_root: Path) -> dict[str, dict[str, Any]]:
-    """Return the h5 marker of every video of ``out_root`` whose HDF5 file is complete, any run."""
+    """Return the h5 marker of every video of ``out_root`` whose HDF5 file is complete, any run.
+
+    Paths are joined under the root resolved once, not confined one by one: resolving two
+    paths per video was most of the time over 50,000 videos. A work folder or file that is a
+    link is not followed (``read_marker`` wants regular files), so nothing outside is read.
+    """
+    root = out_root.resolve()
+    output, marker = dataset_file(root, "_")
+    output_name, marker_name = output.name.replace("_", "{}", 1), marker.name
+    try:
+        folders = sorted(e.name for e in os.scandir(root / "work") if e.is_dir(follow_symlinks=False))
+    except FileNotFoundError:
+        return {}
     found = {}
-    for folder in sorted((out_root / "work").glob("*")):
-        vid = folder.name
-        record = read_marker(*dataset_file(out_root, vid), check_hash=False)
+    for vid in folders:
+        record = read_marker(root / output_name.format(vid), root / "work" / vid / marker_name, check_hash=False)
         if record is not None and "stats" in record.get("report", {}):
             found[vid] = record
     return found
@@ -39,10 +51,9 @@ def write_statistics(out_root: Path, track_type: str) -> int:
     from tasks.stats import VideoStats, normalization_stats, write_stats_yaml
 
     records = completed_videos(out_root)
-    parts = [VideoStats.from_dict(r["report"]["stats"]) for r in records.values()]
-    total = sum(parts, start=VideoStats.empty(track_type))
+    total = VideoStats.pool([r["report"]["stats"] for r in records.values()], track_type)
     write_stats_yaml(out_root / "normalization_stats.yaml", normalization_stats(total))
-    return len(parts)
+    return len(records)
 
 
 def stage_timings(results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -86,11 +86,22 @@ def write_manifest(
 
 
 def incomplete(entries: list[dict[str, Any]], out_dir: Path) -> list[dict[str, Any]]:
-    """Return the entries whose HDF5 output is missing or fails its hash check."""
-    from tasks.stage_io import dataset_file
-    from tasks.storage import read_marker
+    """Return the entries whose HDF5 output is missing, of another size, or altered since its marker.
 
-    return [e for e in entries if read_marker(*dataset_file(out_dir, e["video_id"])) is None]
+    A file whose size and modification time are those its marker recorded is taken as complete
+    without reading it; one touched since (same size, other time) is hashed. (verify_dataset.py
+    reads every file in full.)
+    """
+    from tasks.stage_io import dataset_file
+    from tasks.storage import IF_TOUCHED, read_marker
+
+    # The root is resolved once; ids are ours (letters, digits, - and _), and read_marker follows no link.
+    root = out_dir.resolve()
+    output, marker = dataset_file(root, "_")
+    output_name, marker_name = output.name.replace("_", "{}", 1), marker.name
+    return [e for e in entries if read_marker(root / output_name.format(e["video_id"]),
+                                              root / "work" / e["video_id"] / marker_name,
+                                              check_hash=IF_TOUCHED) is None]
 
 
 def new_run_id() -> str:

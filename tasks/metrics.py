@@ -49,7 +49,7 @@ def stage_record(stage: str, job: dict[str, Any]) -> dict[str, Any]:
                 "error_class": failed["error_class"]}
     timing = job["timings"][stage]
     return {**entry, "ok": True, "start": timing["start"], "end": timing["end"],
-            "skipped": timing["skipped"], "worker": timing["worker"]}
+            "skipped": timing["skipped"], "worker": timing["worker"], "run_s": timing.get("run_s", 0.0)}
 
 
 def record_stage(redis_url: str, stage: str, job: dict[str, Any]) -> None:

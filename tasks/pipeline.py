@@ -76,7 +76,9 @@ def _execute(stage_name: str, job: dict[str, Any], fence: Callable[[], None] | N
 
     inputs = gather_inputs(stage_name, job, chain_of(job))
     report: dict[str, Any] = {}
-    last_sent = [-PROGRESS_EVENT_INTERVAL_S]
+    # The first event waits as long as the next ones: a task shorter than the interval sends none
+    # (each event is an event publish plus a state write, 2-3 Redis round trips per task).
+    last_sent = [time.monotonic()]
 
     def on_progress(done_frames: int, total_frames: int) -> None:
         worker.STATE.update(frames=[done_frames, total_frames])
@@ -84,20 +86,28 @@ def _execute(stage_name: str, job: dict[str, Any], fence: Callable[[], None] | N
             last_sent[0] = time.monotonic()
             _announce_progress({"video_id": vid, "stage": stage_name, "done": done_frames, "total": total_frames})
 
+    ran_s = 0.0
     if stage_class(stage_name).writes == "hdf5":
         def write(tmp: Path) -> None:
+            nonlocal ran_s
+            began = time.perf_counter()
             report.update(stage.run({**inputs, "out_path": str(tmp)}, progress=on_progress))
+            ran_s = time.perf_counter() - began
 
         digest = atomic_write(output, write, fence_output)
     else:
+        began = time.perf_counter()
         arrays = stage.run(inputs, progress=on_progress)
+        ran_s = time.perf_counter() - began
         notes = arrays.pop("notes", None)  # facts for the run summary, not arrays
         if notes:
             report["notes"] = notes
         digest = save_npz(output, arrays, fence_output)
     write_marker(output, digest, marker, fence, report=report)
     log.info("ran %s of %s", stage_name, vid)
-    return report
+    # Seconds inside the stage's own run (the model), apart from input loading and atomic writes;
+    # added after the marker is written, so a marker stays the same whoever made it.
+    return {**report, "run_s": ran_s}
 
 
 def chain_of(job: dict[str, Any]) -> tuple[str, ...]:
@@ -227,12 +237,12 @@ def _run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, An
         job = _after_failure(task, stage_name, job, _as_framefleet_error(exc), attempts)
     else:
         timing = {"start": started, "end": time.time(), "worker": task.request.hostname,
-                  "skipped": bool(report.get("skipped"))}
+                  "skipped": bool(report.get("skipped")), "run_s": report.get("run_s", 0.0)}
         job = {**job, "timings": {**job.get("timings", {}), stage_name: timing}}
         if worker.ROLE.gpu is not None:
             job["gpu"] = worker.ROLE.gpu
         if stage_class(stage_name).writes == "hdf5":
-            job["report"] = {k: v for k, v in report.items() if k != "stats"}
+            job["report"] = {k: v for k, v in report.items() if k not in ("stats", "run_s")}
         if report.get("notes"):
             job["notes"] = {**job.get("notes", {}), stage_name: report["notes"]}
         _record(stage_name, job, ok=True)

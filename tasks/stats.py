@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,22 @@ class Moments:
             return cls.empty(x.shape[1])
         mean = x.mean(axis=0)
         return cls(int(x.shape[0]), mean, ((x - mean) ** 2).sum(axis=0))
+
+    @classmethod
+    def pool(cls, counts: np.ndarray, means: np.ndarray, m2s: np.ndarray) -> Moments:
+        """Return the moments of k parts at once: ``counts`` (k,), ``means`` and ``m2s`` (k, d).
+
+        The same count, mean and M2 as adding the parts one by one, in a few NumPy passes
+        (k groups: M2 = sum M2_i + sum n_i (mean_i - mean)^2); 50,000 videos take milliseconds.
+        """
+        counts = np.asarray(counts, dtype=np.float64)
+        means, m2s = np.asarray(means, dtype=np.float64), np.asarray(m2s, dtype=np.float64)
+        n = int(counts.sum())
+        if n == 0:
+            return cls.empty(means.shape[1])
+        mean = (counts[:, None] * means).sum(axis=0) / n
+        m2 = m2s.sum(axis=0) + (counts[:, None] * (means - mean) ** 2).sum(axis=0)
+        return cls(n, mean, m2)
 
     @property
     def dim(self) -> int:
@@ -105,6 +122,25 @@ class VideoStats:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> VideoStats:
         return cls(str(d["track_type"]), *(Moments.from_dict(d[f]) for f in _FIELDS))
+
+    @classmethod
+    def pool(cls, parts: Sequence[Mapping[str, Any]], track_type: str = "3d") -> VideoStats:
+        """Pool many videos' partials (``to_dict`` mappings) at once: equal to their sum, without an
+        object and an addition per video. Raises ValueError on a partial of another track type."""
+        empty = cls.empty(track_type)
+        other = next((p["track_type"] for p in parts if p["track_type"] != track_type), None)
+        if other is not None:
+            raise ValueError(f"cannot add {track_type} and {other} statistics")
+        if not parts:
+            return empty
+        pooled = []
+        for f in _FIELDS:
+            dim, k = getattr(empty, f).dim, len(parts)
+            counts = np.fromiter((p[f]["count"] for p in parts), dtype=np.float64, count=k)
+            means = np.array([p[f]["mean"] for p in parts], dtype=np.float64).reshape(k, dim)
+            m2s = np.array([p[f]["m2"] for p in parts], dtype=np.float64).reshape(k, dim)
+            pooled.append(Moments.pool(counts, means, m2s))
+        return cls(track_type, *pooled)
 
 
 def _mean_std(m: Moments) -> tuple[list[float], list[float]]:

@@ -134,6 +134,7 @@ def preload_models(**_: Any) -> None:
         return
     try:
         device = _device_for(ROLE)
+        _limit_threads(settings().torch_threads, device)
         ROLE.device = device
         for name in ROLE.stages:
             load_stage(name, device)
@@ -142,6 +143,16 @@ def preload_models(**_: Any) -> None:
         print(f"framefleet: {exc}", file=sys.stderr, flush=True)
         logging.shutdown()
         os._exit(3)
+
+
+def _limit_threads(threads: int, device: str) -> None:
+    """Give torch ``threads`` CPU threads in this process (0: leave its default); only model workers use them."""
+    if not threads or not any(name in GPU_STAGES for name in ROLE.stages):
+        return
+    import torch
+
+    torch.set_num_threads(threads)
+    log.info("torch uses %d CPU threads in this worker (%s)", threads, device)
 
 
 def _device_for(role: WorkerRole) -> str:

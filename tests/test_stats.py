@@ -93,6 +93,22 @@ def test_video_stats_sum_with_start() -> None:
         _ = total + VideoStats.empty("2d")
 
 
+@settings(max_examples=100, deadline=None)
+@given(parts())
+def test_pooling_many_videos_at_once_equals_one_numpy_pass(chunks: list[np.ndarray]) -> None:
+    videos = [VideoStats("3d", Moments.from_samples(c), pose=Moments.from_samples(np.tile(c, 3))) for c in chunks]
+    pooled = VideoStats.pool([json.loads(json.dumps(v.to_dict())) for v in videos], "3d")
+    assert_matches_numpy(pooled.displacement, chunks)
+    assert_matches_numpy(pooled.pose, [np.tile(c, 3) for c in chunks])
+    assert pooled.hand_uvd.count == 0 and pooled.depth.count == 0
+
+
+def test_pooling_no_videos_and_refusing_another_track_type() -> None:
+    assert VideoStats.pool([], "2d").displacement.dim == 2
+    with pytest.raises(ValueError, match="3d and 2d"):
+        VideoStats.pool([VideoStats.empty("2d").to_dict()], "3d")
+
+
 def test_normalization_stats_keys_and_no_sample_defaults() -> None:
     empty3 = normalization_stats(VideoStats.empty("3d"))
     assert set(empty3) == {

@@ -64,3 +64,8 @@ def test_a_worker_recycles_itself_after_n_tasks(workers, video_factory, pipeline
     assert r.llen("gpu0") == 1  # the third GPU stage waits for the fresh worker
     workers.start("gpu0", name="gpu0-fresh")
     wait_until(lambda: (out / "run_summary.json").exists(), 120, "the run to finish")
+
+
+def test_a_model_worker_gives_torch_the_threads_its_settings_say(workers):
+    workers.start("gpu0", env={"FRAMEFLEET_TORCH_THREADS": "1"})
+    wait_until(lambda: "torch uses 1 CPU threads" in workers.log("gpu0"), 30, "the thread count in the log")

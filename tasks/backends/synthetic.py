@@ -25,19 +25,23 @@ class SyntheticModel:
     """Memory and compute knobs shared by the synthetic models; torch is imported in ``load`` only.
 
     ``hold_mib``: memory held on the device from ``load`` on; ``activation_mib``: extra memory
-    held during each call; ``matmuls_per_frame``: 256x256 float32 matmuls per frame processed.
+    held during each call; ``matmuls_per_frame``: float32 matmuls of ``matmul_size`` squared
+    (default 256) per frame processed; a large size makes a GPU model compute-bound, not launch-bound.
     With ``$FRAMEFLEET_FAKE_GPU`` and ``$FRAMEFLEET_FAKE_GPU_INDEX`` set, both are also allocated on
     that fake GPU (tasks.gpu.fake), which raises its OutOfMemoryError past its scripted threshold.
     """
 
     def __init__(
-        self, hold_mib: float = 0, activation_mib: float = 0, matmuls_per_frame: int = 2, **unknown: Any
+        self, hold_mib: float = 0, activation_mib: float = 0, matmuls_per_frame: int = 2, matmul_size: int = 256,
+        **unknown: Any,
     ) -> None:
         if unknown:
             raise TypeError(
                 f"{type(self).__name__} got unknown parameters {sorted(unknown)}; "
-                "its knobs are hold_mib, activation_mib and matmuls_per_frame"
+                "its knobs are hold_mib, activation_mib, matmuls_per_frame and matmul_size"
             )
+        if matmul_size < 1:
+            raise ValueError(f"matmul_size must be >= 1 (the side of the square matrices), got {matmul_size}")
         if hold_mib < 0 or activation_mib < 0 or matmuls_per_frame < 0:
             raise ValueError(
                 f"hold_mib, activation_mib and matmuls_per_frame must be >= 0, "
@@ -46,6 +50,7 @@ class SyntheticModel:
         self.hold_mib = hold_mib
         self.activation_mib = activation_mib
         self.matmuls_per_frame = int(matmuls_per_frame)
+        self.matmul_size = int(matmul_size)
         self.device: str | None = None
         self.peak_memory_bytes = 0
         # Fraction of the activation memory used per call; lowered after an out-of-memory retry.
@@ -63,7 +68,8 @@ class SyntheticModel:
             slot.allocate(self.hold_mib)
             self._fake = slot
         generator = torch.Generator().manual_seed(0)
-        self._weights = (torch.randn(256, 256, generator=generator) / 16.0).to(dev)
+        n = self.matmul_size
+        self._weights = (torch.randn(n, n, generator=generator) / n**0.5).to(dev)
         self._held = torch.ones(int(self.hold_mib * MIB), dtype=torch.uint8, device=dev) if self.hold_mib else None
         self.device = str(dev)
 
@@ -97,7 +103,7 @@ class SyntheticModel:
                 del extra
 
     def spend(self, frames: int) -> None:
-        """Do the compute of ``frames`` frames: ``matmuls_per_frame`` 256x256 float32 matmuls each."""
+        """Do the compute of ``frames`` frames: ``matmuls_per_frame`` square float32 matmuls each."""
         import torch
 
         self._ensure_loaded()
