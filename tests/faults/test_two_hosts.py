@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from tasks.fake_gpu import FakeGpuLedger
+from tasks.gpu import FakeGpuLedger
 
 from tasks.storage import read_marker
 from tests.conftest import PIPELINE_ENV, ROOT, run_script, wait_until
