@@ -12,12 +12,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tasks import quarantine
+from tasks import quarantine, runs
 from tasks.celery_app import TASK_PREFIX, app, settings
+from tasks.flower_view import VideoTask
 from tasks.redis_client import get_redis
-from tasks.stage_io import dataset_file
+from tasks.stage_io import MARKERS_DIR, read_done
 from tasks.stages import dataset_stage
-from tasks.storage import read_marker, write_text_atomic
+from tasks.storage import write_text_atomic
 
 log = logging.getLogger("framefleet.aggregate")
 REPORT_TIMEOUT_S = 120
@@ -26,9 +27,11 @@ REPORT_TIMEOUT_S = 120
 def completed_videos(out_root: Path) -> dict[str, dict[str, Any]]:
     """Return the h5 marker of every video of ``out_root`` whose HDF5 file is complete, any run."""
     found = {}
-    for folder in sorted((out_root / "work").glob("*")):
-        vid = folder.name
-        record = read_marker(*dataset_file(out_root, vid), check_hash=False)
+    final = dataset_stage().name
+    candidates = {p.name.removesuffix(".hdf5.done.json") for p in (out_root / MARKERS_DIR).glob("*.hdf5.done.json")}
+    candidates |= {p.name for p in (out_root / "work").glob("*")}  # markers of earlier versions
+    for vid in sorted(candidates):
+        record = read_done(out_root, vid, final, check_hash=False)
         if record is not None and "stats" in record.get("report", {}):
             found[vid] = record
     return found
@@ -85,7 +88,7 @@ def write_report(out_root: Path) -> None:
         log.info("report written in %.1f s: %s", time.monotonic() - started, out_root / "report.html")
 
 
-@app.task(name=TASK_PREFIX + "aggregate", acks_late=True)
+@app.task(name=TASK_PREFIX + "aggregate", acks_late=True, base=VideoTask)
 def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any]:
     """Chord callback: write normalization_stats.yaml and run_summary.json; return the summary."""
     out_root = Path(run["output_root"])
@@ -117,6 +120,7 @@ def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, A
                     "quarantine": quarantine.FILE, "report": "report.html"},
     }
     write_text_atomic(out_root / "run_summary.json", json.dumps(summary, indent=2, sort_keys=True))
+    runs.finished(out_root, run["run_id"], summary)
     log.info("run %s: %d done, %d failed; statistics over %d videos",
              run["run_id"], len(done), len(failed), merged)
     write_report(out_root)

@@ -10,7 +10,7 @@ from typing import Any
 from celery import Task, current_task
 from celery.exceptions import Ignore
 
-from tasks import claims, metrics, oom, progress, worker
+from tasks import claims, intermediates, metrics, oom, progress, worker
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.errors import (
     FramefleetError,
@@ -21,11 +21,12 @@ from tasks.errors import (
     WorkerLost,
     error_class,
 )
+from tasks.flower_view import VideoTask, progress_text
 from tasks.redis_client import get_redis
 from tasks.routing import route_task
-from tasks.stage_io import check_roots, gather_inputs, marker_of, output_path
+from tasks.stage_io import check_roots, gather_inputs, marker_of, output_path, read_done
 from tasks.stages import STAGE_NAMES, stage_class
-from tasks.storage import atomic_write, read_marker, save_npz, write_marker
+from tasks.storage import atomic_write, save_npz, write_marker
 
 log = logging.getLogger("framefleet.pipeline")
 PROGRESS_EVENT_INTERVAL_S = 0.5  # at most 2 task-progress events a second per task
@@ -50,7 +51,7 @@ def _execute(stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
     output = output_path(out_root, vid, stage_name)
     marker = marker_of(out_root, vid, stage_name)
     if not job.get("force"):
-        done = read_marker(output, marker)
+        done = read_done(out_root, vid, stage_name)
         if done is not None:
             return {"skipped": True, **done.get("report", {})}
     stage = worker.get_stage(stage_name)
@@ -63,7 +64,8 @@ def _execute(stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
         worker.STATE.update(frames=[done_frames, total_frames])
         if time.monotonic() - last_sent[0] >= PROGRESS_EVENT_INTERVAL_S:
             last_sent[0] = time.monotonic()
-            _announce_progress({"video_id": vid, "stage": stage_name, "done": done_frames, "total": total_frames})
+            _announce_progress({"video_id": vid, "video": job["video"], "stage": stage_name,
+                                "done": done_frames, "total": total_frames})
 
     if stage_class(stage_name).writes == "hdf5":
         def write(tmp: Path) -> None:
@@ -92,7 +94,7 @@ def _announce_progress(meta: dict[str, Any]) -> None:
     if task is None or task.request.called_directly:
         return
     try:
-        task.send_event("task-progress", **meta)
+        task.send_event("task-progress", result=progress_text(meta), **meta)
         task.update_state(state="PROGRESS", meta=meta)
     except Exception as exc:  # progress display is not worth failing a video for
         log.warning("progress of %s not sent: %s", task.request.id, exc)
@@ -197,6 +199,8 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
             job["gpu"] = worker.ROLE.gpu
         if stage_class(stage_name).writes == "hdf5":
             job["report"] = {k: v for k, v in report.items() if k != "stats"}
+            if job.get("intermediates") == "drop":
+                _drop_intermediates(job)
         if report.get("notes"):
             job["notes"] = {**job.get("notes", {}), stage_name: report["notes"]}
     try:
@@ -210,13 +214,22 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
     return job
 
 
+def _drop_intermediates(job: dict[str, Any]) -> None:
+    """Delete a finished video's OUT/work/ folder (``--intermediates drop``); a failure is only logged."""
+    try:
+        freed = intermediates.drop(Path(job["output_root"]), job["video_id"])
+        log.info("dropped the intermediates of %s (%d bytes)", job["video_id"], freed)
+    except OSError as exc:  # the dataset file is complete; leftovers are for `framefleet clean`
+        log.warning("intermediates of %s not dropped: %s", job["video_id"], exc)
+
+
 def _stage_task(stage_name: str) -> Task:
     def body(self: Task, job: dict[str, Any]) -> dict[str, Any]:
         return run_stage(self, stage_name, job)
 
     body.__name__ = stage_name
     body.__doc__ = f"Run the {stage_name} stage for one video; return the job for the next stage."
-    return app.task(bind=True, name=TASK_PREFIX + stage_name, acks_late=True)(body)
+    return app.task(bind=True, name=TASK_PREFIX + stage_name, acks_late=True, base=VideoTask)(body)
 
 
 # One task per stage, named framefleet.<stage>.
