@@ -305,7 +305,7 @@ def rss_mib(pid: int) -> float:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     defaults = AutoscalePolicy()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=_cli.HelpFormatter)
     p.add_argument("--gpus", type=parse_gpus, help="GPU indices to supervise, e.g. 0,1 (default: all)")
     for name, (kind, text) in POLICY_FLAGS.items():
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None,

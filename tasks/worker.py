@@ -259,7 +259,8 @@ def on_task_received(request: Any = None, **_: Any) -> None:
 def on_task_start(task: Any = None, args: Any = None, **_: Any) -> None:
     job = args[0] if args and isinstance(args[0], dict) else {}
     STATE.update(busy=True, frames=None, current={
-        "task": task.name if task else None, "video": job.get("video_id"), "started": time.time()})
+        "task": task.name if task else None, "video": job.get("video_id"), "run": job.get("run_id"),
+        "started": time.time()})
 
 
 @signals.task_postrun.connect

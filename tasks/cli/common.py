@@ -10,6 +10,17 @@ from pathlib import Path
 from worker_config.settings import CONFIG_ENV, ConfigError, Settings, exit_on_config_error, load_settings
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's layout and appends each option's default to its help, when it has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.default not in (None, False, argparse.SUPPRESS, [])
+        if shown and "default" not in text and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
+
+
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help=f"YAML settings file (else ${CONFIG_ENV})")
 
@@ -27,6 +38,22 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
     configure(conf)
     return conf
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 video``, ``2 videos``: a count with its noun."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts that must be at least 1 (``--limit``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value} (leave the option out for every video)")
+    return value
 
 
 def fail(message: str, code: int = 2) -> int:
