@@ -35,19 +35,31 @@ def request(r: redis.Redis, run_id: str, ttl_s: int) -> bool:
     return bool(r.set(flag_key(run_id), str(time.time()), ex=ttl_s, nx=True))
 
 
-def message_ids(raw: str | bytes) -> tuple[str, str, str | None]:
-    """(task name, task id, run id or None) of a kombu message as it sits in a Redis queue."""
+def decode(raw: str | bytes) -> tuple[str, str, list[Any]]:
+    """(task name, task id, args) of a kombu message as it sits in a Redis queue."""
     message = json.loads(raw)
     body = message["body"]
     if message.get("properties", {}).get("body_encoding") == "base64":
         body = base64.b64decode(body)
     args, _kwargs, _embed = json.loads(body)
     headers = message.get("headers", {})
+    return headers.get("task", ""), headers.get("id", ""), list(args or [])
+
+
+def run_of(args: list[Any]) -> str | None:
+    """The run id a stage task's job (or the chord callback's run record) carries, or None."""
     first = args[0] if args else None
-    run = first.get("run_id") if isinstance(first, dict) else None
-    if run is None and len(args) == 2 and isinstance(args[1], dict):  # the chord callback: (results, run)
-        run = args[1].get("run_id")
-    return headers.get("task", ""), headers.get("id", ""), run
+    if isinstance(first, dict) and "run_id" in first:
+        return first["run_id"]
+    if len(args) == 2 and isinstance(args[1], dict):  # the chord callback: (results, run)
+        return args[1].get("run_id")
+    return None
+
+
+def message_ids(raw: str | bytes) -> tuple[str, str, str | None]:
+    """(task name, task id, run id or None) of a kombu message as it sits in a Redis queue."""
+    name, task_id, args = decode(raw)
+    return name, task_id, run_of(args)
 
 
 def remove_waiting(broker: redis.Redis, queues: list[str], run_id: str) -> list[tuple[str, str]]:

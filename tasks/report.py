@@ -1,7 +1,7 @@
 """Write OUT/report.html: a finished run's throughput, GPU memory with the autoscaler's decisions,
 stage durations and failures, as PNG plots in OUT/report/.
 
-    python scripts/report.py OUT [--config FILE]      (or: python -m tasks.report OUT)
+    framefleet report OUT [--config FILE]      (or: python -m tasks.report OUT)
 
 Reads OUT/run_summary.json; from Redis, when it answers, the run's stage log (ff:stages) and the
 autoscaler's decisions (ff:autoscale); and OUT/logs/gpu-samples.jsonl (run_local writes it). What
@@ -210,8 +210,8 @@ def _when(epoch: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch)) if epoch else "unknown"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=_cli.HelpFormatter)
     parser.add_argument("out", type=Path, metavar="OUT", help="a run's output folder")
     _cli.add_config_argument(parser)
     args = parser.parse_args(argv)

@@ -285,8 +285,8 @@ def test_profiles_keep_the_largest_peak_and_rise_after_an_oom(r):
 def test_tick_packs_around_other_processes_and_answers_pressure_and_oom(redis_url, r, monkeypatch, tmp_path):
     """Autoscaler.tick in this process: stand-in worker processes, registry entries and ledger use by hand."""
     monkeypatch.setenv("REDIS_URL", redis_url)
-    from scripts.autoscaler import Autoscaler as Scaler
     from tasks import configure
+    from tasks.cli.autoscale import Autoscaler as Scaler
     from tasks.gpu_probe import FakeProbe
     from tasks.registry import publish
     from worker_config.autoscale import AutoscalePolicy

@@ -10,7 +10,7 @@ import time
 
 import redis
 
-from scripts.make_sample_dataset import make_corrupt_inputs, make_video
+from tasks.cli.sample import make_corrupt_inputs, make_video
 from tasks.quarantine import redis_key
 from tests.conftest import ROOT, run_script
 

@@ -67,7 +67,7 @@ def test_status_shows_gpus_workers_queues_the_run_and_the_quarantine(workers, pi
     assert f"quarantined: 0 (in {out / 'quarantine.jsonl'})" in lines
 
     # Without a GPU it says so, and still lists the workers; without --out the run's size is unknown.
-    from scripts import status
+    from tasks.cli import status
     from worker_config.settings import load_settings
 
     monkeypatch.setenv("REDIS_URL", pipeline_env["REDIS_URL"])

@@ -7,7 +7,16 @@ import os
 import sys
 from pathlib import Path
 
-from worker_config.settings import CONFIG_ENV, ConfigError, Settings, exit_on_config_error, load_settings
+import redis
+
+from worker_config.settings import (
+    CONFIG_ENV,
+    ConfigError,
+    Settings,
+    exit_on_config_error,
+    load_settings,
+    redact_url,
+)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -59,3 +68,29 @@ def positive_int(text: str) -> int:
 def fail(message: str, code: int = 2) -> int:
     print(f"framefleet: {message}", file=sys.stderr)
     return code
+
+
+def parse_gpus(text: str | None) -> list[int] | None:
+    """An argparse type for ``--gpus``: ``0,2`` gives [0, 2]; ``all`` (or nothing) gives None."""
+    if not text or text == "all":
+        return None
+    try:
+        gpus = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gpus takes GPU indices like 0,2 or 'all', not {text!r}") from None
+    return gpus or None
+
+
+def check_redis(conf: Settings) -> str | None:
+    """Return why Redis cannot be reached (with how to fix it), or None when it answers."""
+    from tasks.redis_client import get_redis
+
+    try:
+        get_redis(conf.redis_url).ping()
+        return None
+    except redis.RedisError as exc:
+        return (
+            f"cannot reach Redis at {redact_url(conf.redis_url)} ({exc}). Start one "
+            "(`redis-server --port 6379 --daemonize yes`), or point REDIS_URL (or redis_url in "
+            "--config) at the Redis your workers use; `framefleet run` starts its own"
+        )
