@@ -28,8 +28,14 @@ def record(r: redis.Redis, unacked_entry: str | bytes | None, why: str, ttl_s: i
     if run is None:
         return
     job = args[0] if isinstance(args[0], dict) else {}
-    entry = {"time": time.time(), "task": task_id, "stage": name.rsplit(".", 1)[-1],
-             "video_id": job.get("video_id"), "video": job.get("video"), "why": why}
+    entry = {
+        "time": time.time(),
+        "task": task_id,
+        "stage": name.rsplit(".", 1)[-1],
+        "video_id": job.get("video_id"),
+        "video": job.get("video"),
+        "why": why,
+    }
     pipe = r.pipeline()
     pipe.rpush(key(run), json.dumps(entry))
     pipe.expire(key(run), ttl_s)
@@ -44,4 +50,3 @@ def read(r: redis.Redis, run_id: str, start: int = 0) -> list[dict[str, Any]]:
 def line(entry: dict[str, Any]) -> str:
     """One progress line for a requeue."""
     return f"requeued {entry['stage']} of {entry.get('video') or entry.get('video_id')}: {entry['why']}"
-

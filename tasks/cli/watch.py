@@ -74,8 +74,10 @@ def render(counts: dict[str, int], total: int, elapsed_s: float, eta_s: float | 
     width = 24
     filled = int(width * finished / total) if total else width
     done = " ".join(f"{s} {counts.get(s + '.done', 0)}" for s in stages)
-    return (f"[{'#' * filled}{'.' * (width - filled)}] {finished}/{plural(total, 'video')} | {done} | "
-            f"failed {counts.get('videos.failed', 0)} | {elapsed_s:.0f} s elapsed, ETA {clock(eta_s)}")
+    return (
+        f"[{'#' * filled}{'.' * (width - filled)}] {finished}/{plural(total, 'video')} | {done} | "
+        f"failed {counts.get('videos.failed', 0)} | {elapsed_s:.0f} s elapsed, ETA {clock(eta_s)}"
+    )
 
 
 def no_cause(r: redis.Redis) -> str:
@@ -85,7 +87,8 @@ def no_cause(r: redis.Redis) -> str:
     if busy:
         now = time.time()
         return f"{plural(len(busy), 'worker')} busy with long tasks: " + ", ".join(
-            f"{w['hostname']} ({_current(w, now)})" for w in busy)
+            f"{w['hostname']} ({_current(w, now)})" for w in busy
+        )
     if not workers:
         return "no live worker at all: start workers (framefleet run starts its own)"
     return "no worker is busy and no task waits"
@@ -142,8 +145,10 @@ def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dic
             meta = app.backend.get_task_meta(record["callback_id"])
             ready = meta["status"] in ("SUCCESS", "FAILURE")
             if misses >= 2 and not ready:
-                raise stall.RunLost(f"the messages of run {run_id} are gone from Redis (it restarted "
-                                    "without persistence, or was flushed)")
+                raise stall.RunLost(
+                    f"the messages of run {run_id} are gone from Redis (it restarted "
+                    "without persistence, or was flushed)"
+                )
         except redis.RedisError as exc:
             line, ready = f"Redis unreachable ({type(exc).__name__}); retrying…", False
         if tty:
@@ -170,8 +175,10 @@ def _say(text: str, tty: bool, stream: Any = None) -> None:
 
 def report(summary: dict[str, Any], out_dir: Path) -> int:
     """Print how the run ended; return the exit status (1 when a video failed)."""
-    print(f"done: {summary['done']} of {plural(summary['videos'], 'video')}; statistics over "
-          f"{plural(summary['statistics_videos'], 'video')} in {out_dir / 'normalization_stats.yaml'}")
+    print(
+        f"done: {summary['done']} of {plural(summary['videos'], 'video')}; statistics over "
+        f"{plural(summary['statistics_videos'], 'video')} in {out_dir / 'normalization_stats.yaml'}"
+    )
     print(f"summary: {out_dir / 'run_summary.json'}; report: {out_dir / 'report.html'}")
     if (line := summary_line(out_dir)) is not None:
         print(line)
@@ -179,8 +186,7 @@ def report(summary: dict[str, Any], out_dir: Path) -> int:
         print(f"failed: {plural(len(summary['failed']), 'video')}:")
         for f in summary["failed"]:
             print(f"  {f['video']} ({f['video_id']}): {f['stage']}: {f['error_class']}: {f['reason']}")
-        print(f"quarantined: {out_dir / quarantine.FILE}; after fixing, "
-              "enqueue them again with --retry-quarantined")
+        print(f"quarantined: {out_dir / quarantine.FILE}; after fixing, enqueue them again with --retry-quarantined")
         return 1
     return 0
 
@@ -188,15 +194,20 @@ def report(summary: dict[str, Any], out_dir: Path) -> int:
 def cancelled(record: dict[str, Any], out_dir: Path) -> int:
     """Print that the run was cancelled and how to finish it; return exit status 4."""
     raw = record.get("raw_dir", "RAW_DIR")
-    print(f"\nrun {record['run_id']} was cancelled; complete outputs in {out_dir} are kept. "
-          f"`framefleet enqueue {raw} --out {out_dir} --continue` finishes the rest", file=sys.stderr)
+    print(
+        f"\nrun {record['run_id']} was cancelled; complete outputs in {out_dir} are kept. "
+        f"`framefleet enqueue {raw} --out {out_dir} --continue` finishes the rest",
+        file=sys.stderr,
+    )
     return 4
 
 
 def detached(record: dict[str, Any], out_dir: Path) -> None:
     """After Ctrl-C: the run goes on; say how to follow it again and how to stop it."""
     run_id = record["run_id"]
-    print(f"\nstopped watching; run {run_id} goes on in the workers.\n"
-          f"  follow it again: framefleet status --watch {run_id}   (or: --watch --out {out_dir})\n"
-          f"  stop it:         framefleet cancel {run_id}   (complete outputs stay; --continue finishes it)",
-          flush=True)
+    print(
+        f"\nstopped watching; run {run_id} goes on in the workers.\n"
+        f"  follow it again: framefleet status --watch {run_id}   (or: --watch --out {out_dir})\n"
+        f"  stop it:         framefleet cancel {run_id}   (complete outputs stay; --continue finishes it)",
+        flush=True,
+    )
