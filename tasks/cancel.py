@@ -8,6 +8,7 @@ written atomically, so every complete output stays valid and ``--continue`` fini
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import socket
 import time

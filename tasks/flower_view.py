@@ -8,7 +8,10 @@ label of Flower's Prometheus metrics, and one label value per video would swamp 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
+from collections import deque
 from collections.abc import Sequence
 from pathlib import PurePosixPath
 from typing import Any
@@ -61,3 +64,48 @@ def default_columns(flower_args: Sequence[str]) -> None:
     """Show args and result in Flower's task list unless its command line or environment chose columns."""
     if not any(a.startswith(("--tasks_columns", "--tasks-columns")) for a in flower_args):
         os.environ.setdefault(COLUMNS_ENV, TASKS_COLUMNS)
+
+
+def finished_earlier(task: Task) -> None:
+    """Tell Flower that a dropped second delivery's task finished in an earlier delivery; never raises.
+
+    Without it a task whose success event was lost (an outage while it finished) would stay in
+    PROGRESS in Flower for good: the redelivery is dropped without an event of its own.
+    """
+    with contextlib.suppress(Exception):  # Flower's view is not worth failing anything for
+        task.send_event("task-succeeded", result="finished in an earlier delivery", runtime=0.0)
+
+
+class RecentEnds:
+    """This process's last task ends, so the final events an outage swallowed can be sent again once
+    Redis answers (Flower would otherwise show those tasks in PROGRESS for good)."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.ends: deque[tuple[float, str, str, str]] = deque(maxlen=size)
+
+    def note(self, task_id: str, state: str, result: object) -> None:
+        self.ends.append((time.time(), task_id, state, _short(result)))
+
+    def resend(self, dispatcher: object, since: float) -> int:
+        """Send task-succeeded or task-failed again for the ends after ``since`` (epoch s); return how many."""
+        sent = 0
+        for at, task_id, state, result in list(self.ends):
+            if at < since:
+                continue
+            if state == "SUCCESS":
+                dispatcher.send("task-succeeded", uuid=task_id, result=result, runtime=0.0)  # type: ignore[attr-defined]
+            elif state == "FAILURE":
+                dispatcher.send("task-failed", uuid=task_id, exception=result, traceback="")  # type: ignore[attr-defined]
+            else:
+                continue
+            sent += 1
+        return sent
+
+
+def _short(value: object, limit: int = 200) -> str:
+    text = describe([value]) if isinstance(value, dict) else None
+    text = text or repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+RECENT_ENDS = RecentEnds()
