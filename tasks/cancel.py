@@ -118,11 +118,9 @@ def stop(task: Any, stage: str, job: dict[str, Any]) -> None:
     from celery import states
     from celery.exceptions import Ignore
 
-    try:
+    with contextlib.suppress(Exception):  # the stop matters, not its display
         task.update_state(
             state=states.REVOKED, meta={"cancelled": job["run_id"], "stage": stage, "video_id": job["video_id"]}
         )
         task.send_event("task-revoked", terminated=False, signum=None, expired=False)
-    except Exception:  # noqa: S110  the stop matters, not its display
-        pass
     raise Ignore()
