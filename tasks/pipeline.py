@@ -10,7 +10,7 @@ from typing import Any
 from celery import Task, current_task
 from celery.exceptions import Ignore
 
-from tasks import claims, intermediates, metrics, oom, progress, worker
+from tasks import cancel, claims, intermediates, metrics, oom, progress, worker
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.errors import (
     FramefleetError,
@@ -59,8 +59,10 @@ def _execute(stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
     inputs = gather_inputs(stage_name, job, chain_of(job))
     report: dict[str, Any] = {}
     last_sent = [-PROGRESS_EVENT_INTERVAL_S]
+    check_cancelled = cancel.Checker(_redis_or_none(settings().redis_url), job["run_id"])
 
     def on_progress(done_frames: int, total_frames: int) -> None:
+        check_cancelled()  # `framefleet cancel`: stop here, before the output is written
         worker.STATE.update(frames=[done_frames, total_frames])
         if time.monotonic() - last_sent[0] >= PROGRESS_EVENT_INTERVAL_S:
             last_sent[0] = time.monotonic()
@@ -149,6 +151,8 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
     conf = settings()
     stage_conf = conf.stages[stage_name]
     r = _redis_or_none(conf.redis_url)
+    if cancel.cancelled_quietly(r, job["run_id"]):
+        cancel.stop(task, stage_name, job)
     key = claims.claim_key(job["output_root"], job["video_id"], stage_name)
     _claim_or_wait(task, r, key, stage_name, job)
     started = time.time()
@@ -161,6 +165,8 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
                 f"its worker died or passed the {stage_conf.deadline_s:.0f} s deadline each time"
             )
         report = _execute(stage_name, job)
+    except cancel.RunCancelled:
+        cancel.stop(task, stage_name, job)  # the claim is released below
     except Exception as exc:
         failure = _as_framefleet_error(exc)
     finally:
