@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,9 +49,9 @@ def test_refused_inputs_status_of_a_folder_and_ctrl_c(video_factory, pipeline_en
 
     # Ctrl-C while following: the run goes on, and the way back and the way to stop it are printed.
     follow = ff_background("enqueue", str(raw), "--out", str(out), env=pipeline_env)
-    wait_until(lambda: (out / "runs").is_dir() and any((out / "runs").glob("*.json")), 60, "the run record")
+    sent = follow.stdout.readline()  # "run <id>: 2 videos enqueued; outputs in OUT", then the progress
     first = run_id_of(out)
-    wait_until(lambda: redis.Redis.from_url(pipeline_env["REDIS_URL"]).llen("cpu"), 30, "the run's first tasks")
+    assert sent.startswith(f"run {first}: 2 videos enqueued"), sent
     follow.send_signal(signal.SIGINT)
     stdout, _ = follow.communicate(timeout=60)
     assert follow.returncode == 130
@@ -58,6 +59,11 @@ def test_refused_inputs_status_of_a_folder_and_ctrl_c(video_factory, pipeline_en
 
     mixed = ff("enqueue", str(other), "--out", str(out), "--continue", "--no-wait", env=pipeline_env)
     assert mixed.returncode == 2 and "--add" in mixed.stderr and str(raw.resolve()) in mixed.stderr, mixed.stderr
+    clash = ff("enqueue", str(other), "--out", str(out), "--continue", "--add", "--no-wait", env=pipeline_env)
+    assert clash.returncode == 2 and "has the same path as a video of" in clash.stderr, clash.stderr
+    other = tmp_path / "more"
+    other.mkdir()
+    shutil.copy(next(video_factory(1).glob("*.mp4")), other / "extra clip.mp4")
     added = ff("enqueue", str(other), "--out", str(out), "--continue", "--add", "--no-wait", env=pipeline_env)
     assert added.returncode == 0, added.stderr
     manifest = json.loads((out / "manifest.json").read_text())

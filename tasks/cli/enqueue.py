@@ -125,16 +125,23 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                          args.retry_quarantined, args.add, args.intermediates)
     except DatasetError as exc:
         return common.fail(str(exc))
-    for line in gpu_warnings(conf, args.gpus):
-        print(f"framefleet: warning: {line}", file=sys.stderr, flush=True)
-    skipped = f" ({record['already_complete']} already complete)" if record["already_complete"] else ""
-    print(f"run {record['run_id']}: {common.plural(record['videos'], 'video')} enqueued{skipped}; "
-          f"outputs in {args.out}", flush=True)
-    if args.no_wait:
-        print(f"not waiting; `framefleet status --watch {record['run_id']}` follows it, "
-              f"`framefleet cancel {record['run_id']}` stops it")
-        return 0
-    return follow(conf, record, args.out)
+    except KeyboardInterrupt:
+        return common.fail(f"interrupted while sending the run; `framefleet cancel --out {args.out}` stops what was "
+                           "sent, and --continue sends it again", code=130)
+    try:
+        for line in gpu_warnings(conf, args.gpus):
+            print(f"framefleet: warning: {line}", file=sys.stderr, flush=True)
+        skipped = f" ({record['already_complete']} already complete)" if record["already_complete"] else ""
+        print(f"run {record['run_id']}: {common.plural(record['videos'], 'video')} enqueued{skipped}; "
+              f"outputs in {args.out}", flush=True)
+        if args.no_wait:
+            print(f"not waiting; `framefleet status --watch {record['run_id']}` follows it, "
+                  f"`framefleet cancel {record['run_id']}` stops it")
+            return 0
+        return follow(conf, record, args.out)
+    except KeyboardInterrupt:  # before following began
+        watch.detached(record, args.out)
+        return 130
 
 
 def follow(conf: Settings, record: dict[str, Any], out: Path, detachable: bool = True) -> int:
