@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tasks import quarantine, runs
+from tasks import quarantine, requeues, runs
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.flower_view import VideoTask
 from tasks.redis_client import get_redis
@@ -69,6 +69,14 @@ def stage_timings(results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _requeued(r: Any, run_id: str) -> list[dict[str, Any]]:
+    """The run's requeues after a lost worker (tasks/requeues.py); [] when Redis does not answer."""
+    try:
+        return requeues.read(r, run_id) if r is not None else []
+    except Exception:  # the summary matters more than this part of it
+        return []
+
+
 def write_report(out_root: Path) -> None:
     """Build OUT/report.html while Redis still holds the run's stage log; never raises.
 
@@ -116,6 +124,7 @@ def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, A
         "wall_s": time.time() - run["started"] if run.get("started") else None,
         "stages": stage_timings([r for r in results if not r.get("failed")]),
         "notes": {r["video_id"]: r["notes"] for r in results if r.get("notes")},
+        "requeued": _requeued(r, run["run_id"]),
         "outputs": {"statistics": "normalization_stats.yaml", "hdf5": "{video_id}.hdf5",
                     "quarantine": quarantine.FILE, "report": "report.html"},
     }

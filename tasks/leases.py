@@ -15,6 +15,8 @@ from typing import Any
 import celery
 import redis
 
+from tasks import requeues
+
 log = logging.getLogger("framefleet.leases")
 LEASE_PREFIX = "ff:lease:"
 UNACKED = "unacked"
@@ -65,6 +67,7 @@ def reap(app: celery.Celery, r: redis.Redis, ttl_s: float) -> list[str]:
         with app.connection_for_write() as conn:
             qos = conn.default_channel.qos
             for tag in lapsed:
+                requeues.note(r, tag, "its worker was lost (its lease lapsed)")
                 qos.restore_by_tag(tag, leftmost=False)  # front: it was already under way
                 log.warning("requeued message %s: its worker's lease lapsed (worker lost)", tag)
     return lapsed

@@ -4,12 +4,15 @@ progress display (one line each) and by the statistics callback (run_summary.jso
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
 import redis
 
 from tasks.cancel import decode, run_of
+
+log = logging.getLogger("framefleet.requeues")
 
 
 def key(run_id: str) -> str:
@@ -50,3 +53,15 @@ def read(r: redis.Redis, run_id: str, start: int = 0) -> list[dict[str, Any]]:
 def line(entry: dict[str, Any]) -> str:
     """One progress line for a requeue."""
     return f"requeued {entry['stage']} of {entry.get('video') or entry.get('video_id')}: {entry['why']}"
+
+
+def note(broker: redis.Redis, tag: str, why: str) -> None:
+    """Record the requeue of message ``tag`` (read from kombu's unacked hash before it is restored); never raises."""
+    from tasks.celery_app import settings
+    from tasks.redis_client import get_redis
+
+    try:
+        conf = settings()
+        record(get_redis(conf.redis_url), broker.hget("unacked", tag), why, conf.result_expires_s)  # kombu's hash
+    except Exception as exc:  # the requeue matters, not its record
+        log.warning("requeue of message %s not recorded: %s", tag, exc)
