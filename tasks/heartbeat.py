@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import celery
 
-from tasks import claims, leases, registry
+from tasks import claims, flower_view, leases, registry
 from tasks.celery_app import settings
 from tasks.rebalance import rebalance
 from tasks.redis_client import get_redis
@@ -56,6 +56,7 @@ class Heartbeat(threading.Thread):
         conf = settings()
         interval = conf.heartbeat_interval_s
         dispatcher = None
+        offline_since: float | None = None
         while not self.stopping.is_set():
             state = self.state()
             try:
@@ -69,9 +70,13 @@ class Heartbeat(threading.Thread):
                     active=1 if state.get("busy") else 0, processed=state.get("tasks_done", 0),
                     loadavg=[round(x, 2) for x in os.getloadavg()],
                 )
+                if offline_since is not None:  # back: the task ends sent meanwhile may be lost
+                    flower_view.RECENT_ENDS.resend(dispatcher, offline_since - interval)
+                    offline_since = None
             except Exception as exc:
                 log.warning("heartbeat event not sent: %s", exc)
                 dispatcher = None
+                offline_since = offline_since or time.time()
             try:
                 broker = get_redis(conf.broker)
                 leases.renew(broker, conf.lease_ttl_s)

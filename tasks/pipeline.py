@@ -21,7 +21,7 @@ from tasks.errors import (
     WorkerLost,
     error_class,
 )
-from tasks.flower_view import VideoTask, progress_text
+from tasks.flower_view import VideoTask, finished_earlier, progress_text
 from tasks.redis_client import get_redis
 from tasks.routing import route_task
 from tasks.stage_io import check_roots, gather_inputs, marker_of, output_path, read_done
@@ -130,6 +130,7 @@ def _claim_or_wait(task: Task, r: Any, key: str, stage_name: str, job: dict[str,
     if claims.is_done(r, task.request.id):
         log.warning("dropped a second delivery of finished task %s (%s of %s)",
                     task.request.id, stage_name, job["video_id"])
+        finished_earlier(task)
         raise Ignore()
     holder = claims.acquire(r, key, f"{task.request.hostname} {task.request.id}", settings().lease_ttl_s)
     if holder is None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import signals
 
-from tasks import fake_gpu
+from tasks import fake_gpu, flower_view
 from tasks.celery_app import settings
 from tasks.errors import ModelLoadError
 from tasks.stages import CPU_STAGES, GPU_STAGES, ModelStage, build
@@ -264,8 +264,10 @@ def on_task_start(task: Any = None, args: Any = None, **_: Any) -> None:
 
 
 @signals.task_postrun.connect
-def on_task_end(**_: Any) -> None:
+def on_task_end(task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any) -> None:
     STATE.update(busy=False, current=None, frames=None, tasks_done=STATE["tasks_done"] + 1)
+    if task_id and state:
+        flower_view.RECENT_ENDS.note(task_id, state, retval)
     conf = settings()
     if ROLE.gpu is None:
         return  # recycling is for solo GPU workers; prefork has max-tasks-per-child
