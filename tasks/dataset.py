@@ -78,8 +78,16 @@ def dataset_roots(out_dir: Path) -> list[str]:
     return roots
 
 
-def write_manifest(raw_dir: Path, out_dir: Path, videos: list[Path], run_id: str) -> list[dict[str, Any]]:
-    """Write OUT/manifest.json (earlier entries kept) and return this run's entries."""
+def write_manifest(
+    raw_dir: Path, out_dir: Path, videos: list[Path], run_id: str, texts: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Write OUT/manifest.json (earlier entries kept) and return this run's entries.
+
+    ``texts`` maps clip ids to ``tasks.metadata.ClipText``; an entry carries its ``text`` and
+    ``noun`` (empty when the video has none) to the job.
+    """
+    from tasks.metadata import ClipText, clip_id
+
     path = out_dir / "manifest.json"
     known: dict[str, Any] = {}
     root = str(raw_dir.resolve())
@@ -91,7 +99,9 @@ def write_manifest(raw_dir: Path, out_dir: Path, videos: list[Path], run_id: str
     entries = []
     for video in videos:
         rel = video.relative_to(raw_dir)
-        entry = {"video_id": video_id(rel), "path": rel.as_posix(), "bytes": video.stat().st_size}
+        described = (texts or {}).get(clip_id(rel), ClipText())
+        entry = {"video_id": video_id(rel), "path": rel.as_posix(), "bytes": video.stat().st_size,
+                 "text": described.text, "noun": described.noun}
         if root != first_root:  # added with --add: this video lives under another folder
             entry["root"] = root
         if entry["video_id"] in known and known[entry["video_id"]].get("root", first_root) != root:
@@ -142,7 +152,7 @@ def build_chord(
         job = {"run_id": run_id, "video_id": entry["video_id"], "video": entry["path"],
                "dataset_root": str(raw_dir.resolve()), "output_root": run["output_root"],
                "gpus": gpus, "gpu": None, "force": force, "intermediates": intermediates,
-               "text": entry.get("text", ""), "chain": list(order)}
+               "text": entry.get("text", ""), "noun": entry.get("noun", ""), "chain": list(order)}
         first, *rest = (STAGE_TASKS[name] for name in order)
         chains.append(chain(first.s(job), *(t.s() for t in rest)))
     if not chains:

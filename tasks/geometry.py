@@ -60,12 +60,39 @@ def square_crop(height: int, width: int) -> tuple[int, int, int]:
 
 
 def crop_intrinsics(K: np.ndarray, crop_x: int, crop_y: int, side: int, size: int) -> np.ndarray:
-    """Return K (3, 3) float64 of the square crop resized to ``size``: shift cx, cy, scale rows 0-1."""
-    Kc = np.array(K, dtype=np.float64, copy=True)
+    """Return K (3, 3) of the square crop resized to ``size``, in K's own float dtype (float32 from ViPE).
+
+    Step by step as y2r's ``transform_intrinsics`` (hgupt3/y2r dataset_scripts/create_h5_dataset.py
+    L311-318): a copy, cx -= crop_x, cy -= crop_y, then rows 0 and 1 times ``size / side``, each
+    step rounded to K's dtype. Computing in float64 and rounding once moves fx by one float32
+    step (307.19998 vs 307.2), enough to flip the sign of u for a point on the crop's edge.
+    """
+    Kc = np.array(K, copy=True)
+    if Kc.dtype.kind != "f":
+        Kc = Kc.astype(np.float64)
     Kc[0, 2] -= crop_x
     Kc[1, 2] -= crop_y
-    Kc[:2, :] *= size / side
+    scale = size / side
+    Kc[0, :] *= scale
+    Kc[1, :] *= scale
     return Kc
+
+
+def project_step(points: np.ndarray, K: np.ndarray, image_size: float) -> np.ndarray:
+    """Return ``[pu/pw/size, pv/pw/size, z]`` (N, 3) of one step's points (N, 3), in their dtype.
+
+    The very operations of y2r's ``project_to_camera_frame`` (create_h5_dataset.py L161-173),
+    ``(K @ p.T).T`` then two divisions, so that float32 inputs give y2r's float32 bits; a point
+    on the camera plane gives inf or NaN, which every bounds test rejects.
+    """
+    p = np.ascontiguousarray(points)
+    proj = (K @ p.T).T
+    out = np.empty(p.shape, dtype=np.result_type(proj, p))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out[:, 0] = proj[:, 0] / proj[:, 2] / image_size
+        out[:, 1] = proj[:, 1] / proj[:, 2] / image_size
+    out[:, 2] = p[:, 2]
+    return out
 
 
 def axis_angle_to_matrix(rotvec: np.ndarray) -> np.ndarray:

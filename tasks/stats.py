@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -163,17 +163,12 @@ _StatsDumper.add_representer(str, _represent_str)
 
 
 def write_stats_yaml(path: str | os.PathLike[str], stats: dict[str, Any]) -> None:
-    """Write ``stats`` as sorted block-style YAML atomically: a temporary file beside it, fsync, rename."""
-    path = os.fspath(path)
-    text = yaml.dump(stats, Dumper=_StatsDumper, sort_keys=True, default_flow_style=False)
-    fd, tmp = tempfile.mkstemp(prefix=".normalization_stats.", suffix=".tmp", dir=os.path.dirname(path) or ".")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``stats`` as sorted block-style YAML atomically, with the mode a plain ``open(path, "w")`` gives.
+
+    y2r writes this file with a plain open (0644 under the usual umask 022) and trainers often
+    run as another user than the pipeline, so the temporary file is created with 0666 less the
+    umask (``storage.atomic_write``), never mkstemp's 0600.
+    """
+    from tasks.storage import write_text_atomic
+
+    write_text_atomic(Path(path), yaml.dump(stats, Dumper=_StatsDumper, sort_keys=True, default_flow_style=False))

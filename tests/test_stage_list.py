@@ -20,7 +20,7 @@ KIND = {"depth": base.DepthBackend, "tracks": base.TrackBackend, "tracks2d": bas
         "hands": base.HandsBackend, "masks": base.MasksBackend}
 # Names from CONTRACTS.md that are spelled like a stage but name an HDF5 dataset or a statistic.
 CONTRACT_NAMES = {("tasks/stats.py", "depth"), ("tasks/cli/verify.py", "depth"),
-                  ("tasks/cli/verify.py", "tracks")}
+                  ("tasks/cli/verify.py", "tracks"), ("tasks/cli/y2r_strict.py", "tracks")}
 
 
 def test_every_stage_has_one_task_one_settings_entry_and_a_default_backend_that_exists():

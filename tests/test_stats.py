@@ -138,3 +138,18 @@ def test_write_stats_yaml_is_sorted_block_style_and_atomic(tmp_path) -> None:
     assert keys == sorted(keys)
     assert yaml.safe_load(text) == stats
     assert os.listdir(tmp_path) == ["normalization_stats.yaml"]  # no temporary file left behind
+
+
+def test_write_stats_yaml_gives_the_mode_of_a_plain_write(tmp_path) -> None:
+    stats = normalization_stats(VideoStats.empty("3d"))
+    for umask in (0o022, 0o077, 0o002):
+        old = os.umask(umask)
+        try:
+            write_stats_yaml(tmp_path / "normalization_stats.yaml", stats)
+            (tmp_path / "plain.txt").unlink(missing_ok=True)
+            with open(tmp_path / "plain.txt", "w") as f:
+                f.write("x")
+        finally:
+            os.umask(old)
+        mode = (tmp_path / "normalization_stats.yaml").stat().st_mode & 0o777
+        assert mode == (tmp_path / "plain.txt").stat().st_mode & 0o777 == 0o666 & ~umask

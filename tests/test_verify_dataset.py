@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
@@ -15,9 +14,7 @@ from tasks.stages import stage_class
 from tasks.stats import VideoStats, normalization_stats, write_stats_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("verify_dataset", ROOT / "scripts" / "verify_dataset.py")
-vd = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(vd)
+from tasks.cli import verify as vd  # noqa: E402
 
 
 def frames_of(seed: int, T: int) -> np.ndarray:
@@ -130,3 +127,74 @@ def test_mixed_track_types_and_empty_folders_fail(built, tmp_path: Path) -> None
     assert "files must share one track_type" in vd.verify(tmp_path / "mixed")[-1]
     (tmp_path / "empty").mkdir()
     assert vd.verify(tmp_path / "empty") == [f"{tmp_path / 'empty'}: no .hdf5 files"]
+
+
+def test_a_statistics_file_others_cannot_read_is_named(ds: Path) -> None:
+    for path in ds.glob("*.hdf5"):
+        path.chmod(0o644)
+    (ds / "normalization_stats.yaml").chmod(0o600)  # what mkstemp gave before
+    problems = vd.verify(ds)
+    assert len(problems) == 1 and "mode 0600, but the HDF5 files are 0644" in problems[0], problems
+    (ds / "normalization_stats.yaml").chmod(0o644)
+    assert vd.verify(ds) == []
+
+
+@pytest.fixture(scope="module")
+def with_work(tmp_path_factory) -> dict[str, Path]:
+    """One clip per track type, with the intermediates --y2r-strict reads in OUT/work/<video_id>/."""
+    depth, tracks, hands = (stage_class(n)() for n in ("depth", "tracks", "hands"))
+    frames = frames_of(7, 14)
+    d = depth.run({"frames": frames})
+    tr = tracks.run({"frames": frames, **d})
+    ha = hands.run({"frames": frames, "intrinsics": d["intrinsics"], "fps": 10.0})
+    dirs = {}
+    for tt in ("3d", "2d"):
+        out = dirs[tt] = tmp_path_factory.mktemp(f"strict{tt}")
+        (out / "work" / "v0").mkdir(parents=True)
+        np.savez(out / "work" / "v0" / "preprocess.npz", frames=frames)
+        np.savez(out / "work" / "v0" / "tracks.npz", **tr)
+        inputs = {"frames": frames, "depths": d["depths"], "tracks": tr, "hands": ha, "out_path": str(out / "v0.hdf5")}
+        stats = VideoStats.from_dict(stage_class("h5")(track_type=tt).run(inputs)["stats"])
+        write_stats_yaml(out / "normalization_stats.yaml", normalization_stats(stats))
+    return dirs
+
+
+def strict_copy(with_work: dict[str, Path], tt: str, tmp_path: Path) -> Path:
+    out = tmp_path / tt
+    shutil.copytree(with_work[tt], out)
+    return out
+
+
+@pytest.mark.parametrize("tt", ["3d", "2d"])
+def test_y2r_strict_passes_on_the_stages_output(with_work, tt: str) -> None:
+    assert vd.verify(with_work[tt], y2r_strict=True) == []
+    assert vd.main([str(with_work[tt]), "--y2r-strict"]) == 0
+
+
+def test_y2r_strict_names_pixels_intrinsics_and_point_counts_off_y2r(with_work, tmp_path: Path) -> None:
+    out = strict_copy(with_work, "3d", tmp_path)
+    with h5py.File(out / "v0.hdf5", "r+") as f:
+        f["root/video"][0, 0, 0, 0] ^= 1
+        K = f["root/intrinsics"][()]
+        K[0, 0] = np.nextafter(K[0, 0], np.float32(0))  # one float32 step, as a float64 computation gives
+        f["root/intrinsics"][...] = K
+        g = f["root/tracks/frame_0000"]
+        q, disp = g["query_coords"][()], g["displacements"][()]
+        del g["query_coords"], g["displacements"]
+        g["query_coords"], g["displacements"] = q[1:], disp[:, 1:]
+    assert vd.verify(out) != []  # the statistics no longer match the files either
+    problems = [p for p in vd.verify(out, y2r_strict=True) if "y2r" in p or "INTER_LANCZOS4" in p]
+    assert any("video is not cv2 INTER_LANCZOS4" in p for p in problems), problems
+    assert any("are not y2r's float32 steps" in p for p in problems), problems
+    assert any(f"window 0 keeps {len(q) - 1} points, y2r's 3d rule keeps {len(q)}" in p for p in problems), problems
+
+
+def test_y2r_strict_refuses_an_empty_2d_window(with_work, tmp_path: Path) -> None:
+    out = strict_copy(with_work, "2d", tmp_path)
+    with h5py.File(out / "v0.hdf5", "r+") as f:
+        g = f["root/tracks/frame_0000"]
+        q, disp = g["query_coords"][()], g["displacements"][()]
+        del g["query_coords"], g["displacements"]
+        g["query_coords"], g["displacements"] = q[:0], disp[:, :0]
+    problems = vd.verify(out, y2r_strict=True)
+    assert any("window 0 is empty; y2r writes no group" in p for p in problems), problems

@@ -2,6 +2,11 @@
 
     framefleet enqueue RAW_DIR --out OUT [--limit N] [--gpus 0,2] [--no-wait]
                        [--continue [--add] | --force | --retry-quarantined] [--intermediates keep|drop]
+                       [--metadata FILE] [--require-text]
+
+Text for each video's root/text (and the noun the masks stage prompts with) comes from
+RAW_DIR/metadata.csv, or --metadata FILE: columns clip_id, noun, text, where clip_id is the
+video's path under RAW_DIR without its extension, or y2r's index of it in sorted order.
 
 Ctrl-C stops watching, not the run: `framefleet status --watch RUN` follows it again and
 `framefleet cancel RUN` stops it. Exit status 0 when every video is done; 1 when some failed
@@ -23,6 +28,7 @@ from celery.utils import uuid
 from tasks import cancel, intermediates, quarantine, registry, runs, stall
 from tasks.cli import common, watch
 from tasks.dataset import DatasetError, build_chord, check_folders, find_videos, incomplete, new_run_id, write_manifest
+from tasks.metadata import MetadataError, texts_for
 from tasks.redis_client import get_redis
 from tasks.storage import write_text_atomic
 from worker_config.settings import Settings, resolved_dict
@@ -30,13 +36,19 @@ from worker_config.settings import Settings, resolved_dict
 
 def enqueue(conf: Settings, raw_dir: Path, out_dir: Path, limit: int | None = None,
             gpus: list[int] | None = None, resume: bool = False, force: bool = False,
-            retry_quarantined: bool = False, add: bool = False,
-            keep: str = intermediates.DEFAULT) -> dict[str, Any]:
-    """Send the run's chord; return its record (run_id, callback_id, videos, ...). Raises DatasetError."""
-    videos = find_videos(raw_dir)[: limit or None]
+            retry_quarantined: bool = False, add: bool = False, keep: str = intermediates.DEFAULT,
+            metadata: Path | None = None, require_text: bool = False) -> dict[str, Any]:
+    """Send the run's chord; return its record (run_id, callback_id, videos, ...).
+
+    Raises DatasetError or MetadataError.
+    """
+    every_video = find_videos(raw_dir)
+    videos = every_video[: limit or None]
     check_folders(raw_dir, out_dir, resume or retry_quarantined, force, add)
+    # y2r's numeric clip ids count every video, so the limit applies after reading the file.
+    texts = texts_for(raw_dir, every_video, metadata, require_text, selected=videos)
     run_id = new_run_id()
-    entries = write_manifest(raw_dir, out_dir, videos, run_id)
+    entries = write_manifest(raw_dir, out_dir, videos, run_id, texts)
     if retry_quarantined:
         held = quarantine.read(out_dir)
         if not held:
@@ -98,6 +110,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--intermediates", choices=intermediates.MODES, default=intermediates.DEFAULT,
                         help="keep the stages' files in OUT/work/ (a later run redoes only what changed), or drop "
                              "each video's once its HDF5 file is complete (about 0.6 GB per minute of video)")
+    parser.add_argument("--metadata", type=Path, metavar="FILE",
+                        help="CSV with columns clip_id, noun, text (default: RAW_DIR/metadata.csv if present)")
+    parser.add_argument("--require-text", action="store_true",
+                        help="refuse to start unless every video has a non-empty text in the metadata")
 
 
 def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -122,8 +138,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return common.fail(why)
     try:
         record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force,
-                         args.retry_quarantined, args.add, args.intermediates)
-    except DatasetError as exc:
+                         args.retry_quarantined, args.add, args.intermediates, args.metadata, args.require_text)
+    except (DatasetError, MetadataError) as exc:
         return common.fail(str(exc))
     except KeyboardInterrupt:
         return common.fail(f"interrupted while sending the run; `framefleet cancel --out {args.out}` stops what was "

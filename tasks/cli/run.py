@@ -1,6 +1,7 @@
 """Run a whole framefleet cluster on this machine for one dataset, then tear it down.
 
     framefleet run RAW_DIR --out OUT [--continue | --force] [--gpus 0,1] [--intermediates keep|drop] [--serve]
+                   [--metadata FILE] [--require-text]
 
 Uses $REDIS_URL when it answers, else a private redis-server on a free port; starts one solo
 worker per visible GPU (or one CPU stand-in for gpu0), a CPU worker, Flower and the metrics
@@ -33,6 +34,7 @@ from tasks.cli.common import check_redis, parse_gpus
 from tasks.cli.enqueue import add_run_arguments, check_run_arguments, enqueue, follow
 from tasks.dataset import DatasetError
 from tasks.gpu_probe import open_probe
+from tasks.metadata import MetadataError
 from tasks.metrics import GpuSampler, start_exporter
 from tasks.redis_client import get_redis
 from tasks.supervisor import worker_argv
@@ -183,10 +185,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     conf = _cli.settings_from(args)
     try:
         from tasks.dataset import check_folders, find_videos
+        from tasks.metadata import texts_for
 
-        find_videos(args.raw_dir)
+        videos = find_videos(args.raw_dir)
         check_folders(args.raw_dir, args.out, args.resume, args.force, args.add)
-    except DatasetError as exc:
+        # Before any process starts: a bad metadata file should cost no cluster start-up.
+        texts_for(args.raw_dir, videos, args.metadata, args.require_text, selected=videos[: args.limit or None])
+    except (DatasetError, MetadataError) as exc:
         return _cli.fail(str(exc))
 
     rotate_logs(args.out / "logs")
@@ -230,7 +235,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             sampler.start()
         cluster.wait_for_workers(conf, [*names, "cpu"])
         record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force,
-                         add=args.add, keep=args.intermediates)
+                         add=args.add, keep=args.intermediates, metadata=args.metadata,
+                         require_text=args.require_text)
         print(f"run {record['run_id']}: {_cli.plural(record['videos'], 'video')}", flush=True)
         code = follow(conf, record, args.out, detachable=False)  # its workers stop with it
         print(f"outputs: {args.out.resolve()}")
@@ -239,7 +245,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         else:
             print("Flower and the metrics stop with this cluster now (--serve keeps them up until Ctrl-C)")
         return code
-    except DatasetError as exc:
+    except (DatasetError, MetadataError) as exc:
         return _cli.fail(str(exc))
     except KeyboardInterrupt:
         print("\ninterrupted: stopping the local cluster (complete outputs are kept; "

@@ -5,13 +5,20 @@ every pooled row of every file and calling np.mean / np.std in float64. A value 
 when |a - b| <= 1e-9 * max(|a|, |b|) or |a - b| <= 1e-12 (the absolute floor covers values
 that are 0 up to rounding, e.g. a mean displacement of a static scene); counts must be equal.
 
-Usage: framefleet verify OUT [--stats FILE]; exit status 0 when everything holds, 1 otherwise.
+The statistics file must have the mode of the HDF5 files (what a plain write gives under the
+writer's umask): a trainer that can read the files must be able to read it. ``--y2r-strict``
+adds the rules by which y2r's own writer is stricter than a loose reading of the contract
+(see tasks/cli/y2r_strict.py).
+
+Usage: framefleet verify OUT [--stats FILE] [--y2r-strict]; exit status 0 when everything holds,
+1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -240,12 +247,24 @@ def compare(found: dict[str, Any], want: dict[str, Any], where: str) -> list[str
     return problems
 
 
+def check_mode(stats_path: Path, files: list[Path]) -> list[str]:
+    """Return a problem when the statistics file's mode differs from the HDF5 files' (e.g. mkstemp's 0600)."""
+    modes = {stat.S_IMODE(p.stat().st_mode) for p in files}
+    mode = stat.S_IMODE(stats_path.stat().st_mode)
+    if len(modes) != 1 or mode in modes:
+        return []
+    want = modes.pop()
+    return [f"{stats_path.name}: mode {mode:04o}, but the HDF5 files are {want:04o}: whoever can read the files "
+            f"must be able to read their statistics; `chmod {want:04o} {stats_path}`"]
+
+
 def verify(
     out_dir: str | Path,
     stats_path: str | Path | None = None,
     depth_min: float = 0.1,
     depth_max: float = 2.5,
     summary: list[str] | None = None,
+    y2r_strict: bool = False,
 ) -> list[str]:
     """Return every contract violation and statistics difference found under ``out_dir`` (empty when all holds)."""
     out_dir = Path(out_dir)
@@ -261,8 +280,15 @@ def verify(
             c.bad(path.name, f"unreadable ({type(exc).__name__}: {exc})")
     if len(c.track_types) != 1:
         return c.problems + [f"{out_dir}: files must share one track_type, found {sorted(c.track_types)}"]
+    if y2r_strict and not c.problems:
+        from tasks.cli.y2r_strict import check_file
+
+        tt = next(iter(c.track_types))
+        for path in files:
+            c.problems += check_file(path, tt, out_dir / "work" / path.stem)
     if not stats_path.exists():
         return c.problems + [f"{stats_path}: missing"]
+    c.problems += check_mode(stats_path, files)
     with open(stats_path) as f:
         found = yaml.safe_load(f)
     if not isinstance(found, dict):
@@ -279,9 +305,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--stats", help="statistics file (default OUT/normalization_stats.yaml)")
     parser.add_argument("--depth-min", type=float, default=0.1, help="metres (default 0.1)")
     parser.add_argument("--depth-max", type=float, default=2.5, help="metres (default 2.5)")
+    parser.add_argument("--y2r-strict", action="store_true",
+                        help="also check y2r's writer's rules (2D windows, float32 K, OpenCV pixels, point counts)")
     args = parser.parse_args(argv)
     summary: list[str] = []
-    problems = verify(args.out, args.stats, args.depth_min, args.depth_max, summary)
+    problems = verify(args.out, args.stats, args.depth_min, args.depth_max, summary, args.y2r_strict)
     for p in problems:
         print(p)
     if problems:

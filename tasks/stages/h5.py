@@ -8,49 +8,12 @@ from typing import Any
 import numpy as np
 
 from tasks.errors import BadInput
-from tasks.geometry import crop_intrinsics, pose_9d, project_uvd, rot_6d, square_crop
+from tasks.geometry import crop_intrinsics, pose_9d, square_crop
 from tasks.stages.base import Outputs, Progress, Stage, report, require
 from tasks.stats import Moments, VideoStats
+from tasks.windows import clip_depth, frame_pixels, hand_window, track_window, track_window_2d
 
 SIDES = ("left", "right")
-
-
-def clip_depth(depth: np.ndarray, depth_min: float, depth_max: float) -> np.ndarray:
-    """Return float32 depth with non-finite and negative values 0 (invalid), (0, min) -> min, > max -> max."""
-    d = np.asarray(depth, dtype=np.float32)
-    d = np.where(np.isfinite(d) & (d > 0), d, np.float32(0))
-    d = np.where((d > 0) & (d < depth_min), np.float32(depth_min), d)
-    return np.where(d > depth_max, np.float32(depth_max), d).astype(np.float32)
-
-
-def track_window(
-    points: np.ndarray, K: np.ndarray, size: int, depth_min: float, depth_max: float, dims: int = 3
-) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``query_coords`` (N, dims) and ``displacements`` (L, N, dims) float32 of window-local points (L, P, 3).
-
-    A point is kept only if u, v in [0, 1] and d > 0 at every step; the query depth is clipped
-    to [depth_min, depth_max], the displacements are not.
-    """
-    uvd = project_uvd(points, K, size)
-    inside = (uvd[..., 0] >= 0) & (uvd[..., 0] <= 1) & (uvd[..., 1] >= 0) & (uvd[..., 1] <= 1) & (uvd[..., 2] > 0)
-    uvd = uvd[:, inside.all(axis=0), :dims].astype(np.float32)
-    query = uvd[0].copy()
-    if dims == 3:
-        query[:, 2] = np.clip(query[:, 2], depth_min, depth_max)
-    return query, uvd - uvd[0]
-
-
-def hand_window(wrist_poses: np.ndarray, K: np.ndarray, size: int) -> dict[str, np.ndarray]:
-    """Return one side's four hand datasets for a window of wrist poses (L, 4, 4), unclipped."""
-    P = np.asarray(wrist_poses, dtype=np.float64)
-    uvd = project_uvd(P[:, :3, 3], K, size)
-    R = P[:, :3, :3]
-    return {
-        "wrist_query_uvd": uvd[0].astype(np.float32),
-        "wrist_uvd_displacements": (uvd - uvd[0]).astype(np.float32),
-        "wrist_query_rot_6d": rot_6d(R[0]).astype(np.float32),
-        "wrist_rot_displacements": rot_6d(R @ R[0].T).astype(np.float32),
-    }
 
 
 def _concat(parts: list[np.ndarray], dim: int) -> np.ndarray:
@@ -58,9 +21,11 @@ def _concat(parts: list[np.ndarray], dim: int) -> np.ndarray:
 
 
 class H5Stage(Stage):
-    """Turn ``{"frames", "depths", "tracks", "hands", "text", "out_path"}`` into the HDF5 file at ``out_path``.
+    """Turn ``{"frames", "depths", "tracks", "hands", "text", "out_path"[, "tracks2d"]}`` into the HDF5 file.
 
-    Returns ``{"stats": VideoStats.to_dict(), "num_frames", "num_windows"}``.
+    For ``track_type: 2d`` the pixel tracks are the tracks2d stage's when it ran, else the 3D
+    tracks seen by the frame's camera (``frame_pixels``). Returns ``{"stats":
+    VideoStats.to_dict(), "num_frames", "num_windows"}``.
     """
 
     name = "h5"
@@ -117,18 +82,20 @@ class H5Stage(Stage):
                 )
         crop_x, crop_y, side_px = square_crop(H, W)
         S = self.image_size
-        K = crop_intrinsics(tracks["intrinsics"], crop_x, crop_y, side_px, S).astype(np.float32)
-        K64 = K.astype(np.float64)  # project with exactly the K stored in the file
+        # y2r projects with the K it computed (ViPE's float32) and stores it as float32.
+        K = crop_intrinsics(np.asarray(tracks["intrinsics"]), crop_x, crop_y, side_px, S)
+        crop = (crop_x, crop_y, side_px)
 
-        groups, acc = self._windows(tracks, hands, K64, T, progress)
-        root: dict[str, Any] = {"video": self._video(frames, crop_x, crop_y, side_px)}
+        if self.track_type == "2d":
+            groups, acc = self._windows_2d(tracks, inputs.get("tracks2d"), crop, (T, H, W), progress)
+        else:
+            groups, acc = self._windows(tracks, hands, K, T, progress)
+        root: dict[str, Any] = {"video": self._video(frames, crop)}
         if self.track_type == "3d":
             depths = require(inputs, "depths", self.name, (None, H, W), "f")
-            rows = crop_y + (np.arange(S) * side_px) // S  # nearest neighbour, cv2's convention
-            cols = crop_x + (np.arange(S) * side_px) // S
-            depth = clip_depth(depths[: min(T, len(depths))][:, rows][:, :, cols], self.depth_min, self.depth_max)
+            depth = self._depth(depths[: min(T, len(depths))], crop)
             root["depth"] = depth
-            root["intrinsics"] = K
+            root["intrinsics"] = K.astype(np.float32)
             acc["depth"].insert(0, depth[depth > 0])
 
         with h5py.File(inputs["out_path"], "w") as f:
@@ -169,22 +136,55 @@ class H5Stage(Stage):
             return groups, acc  # windows shorter than num_track_ts are not training samples
         for w, start in enumerate(starts.tolist()):
             points = all_points[w, :n, : int(np.asarray(tracks["num_points"])[w])]
-            query, disp = track_window(points, K, self.image_size, self.depth_min, self.depth_max, self.dims)
-            datasets = {"query_coords": query, "displacements": disp}
+            query, disp = track_window(points, K, self.image_size, self.depth_min, self.depth_max)
+            poses = pose_9d(np.asarray(tracks["window_poses"])[w, :n]).astype(np.float32)
+            datasets = {"query_coords": query, "displacements": disp, "poses": poses}
             if len(query):
-                acc["displacement"].append(disp.reshape(-1, self.dims))
-            if self.track_type == "3d":
-                poses = pose_9d(np.asarray(tracks["window_poses"])[w, :n]).astype(np.float32)
-                datasets["poses"] = poses
-                acc["pose"].append(poses)
-                acc["depth"].append(query[:, 2][query[:, 2] > 0])
-                for side in SIDES:
-                    hand = self._hand(hands, side, start, n, K)
-                    if hand is not None:
-                        datasets.update({f"{side}_{k}": v for k, v in hand.items()})
-                        acc["hand_uvd"].append(hand["wrist_uvd_displacements"])
-                        acc["hand_rot"].append(hand["wrist_rot_displacements"])
+                acc["displacement"].append(disp.reshape(-1, 3))
+            acc["pose"].append(poses)
+            acc["depth"].append(query[:, 2][query[:, 2] > 0])
+            for side in SIDES:
+                hand = self._hand(hands, side, start, n, K)
+                if hand is not None:
+                    datasets.update({f"{side}_{k}": v for k, v in hand.items()})
+                    acc["hand_uvd"].append(hand["wrist_uvd_displacements"])
+                    acc["hand_rot"].append(hand["wrist_rot_displacements"])
             groups.append((int(start), datasets))
+            if w % 16 == 15:
+                report(progress, start + 1, T)
+        report(progress, T, T)
+        return groups, acc
+
+    def _windows_2d(
+        self,
+        tracks: dict[str, Any],
+        tracks2d: dict[str, Any] | None,
+        crop: tuple[int, int, int],
+        shape: tuple[int, int, int],
+        progress: Progress | None,
+    ) -> tuple[list[tuple[int, dict[str, np.ndarray]]], dict[str, list[np.ndarray]]]:
+        n, T = self.num_track_ts, shape[0]
+        acc: dict[str, list[np.ndarray]] = {k: [] for k in ("displacement", "depth", "pose", "hand_uvd", "hand_rot")}
+        groups = []
+        source = tracks if tracks2d is None else tracks2d
+        if tracks2d is not None and (
+            int(np.asarray(tracks2d["num_frames"])) != T or tuple(np.asarray(tracks2d["resolution"])) != shape[1:]
+        ):
+            raise BadInput(
+                f"h5: tracks2d were made for {int(np.asarray(tracks2d['num_frames']))} frames of "
+                f"{tuple(np.asarray(tracks2d['resolution']))}, but the video has {T} frames of {shape[1:]}"
+            )
+        all_points = np.asarray(source["tracks"])
+        if all_points.ndim != 4 or all_points.shape[1] < n:
+            return groups, acc
+        for w, start in enumerate(np.asarray(source["window_starts"]).tolist()):
+            points = all_points[w, :n, : int(np.asarray(source["num_points"])[w])]
+            # y2r's writer reads CoTracker's positions and ignores its visibility; so does this.
+            pixels = points if tracks2d is not None else frame_pixels(points, tracks["intrinsics"])
+            window = track_window_2d(pixels, *crop, self.image_size)
+            if window is not None:
+                groups.append((int(start), {"query_coords": window[0], "displacements": window[1]}))
+                acc["displacement"].append(window[1].reshape(-1, 2))
             if w % 16 == 15:
                 report(progress, start + 1, T)
         report(progress, T, T)
@@ -199,13 +199,26 @@ class H5Stage(Stage):
             return None
         return hand_window(poses, K, self.image_size)
 
-    def _video(self, frames: np.ndarray, crop_x: int, crop_y: int, side: int) -> np.ndarray:
-        from PIL import Image
+    def _video(self, frames: np.ndarray, crop: tuple[int, int, int]) -> np.ndarray:
+        """Return (T, 3, S, S) uint8: the square crop, then y2r's ``cv2.resize(..., INTER_LANCZOS4)`` (L286-291)."""
+        import cv2
 
+        x, y, side = crop
         S = self.image_size
-        box = (crop_x, crop_y, crop_x + side, crop_y + side)
         out = np.empty((len(frames), 3, S, S), dtype=np.uint8)
         for t, frame in enumerate(frames):
-            image = Image.fromarray(frame).crop(box).resize((S, S), Image.Resampling.LANCZOS)
-            out[t] = np.asarray(image).transpose(2, 0, 1)
+            resized = cv2.resize(frame[y : y + side, x : x + side], (S, S), interpolation=cv2.INTER_LANCZOS4)
+            out[t] = resized.transpose(2, 0, 1)
+        return out
+
+    def _depth(self, depths: np.ndarray, crop: tuple[int, int, int]) -> np.ndarray:
+        """Return (T', S, S) float32: float16 -> float32, the crop, ``cv2.INTER_NEAREST`` (L646-656), then clipped."""
+        import cv2
+
+        x, y, side = crop
+        S = self.image_size
+        out = np.empty((len(depths), S, S), dtype=np.float32)
+        for t, d in enumerate(np.asarray(depths, dtype=np.float32)):
+            resized = cv2.resize(d[y : y + side, x : x + side], (S, S), interpolation=cv2.INTER_NEAREST)
+            out[t] = clip_depth(resized, self.depth_min, self.depth_max)
         return out

@@ -1,4 +1,4 @@
-"""Preprocess: decode a video with PyAV, resample to the target fps, scale and centre-crop to 512x384 RGB."""
+"""Preprocess: decode with PyAV, resample to the target fps, scale (OpenCV Lanczos) and centre-crop to 512x384 RGB."""
 
 from __future__ import annotations
 
@@ -73,8 +73,8 @@ class PreprocessStage(Stage):
                 if index < next_keep:
                     continue
                 next_keep += interval
-                image = frame.to_image()
-                size = size or image.size
+                image = frame.to_ndarray(format="rgb24")
+                size = size or (image.shape[1], image.shape[0])
                 frames.append(self._resize(image))
                 if len(frames) % 10 == 0:
                     report(progress, len(frames), max(expected, len(frames)))
@@ -93,17 +93,24 @@ class PreprocessStage(Stage):
             "source_height": int(size[1]),
         }
 
-    def _resize(self, image: Any) -> np.ndarray:
-        from PIL import Image
+    def _resize(self, image: np.ndarray) -> np.ndarray:
+        """Return ``image`` (h, w, 3) uint8 scaled by max(W/w, H/h) and centre-cropped to (H, W, 3).
 
-        w, h = image.size
+        y2r's ``resize_and_minimal_crop`` (hgupt3/y2r dataset_scripts/preprocess.py L29-50):
+        ``cv2.resize(frame, (int(w * scale), int(h * scale)), interpolation=cv2.INTER_LANCZOS4)``.
+        y2r resizes OpenCV's BGR frames and this the RGB ones: the filter works per channel.
+        """
+        import cv2  # only the workers that decode pay for OpenCV
+
+        h, w = image.shape[:2]
         scale = max(self.width / w, self.height / h)
-        # max() guards against 511.9999 from the float scale on the dimension that set it.
+        # max() guards against 511.9999 from the float scale on the dimension that set it
+        # (y2r's int() would give a 511-pixel frame there).
         new_w = max(self.width, int(w * scale))
         new_h = max(self.height, int(h * scale))
-        resized = image.convert("RGB").resize((new_w, new_h), Image.Resampling.LANCZOS)
+        resized = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LANCZOS4)
         x0, y0 = (new_w - self.width) // 2, (new_h - self.height) // 2
-        return np.asarray(resized.crop((x0, y0, x0 + self.width, y0 + self.height)), dtype=np.uint8)
+        return np.ascontiguousarray(resized[y0 : y0 + self.height, x0 : x0 + self.width], dtype=np.uint8)
 
 
 def _expected_frames(stream: Any, source_fps: float, interval: float) -> int:

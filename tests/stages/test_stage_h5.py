@@ -205,16 +205,28 @@ def test_windows_shorter_than_num_track_ts_are_skipped(tmp_path: Path) -> None:
     assert result["num_windows"] == 0
 
 
-def test_2d_track_type(tmp_path: Path) -> None:
+def test_2d_track_type_follows_y2r_per_step_rule(tmp_path: Path) -> None:
     result = H5Stage(track_type="2d").run(make_inputs(tmp_path))
     with h5py.File(tmp_path / "clip.hdf5", "r") as f:
         root = f["root"]
         assert set(root) == {"video", "tracks", "num_frames", "num_track_ts", "track_type", "text"}
         assert root["track_type"].asstr()[()] == "2d"
+        # Window 1 has no point inside the crop at any step: y2r writes no group for it.
+        assert sorted(root["tracks"]) == ["frame_0000", "frame_0002"]
         g = root["tracks/frame_0000"]
         assert set(g) == {"query_coords", "displacements"}
-        assert g["query_coords"].shape == (4, 2) and g["displacements"].shape == (10, 4, 2)
+        q, disp = g["query_coords"][()], g["displacements"][()]
+    # Per step, the points inside the crop in query order, cut to the smallest count (4, steps 7-9).
+    # D is behind the camera from step 5 and B leaves at step 7 (u = 0.5 + 0.1 t * 200/256 > 1),
+    # so steps 5-6 hold A, B, C, E and steps 7-9 hold A, C, E, F: row 1 is B, then C.
+    assert q.shape == (4, 2) and disp.shape == (10, 4, 2)
+    t = np.arange(10)
+    u = 0.5 + disp[:, :, 0]
+    np.testing.assert_allclose(u[:5, 1], 0.5 + FX_CROP * 0.1 * t[:5] / 256, rtol=1e-6)  # B, steps 0-4
+    np.testing.assert_allclose(u[5:7, 1], 0.5 + FX_CROP * 0.1 * t[5:7] / 256, rtol=1e-6)  # still B
+    np.testing.assert_allclose(u[7:, 1], 0.5 + FX_CROP * 0.06 * t[7:] / 256, rtol=1e-6)  # C's track now
     assert result["stats"]["displacement"]["count"] == 80 and len(result["stats"]["displacement"]["mean"]) == 2
+    assert result["num_windows"] == 2
 
 
 def test_tracks_for_another_video_are_refused(tmp_path: Path) -> None:
