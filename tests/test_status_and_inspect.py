@@ -50,6 +50,7 @@ def test_status_shows_gpus_workers_queues_the_run_and_the_quarantine(workers, pi
     assert run_script("enqueue_dataset.py", str(video_factory(1, seconds=4.0)), "--out", str(out), "--no-wait",
                       env={**pipeline_env, **env}).returncode == 0
     wait_until(lambda: ((workers.state("gpu0") or {}).get("frames") or [0])[0] > 0, 60, "gpu0 midway through depth")
+    run_id = next((out / "runs").glob("*.json")).stem
 
     shown = run_script("status.py", "--out", str(out), env={**pipeline_env, **env}, timeout_s=60)
     assert shown.returncode == 0, shown.stderr
@@ -59,14 +60,14 @@ def test_status_shows_gpus_workers_queues_the_run_and_the_quarantine(workers, pi
     assert "1 (1 busy)" in gpu_row and " depth " in gpu_row and "/40" in gpu_row  # the video, its stage, frames
     assert any(line.startswith("cpu ") and "CPU workers" in line and "1 (0 busy)" in line for line in lines)
     assert any(line.split() == ["gpu0", "0"] for line in lines) and any(line.split() == ["cpu", "0"] for line in lines)
-    assert any(line.startswith("run ") and "1 videos" in line for line in lines)
+    assert any(line.startswith(f"run {run_id} (in {out.resolve()}), 1 video,") for line in lines), lines
     preprocess = next(line.split() for line in lines if line.startswith("preprocess "))
     assert preprocess[1:3] == ["1", "0"] and preprocess[-1] == "done"
     depth = next(line.split() for line in lines if line.startswith("depth "))
     assert depth[1:3] == ["0", "0"]
     assert f"quarantined: 0 (in {out / 'quarantine.jsonl'})" in lines
 
-    # Without a GPU it says so, and still lists the workers; without --out the run's size is unknown.
+    # Without a GPU it says so, and still lists the workers; without --out the run comes from Redis.
     from tasks.cli import status
     from worker_config.settings import load_settings
 
@@ -75,5 +76,5 @@ def test_status_shows_gpus_workers_queues_the_run_and_the_quarantine(workers, pi
     text = status.render(load_settings(), None)
     assert "no GPU visible (NVML sees no GPU)" in text
     assert any(line.startswith("0 ") and "1 (1 busy)" in line for line in text.splitlines())
-    assert "size unknown" in text and "quarantined: 0 (in Redis" in text
+    assert f"run {run_id} (in {out.resolve()}), 1 video," in text and "quarantined: 0 (in Redis" in text
     workers.stop("gpu0", signal.SIGKILL)  # no need to wait out the long depth task
