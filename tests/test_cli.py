@@ -107,3 +107,17 @@ def test_the_eta_counts_down_steadily_when_batches_finish_unevenly():
     rises = [b - a for a, b in zip(values, values[1:], strict=False) if b > a]
     assert max(rises, default=0.0) < 8.0, rises  # the raw estimate rises by up to 40 s at times
     assert abs(values[-1] - (80 - 79)) < 25  # and it still ends near the real time left
+
+
+def test_a_run_s_logs_hold_that_run_only_and_the_previous_run_s_are_kept_aside(tmp_path):
+    from tasks.cli.run import Cluster, rotate_logs
+
+    logs = tmp_path / "out" / "logs"
+    for run in ("first", "second"):
+        rotate_logs(logs)
+        cluster = Cluster(logs)
+        cluster.start("cpu-1", ["/bin/echo", f"{run} run"], dict(os.environ)).wait()
+        (logs / "flower-auth.txt").write_text("framefleet:secret\n")
+    assert (logs / "cpu-1.log").read_text() == "second run\n"
+    assert (logs / "previous" / "cpu-1.log").read_text() == "first run\n"
+    assert (logs / "flower-auth.txt").exists() and not (logs / "previous" / "flower-auth.txt").exists()
