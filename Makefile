@@ -3,6 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_RAW ?= demo-raw
 DEMO_OUT ?= demo-out
+# Flower and the metrics stay up after the demo until Ctrl-C, so their addresses can be opened.
+DEMO_SERVE ?= --serve
 # Where torch comes from. On PyPI, torch==2.13.0 for Linux x86_64 is the CUDA build (several GB of
 # CUDA libraries); for the CPU build (tests, a machine without a GPU) name PyTorch's CPU index:
 #   make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -44,8 +46,8 @@ lint: install
 	$(VENV)/bin/ruff check tasks worker_config scripts tests
 
 demo: need-redis install
-	$(PY) scripts/make_sample_dataset.py $(DEMO_RAW) --videos 8
-	$(PY) scripts/run_local.py $(DEMO_RAW) --out $(DEMO_OUT) --force
+	$(VENV)/bin/framefleet sample $(DEMO_RAW) --videos 8
+	$(VENV)/bin/framefleet run $(DEMO_RAW) --out $(DEMO_OUT) --force $(DEMO_SERVE)
 
 clean:
 	rm -rf $(DEMO_RAW) $(DEMO_OUT) .pytest_cache
