@@ -1,14 +1,55 @@
-"""Say why a run makes no progress: a queue with waiting tasks and no live worker, or stuck workers."""
+"""Say why a run makes no progress: a queue with no live worker, a message held by an idle or gone
+worker, a worker past its deadline; and whether the run's messages are gone altogether."""
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from typing import Any
 
 import redis
 
-from tasks import registry
+from tasks import leases, registry
+from tasks.routing import job_of
 from worker_config.settings import Settings
+
+
+class RunLost(RuntimeError):
+    """No message of an unfinished run is left in Redis: it restarted without persistence, or was flushed."""
+
+
+def _decode(raw: str | bytes) -> tuple[str, str, dict[str, Any] | None]:
+    """Return (task name, task id, job) of a kombu message as it sits in a queue."""
+    message = json.loads(raw)
+    body = message["body"]
+    if message.get("properties", {}).get("body_encoding") == "base64":
+        body = base64.b64decode(body)
+    args, kwargs, _embed = json.loads(body)
+    headers = message.get("headers", {})
+    return headers.get("task", ""), headers.get("id", ""), job_of(args, kwargs)
+
+
+def queue_names(broker: redis.Redis, r: redis.Redis, conf: Settings) -> list[str]:
+    """Every queue a framefleet task may wait in: the CPU queue and each GPU (or per-stage GPU) queue."""
+    found = {q if isinstance(q, str) else q.decode()
+             for q in broker.scan_iter(match=conf.gpu_queue_prefix + "*", count=500)}
+    found = {q for q in found if broker.type(q) in ("list", b"list")}
+    return sorted(found | registry.known_gpu_queues(r) | {conf.cpu_queue})
+
+
+def run_messages(r: redis.Redis, broker: redis.Redis, conf: Settings, run_id: str, callback_id: str) -> int:
+    """Count the messages of run ``run_id`` (its stage tasks and its callback) waiting or in flight."""
+    raws = [m for q in queue_names(broker, r, conf) for m in broker.lrange(q, 0, -1)]
+    raws += [json.dumps(json.loads(entry)[0]) for entry in broker.hvals(leases.UNACKED)]
+    count = 0
+    for raw in raws:
+        try:
+            _, task_id, job = _decode(raw)
+        except (ValueError, KeyError, TypeError, IndexError):
+            continue
+        count += task_id == callback_id or (job is not None and job.get("run_id") == run_id)
+    return count
 
 
 def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
