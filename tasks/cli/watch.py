@@ -22,6 +22,7 @@ from worker_config.settings import Settings
 
 LOSS_CHECK_S = 10.0  # how often the run's messages are looked for; two misses in a row: lost
 EARLY_LOOK_S = 15.0  # a concrete cause (a queue without a worker) is said this soon; "busy" waits stall_after_s
+LOOK_EVERY_S = 5.0  # a quiet run's queues are scanned at most this often
 ETA_SMOOTHING_S = 20.0  # the displayed ETA follows a new estimate with this time constant
 CLEAR_TO_END = "\x1b[K"
 
@@ -114,7 +115,7 @@ def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dic
     eta = Eta()
     last, last_print = "", 0.0
     counts: dict[str, int] = {}
-    changed, reported = time.monotonic(), -math.inf
+    changed, reported, looked = time.monotonic(), -math.inf, -math.inf
     checked, misses, seen_requeues = time.monotonic(), 0, 0
     run_id = record["run_id"]
     while True:
@@ -130,7 +131,9 @@ def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dic
                 seen_requeues += 1
                 _say(requeues.line(entry), tty)
             quiet = time.monotonic() - changed
-            if quiet > min(EARLY_LOOK_S, conf.stall_after_s) and time.monotonic() - reported > conf.stall_after_s:
+            if (quiet > min(EARLY_LOOK_S, conf.stall_after_s) and time.monotonic() - reported > conf.stall_after_s
+                    and time.monotonic() - looked > LOOK_EVERY_S):
+                looked = time.monotonic()
                 why = stall.diagnose(r, get_redis(conf.broker), conf)
                 if why or quiet > conf.stall_after_s:
                     reported = time.monotonic()
