@@ -78,3 +78,19 @@ def test_status_shows_gpus_workers_queues_the_run_and_the_quarantine(workers, pi
     assert any(line.startswith("0 ") and "1 (1 busy)" in line for line in text.splitlines())
     assert f"run {run_id} (in {out.resolve()}), 1 video," in text and "quarantined: 0 (in Redis" in text
     workers.stop("gpu0", signal.SIGKILL)  # no need to wait out the long depth task
+
+
+def test_inspect_gpu_counts_the_tasks_a_prefork_cpu_worker_ran_in_its_children(workers, pipeline_env, video_factory,
+                                                                               tmp_path):
+    workers.start("cpu", pool="prefork", concurrency=1)
+    assert run_script("enqueue_dataset.py", str(video_factory(1)), "--out", str(tmp_path / "out"), "--no-wait",
+                      env=pipeline_env).returncode == 0
+    wait_until(lambda: (tmp_path / "out" / "work").is_dir() and any((tmp_path / "out" / "work").glob(
+        "*/preprocess.done.json")), 120, "preprocess on the prefork worker")
+    argv = [sys.executable, "-m", "celery", "-A", "tasks", "inspect", "gpu", "-t", "10", "-d", "cpu@test", "--json"]
+
+    def counted() -> int:
+        done = subprocess.run(argv, cwd=ROOT, env=pipeline_env, capture_output=True, text=True, timeout=60)
+        return done.returncode == 0 and json.loads(done.stdout)["cpu@test"]["worker"]["tasks_done"]
+
+    assert wait_until(counted, 30, "the preprocess task to be counted") == 1
