@@ -136,10 +136,12 @@ class Workers:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, queue: str, name: str | None = None, pool: str = "solo", concurrency: int = 1,
-              env: dict[str, str] | None = None, wait: bool = True) -> subprocess.Popen[bytes]:
+              env: dict[str, str] | None = None, wait: bool = True,
+              python: str | None = None) -> subprocess.Popen[bytes]:
+        """Start a worker on ``queue``; ``python`` names another environment's interpreter (default: this one)."""
         name = name or queue
         self.logs.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-P", pool,
+        argv = [python or sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-P", pool,
                 "-c", str(concurrency), "-n", f"{name}@test", "-E", "--without-gossip",
                 "--without-mingle", "--loglevel", "INFO"]
         proc = subprocess.Popen(argv, cwd=ROOT, env={**self.env, **(env or {})},

@@ -78,7 +78,7 @@ def test_an_unknown_backend_is_refused_when_settings_load_naming_the_choices(tmp
     config.write_text("stages:\n  hands: {backend: nosuch}\n")
     with pytest.raises(ConfigError, match=r"unknown backend 'nosuch'.*available: .*synthetic"):
         load_settings(config)
-    with pytest.raises(UnknownBackend, match="available: synthetic"):
+    with pytest.raises(UnknownBackend, match="available: cotracker, synthetic"):
         backends.get_backend("tracks2d", "nosuch")
 
 

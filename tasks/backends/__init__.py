@@ -28,6 +28,11 @@ BUILTIN: dict[tuple[str, str], str] = {
     ("hands", "synthetic"): "tasks.backends.synthetic:SyntheticHands",
     ("tracks2d", "synthetic"): "tasks.backends.synthetic:SyntheticTracker2D",
     ("masks", "none"): "tasks.backends.trivial:AllTrueMasks",
+    ("depth", "vipe"): "tasks.backends.vipe:VipeDepth",
+    ("tracks", "tapip3d"): "tasks.backends.tapip3d:Tapip3dTracker",
+    ("tracks2d", "cotracker"): "tasks.backends.cotracker:CoTrackerTracks2D",
+    ("hands", "wilor"): "tasks.backends.wilor:WilorHands",
+    ("masks", "grounded_sam"): "tasks.backends.grounded_sam:GroundedSamMasks",
 }
 
 

@@ -7,26 +7,18 @@ from typing import Any
 
 import numpy as np
 
+from tasks.backends.convert_tracks import erode
 from tasks.stages.base import ModelStage, Outputs, Progress, report, require
 
-
-def erode(mask: np.ndarray, pixels: int) -> np.ndarray:
-    """Return ``mask`` (H, W) bool eroded by a square of side 2 * ``pixels`` + 1 (outside the image counts as off)."""
-    m = np.asarray(mask, dtype=bool)
-    if pixels <= 0:
-        return m.copy()
-    k = 2 * pixels + 1
-    padded = np.pad(m.astype(np.int32), pixels + 1)
-    c = padded.cumsum(0).cumsum(1)
-    window = c[k:, k:] - c[:-k, k:] - c[k:, :-k] + c[:-k, :-k]
-    return window[: m.shape[0], : m.shape[1]] == k * k
+__all__ = ["MasksStage", "erode"]
 
 
 class MasksStage(ModelStage):
     """Turn ``{"frames", "prompt"}`` into ``{"masks" (T, H, W) bool}`` at frame size.
 
-    Off unless ``stages.masks.enabled``. The prompt is the video's ``noun`` from metadata.csv,
-    else the ``text_prompt`` parameter; the ``none`` backend (the default) masks nothing out.
+    Off unless ``stages.masks.enabled``. The prompt is the ``text_prompt`` parameter when set (one
+    prompt for every clip, as y2r's process_gsam.py:110-113 does), else the video's ``noun`` from
+    metadata.csv; the ``none`` backend (the default) masks nothing out.
     """
 
     name = "masks"
@@ -44,7 +36,7 @@ class MasksStage(ModelStage):
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
         frames = require(inputs, "frames", self.name, (None, None, None, 3), "u")
-        prompt = str(inputs.get("prompt") or self.text_prompt)
+        prompt = self.text_prompt or str(inputs.get("prompt") or "")
         masks = np.asarray(self.model.segment(frames, prompt, progress=lambda d, t: report(progress, d, t)))
         if masks.shape != frames.shape[:3]:
             raise RuntimeError(

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from tasks.backends.convert_tracks import erode, grid_on_mask
 from tasks.geometry import content_seed, window_starts
 from tasks.stages.base import ModelStage, Outputs, Progress, report, require
 from tasks.stages.tracks import sample_pixels
@@ -32,6 +33,7 @@ class Tracks2DStage(ModelStage):
         stride: int = 1,
         target_points: int = 64,
         mask_erosion_pixels: int = 0,
+        grid_size: int = 0,
         **backend_params: Any,
     ) -> None:
         if window_length < 1 or stride < 1 or target_points < 0 or mask_erosion_pixels < 0:
@@ -41,6 +43,9 @@ class Tracks2DStage(ModelStage):
             )
         self.window_length, self.stride, self.target_points = int(window_length), int(stride), int(target_points)
         self.mask_erosion_pixels = int(mask_erosion_pixels)
+        # grid_size > 0: CoTracker's grid of grid_size x grid_size on the eroded mask, as y2r queries
+        # it (process_cotracker.py, grid_size 64); 0: target_points pixels drawn at random.
+        self.grid_size = int(grid_size)
         super().__init__(backend, **backend_params)
 
     @classmethod
@@ -57,6 +62,7 @@ class Tracks2DStage(ModelStage):
         masks = inputs.get("masks")
         L, P = self.window_length, self.target_points
         starts = window_starts(T, L, self.stride)
+        P = max(P, self.grid_size**2)
         tracks = np.zeros((len(starts), L, P, 2), dtype=np.float32)
         visible = np.zeros((len(starts), L, P), dtype=bool)
         num_points = np.zeros(len(starts), dtype=np.int64)
@@ -64,7 +70,12 @@ class Tracks2DStage(ModelStage):
         for w, s in enumerate(starts):
             window = slice(int(s), int(s) + L)
             mask = None if masks is None else np.asarray(masks[s], dtype=bool)
-            pixels = sample_pixels(depths[s], P, content_seed(np.int64(s), video_seed), mask, self.mask_erosion_pixels)
+            if self.grid_size > 0:
+                on = np.ones(frames.shape[1:3], dtype=bool) if mask is None else erode(mask, self.mask_erosion_pixels)
+                pixels = grid_on_mask(on, self.grid_size)
+            else:
+                pixels = sample_pixels(depths[s], P, content_seed(np.int64(s), video_seed), mask,
+                                       self.mask_erosion_pixels)
             if len(pixels):
                 out = self.model.track2d(
                     frames[window], pixels, None if masks is None else np.asarray(masks[window], dtype=bool)

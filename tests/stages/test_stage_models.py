@@ -37,8 +37,8 @@ def depth_out() -> tuple[np.ndarray, dict]:
 
 
 def test_unknown_backend_names_stage_name_and_choices() -> None:
-    with pytest.raises(UnknownBackend, match=r"unknown depth backend 'vipe'; available: synthetic"):
-        DepthStage(backend="vipe")
+    with pytest.raises(UnknownBackend, match=r"unknown depth backend 'dpt'; available: synthetic, vipe"):
+        DepthStage(backend="dpt")
     with pytest.raises(UnknownBackend, match="unknown h5 backend 'synthetic'; available: none"):
         get_backend("h5", "synthetic")
     with pytest.raises(TypeError, match=r"unknown parameters \['no_such_knob'\]; its knobs are hold_mib"):

@@ -1,0 +1,106 @@
+"""A throwaway venv with the upstream stand-ins installed, and folders laid out as the real checkouts and weights are.
+
+The venv sees this project's environment through a ``.pth`` file (so torch, celery and the
+project come from ``.venv``) and holds the stand-in packages in its own site-packages, which
+come first. It is cached under the temp folder, keyed by a hash of the stand-in sources.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+STANDINS = ROOT / "tests" / "standins"
+
+
+def _digest() -> str:
+    h = hashlib.sha256(sys.executable.encode())
+    for path in sorted((STANDINS / "site").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            h.update(str(path.relative_to(STANDINS)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def standin_python() -> Path:
+    """Return the interpreter of the stand-ins' venv, building it once per version of the stand-ins."""
+    folder = Path(tempfile.gettempdir()) / f"framefleet-standins-{_digest()}"
+    python = folder / "bin" / "python"
+    if (folder / ".ready").exists():
+        return python
+    with open(f"{folder}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (folder / ".ready").exists():
+            return python
+        shutil.rmtree(folder, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+        purelib = Path(
+            subprocess.run(
+                [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+        )
+        ours = [p for p in site.getsitepackages() if Path(p).is_dir()] or [sysconfig.get_paths()["purelib"]]
+        # addsitedir (not a bare path) so the project's editable install and its .pth files apply too.
+        (purelib / "zz-framefleet-project.pth").write_text(
+            "".join(f"import site; site.addsitedir({p!r})\n" for p in ours)
+        )
+        for package in (STANDINS / "site").iterdir():
+            if package.is_dir():
+                shutil.copytree(package, purelib / package.name, ignore=shutil.ignore_patterns("__pycache__"))
+        (folder / ".ready").touch()
+    return python
+
+
+def lay_out_upstream(base: Path) -> dict[str, Path]:
+    """Make the checkouts (from the stand-ins) and weight, cache and MANO files under ``base``; return the folders."""
+    tapip3d = base / "TAPIP3D"
+    wilor = base / "WiLoR"
+    shutil.copytree(STANDINS / "TAPIP3D", tapip3d, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(STANDINS / "WiLoR", wilor, ignore=shutil.ignore_patterns("__pycache__"))
+    vipe = base / "vipe-cache"
+    files = [
+        vipe / "torch" / "hub" / "droid_slam" / "droid.pth",
+        tapip3d / "checkpoints" / "tapip3d_final.pth",
+        wilor / "pretrained_models" / "wilor_final.ckpt",
+        wilor / "pretrained_models" / "model_config.yaml",
+        wilor / "pretrained_models" / "detector.pt",
+        wilor / "mano_data" / "MANO_RIGHT.pkl",
+        wilor / "mano_data" / "mano_mean_params.npz",
+        base / "cotracker" / "scaled_offline.pth",
+        base / "gsam" / "sam2.1_hiera_large.pt",
+        base / "gsam" / "grounding-dino-base" / "config.json",
+    ]
+    for f in files:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"placeholder: the stand-ins check that the file exists")
+    return {"vipe": vipe, "tapip3d": tapip3d, "wilor": wilor, "cotracker": base / "cotracker", "gsam": base / "gsam"}
+
+
+def real_gpu_settings(dirs: dict[str, Path]) -> str:
+    """Settings YAML that runs depth, tracks and hands with the real-model adapters on ``dirs``."""
+    return (
+        "stages:\n"
+        f"  depth: {{backend: vipe, params: {{weights_dir: '{dirs['vipe']}'}}}}\n"
+        f"  tracks: {{backend: tapip3d, params: {{repo_dir: '{dirs['tapip3d']}'}}}}\n"
+        f"  hands: {{backend: wilor, params: {{repo_dir: '{dirs['wilor']}', batch_size: 7}}}}\n"
+    )
+
+
+def real_gpu_yaml_on(models: Path, python: str) -> str:
+    """configs/real-gpu.yaml with its environments and model folders moved onto the stand-ins (tracks2d on too)."""
+    text = (ROOT / "configs" / "real-gpu.yaml").read_text()
+    for model in ("vipe", "tapip3d", "cotracker", "wilor", "grounded_sam"):
+        text = text.replace(f"/opt/framefleet/envs/{model}/bin/python", python)
+    text = text.replace("/opt/framefleet/models", str(models))
+    return text.replace("enabled: false ", "enabled: true ")
