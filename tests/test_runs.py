@@ -22,13 +22,25 @@ SLOW_DEPTH = "stages:\n  depth:\n    params: {matmuls_per_frame: 150}\n"
 
 def ff(*args: str, env: dict[str, str], timeout_s: float = 240) -> subprocess.CompletedProcess:
     """Run `framefleet ARGS` as a user would; return the completed process (text output)."""
-    return subprocess.run([sys.executable, "-m", "tasks.cli.main", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, "-m", "tasks.cli.main", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def ff_background(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tasks.cli.main", *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli.main", *args],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def run_id_of(out: Path) -> str:
@@ -118,8 +130,14 @@ def test_cancel_stops_the_run_and_continue_finishes_it(video_factory, workers, p
     reattached = ff("status", "--watch", run_id_of(out), env=pipeline_env, timeout_s=400)
     assert reattached.returncode == 0, reattached.stdout + reattached.stderr
     assert "done: 2 of 2 videos; statistics over 2 videos" in reattached.stdout, reattached.stdout
-    check = subprocess.run([sys.executable, "-m", "tasks.cli.main", "verify", str(out)], cwd=ROOT,
-                           env=pipeline_env, capture_output=True, text=True, timeout=120)
+    check = subprocess.run(
+        [sys.executable, "-m", "tasks.cli.main", "verify", str(out)],
+        cwd=ROOT,
+        env=pipeline_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -146,7 +164,8 @@ def test_dropped_intermediates_keep_continue_and_statistics_whole(video_factory,
     assert cleaned.returncode == 0 and "dropped the intermediates of 1 video (" in cleaned.stdout, cleaned.stdout
     assert list((out / "work").iterdir()) == []
     assert sorted(p.name for p in (out / "markers").iterdir()) == sorted(
-        f"{p.stem}.hdf5.done.json" for p in out.glob("*.hdf5"))
+        f"{p.stem}.hdf5.done.json" for p in out.glob("*.hdf5")
+    )
 
     again = ff("enqueue", str(raw), "--out", str(out), "--continue", env=pipeline_env)
     assert again.returncode == 0 and "2 already complete" in again.stdout, again.stdout + again.stderr

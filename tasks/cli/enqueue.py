@@ -34,10 +34,20 @@ from tasks.storage import write_text_atomic
 from worker_config.settings import Settings, resolved_dict
 
 
-def enqueue(conf: Settings, raw_dir: Path, out_dir: Path, limit: int | None = None,
-            gpus: list[int] | None = None, resume: bool = False, force: bool = False,
-            retry_quarantined: bool = False, add: bool = False, keep: str = intermediates.DEFAULT,
-            metadata: Path | None = None, require_text: bool = False) -> dict[str, Any]:
+def enqueue(
+    conf: Settings,
+    raw_dir: Path,
+    out_dir: Path,
+    limit: int | None = None,
+    gpus: list[int] | None = None,
+    resume: bool = False,
+    force: bool = False,
+    retry_quarantined: bool = False,
+    add: bool = False,
+    keep: str = intermediates.DEFAULT,
+    metadata: Path | None = None,
+    require_text: bool = False,
+) -> dict[str, Any]:
     """Send the run's chord; return its record (run_id, callback_id, videos, ...).
 
     Raises DatasetError or MetadataError.
@@ -56,11 +66,27 @@ def enqueue(conf: Settings, raw_dir: Path, out_dir: Path, limit: int | None = No
         entries, resume = [e for e in entries if e["video_id"] in held], True
     write_text_atomic(out_dir / "settings.resolved.yaml", yaml.safe_dump(resolved_dict(conf), sort_keys=True))
     todo = entries if force or not resume else incomplete(entries, out_dir)
-    canvas, run = build_chord(todo, raw_dir, out_dir, run_id, gpus=gpus, force=force,
-                              already_complete=len(entries) - len(todo), intermediates=keep)
-    record = {"run_id": run_id, "videos": len(todo), "already_complete": len(entries) - len(todo),
-              "gpus": gpus, "started": run["started"], "raw_dir": str(raw_dir.resolve()),
-              "output_root": str(out_dir.resolve()), "intermediates": keep, "status": "running"}
+    canvas, run = build_chord(
+        todo,
+        raw_dir,
+        out_dir,
+        run_id,
+        gpus=gpus,
+        force=force,
+        already_complete=len(entries) - len(todo),
+        intermediates=keep,
+    )
+    record = {
+        "run_id": run_id,
+        "videos": len(todo),
+        "already_complete": len(entries) - len(todo),
+        "gpus": gpus,
+        "started": run["started"],
+        "raw_dir": str(raw_dir.resolve()),
+        "output_root": str(out_dir.resolve()),
+        "intermediates": keep,
+        "status": "running",
+    }
     # The record exists before the first task can finish, so cancel and status find the run at once.
     record["callback_id"] = uuid()
     runs.write(out_dir, record)
@@ -91,9 +117,13 @@ def gpu_warnings(conf: Settings, gpus: list[int] | None) -> list[str]:
         return []
     served = {w.get("gpu") for w in registry.live_workers(get_redis(conf.redis_url))}
     live = ", ".join(f"gpu{g}" for g in sorted(g for g in served if g is not None)) or "none"
-    return [f"--gpus names GPU {g}, but no live worker serves {conf.gpu_queue(g)} (live GPU workers: {live}); "
-            f"tasks routed there wait until one starts: `celery -A tasks worker -Q {conf.gpu_queue(g)} -P solo "
-            f"-c 1 -n {conf.gpu_queue(g)}@%h -E -l INFO`" for g in gpus if g not in served]
+    return [
+        f"--gpus names GPU {g}, but no live worker serves {conf.gpu_queue(g)} (live GPU workers: {live}); "
+        f"tasks routed there wait until one starts: `celery -A tasks worker -Q {conf.gpu_queue(g)} -P solo "
+        f"-c 1 -n {conf.gpu_queue(g)}@%h -E -l INFO`"
+        for g in gpus
+        if g not in served
+    ]
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,18 +132,33 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, metavar="OUT", help="the output folder")
     parser.add_argument("--limit", type=common.positive_int, metavar="N", help="only the first N videos (by path)")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--continue", dest="resume", action="store_true",
-                      help="finish an earlier run in OUT, skipping complete outputs")
+    mode.add_argument(
+        "--continue", dest="resume", action="store_true", help="finish an earlier run in OUT, skipping complete outputs"
+    )
     mode.add_argument("--force", action="store_true", help="redo every video in OUT")
-    parser.add_argument("--add", action="store_true",
-                        help="with --continue or --force: add RAW_DIR's videos to an OUT made from another folder")
-    parser.add_argument("--intermediates", choices=intermediates.MODES, default=intermediates.DEFAULT,
-                        help="keep the stages' files in OUT/work/ (a later run redoes only what changed), or drop "
-                             "each video's once its HDF5 file is complete (about 0.6 GB per minute of video)")
-    parser.add_argument("--metadata", type=Path, metavar="FILE",
-                        help="CSV with columns clip_id, noun, text (default: RAW_DIR/metadata.csv if present)")
-    parser.add_argument("--require-text", action="store_true",
-                        help="refuse to start unless every video has a non-empty text in the metadata")
+    parser.add_argument(
+        "--add",
+        action="store_true",
+        help="with --continue or --force: add RAW_DIR's videos to an OUT made from another folder",
+    )
+    parser.add_argument(
+        "--intermediates",
+        choices=intermediates.MODES,
+        default=intermediates.DEFAULT,
+        help="keep the stages' files in OUT/work/ (a later run redoes only what changed), or drop "
+        "each video's once its HDF5 file is complete (about 0.6 GB per minute of video)",
+    )
+    parser.add_argument(
+        "--metadata",
+        type=Path,
+        metavar="FILE",
+        help="CSV with columns clip_id, noun, text (default: RAW_DIR/metadata.csv if present)",
+    )
+    parser.add_argument(
+        "--require-text",
+        action="store_true",
+        help="refuse to start unless every video has a non-empty text in the metadata",
+    )
 
 
 def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -126,8 +171,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     add_run_arguments(parser)
     parser.add_argument("--gpus", type=common.parse_gpus, help="GPU indices to use, e.g. 0,2 (default: all)")
     parser.add_argument("--no-wait", action="store_true", help="print the run id and return at once")
-    parser.add_argument("--retry-quarantined", action="store_true",
-                        help="enqueue again only the videos listed in OUT/quarantine.jsonl")
+    parser.add_argument(
+        "--retry-quarantined", action="store_true", help="enqueue again only the videos listed in OUT/quarantine.jsonl"
+    )
     common.add_config_argument(parser)
     args = parser.parse_args(argv)
     check_run_arguments(parser, args)
@@ -137,22 +183,42 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if (why := common.check_redis(conf)) is not None:
         return common.fail(why)
     try:
-        record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force,
-                         args.retry_quarantined, args.add, args.intermediates, args.metadata, args.require_text)
+        record = enqueue(
+            conf,
+            args.raw_dir,
+            args.out,
+            args.limit,
+            args.gpus,
+            args.resume,
+            args.force,
+            args.retry_quarantined,
+            args.add,
+            args.intermediates,
+            args.metadata,
+            args.require_text,
+        )
     except (DatasetError, MetadataError) as exc:
         return common.fail(str(exc))
     except KeyboardInterrupt:
-        return common.fail(f"interrupted while sending the run; `framefleet cancel --out {args.out}` stops what was "
-                           "sent, and --continue sends it again", code=130)
+        return common.fail(
+            f"interrupted while sending the run; `framefleet cancel --out {args.out}` stops what was "
+            "sent, and --continue sends it again",
+            code=130,
+        )
     try:
         for line in gpu_warnings(conf, args.gpus):
             print(f"framefleet: warning: {line}", file=sys.stderr, flush=True)
         skipped = f" ({record['already_complete']} already complete)" if record["already_complete"] else ""
-        print(f"run {record['run_id']}: {common.plural(record['videos'], 'video')} enqueued{skipped}; "
-              f"outputs in {args.out}", flush=True)
+        print(
+            f"run {record['run_id']}: {common.plural(record['videos'], 'video')} enqueued{skipped}; "
+            f"outputs in {args.out}",
+            flush=True,
+        )
         if args.no_wait:
-            print(f"not waiting; `framefleet status --watch {record['run_id']}` follows it, "
-                  f"`framefleet cancel {record['run_id']}` stops it")
+            print(
+                f"not waiting; `framefleet status --watch {record['run_id']}` follows it, "
+                f"`framefleet cancel {record['run_id']}` stops it"
+            )
             return 0
         return follow(conf, record, args.out)
     except KeyboardInterrupt:  # before following began
@@ -169,8 +235,11 @@ def follow(conf: Settings, record: dict[str, Any], out: Path, detachable: bool =
         return watch.cancelled(record, out)
     except stall.RunLost as exc:
         runs.update(out, record["run_id"], status="lost", lost=time.time())
-        return common.fail(f"{exc}. Complete outputs are kept: `framefleet enqueue {record['raw_dir']} --out {out} "
-                           "--continue` finishes the run", code=3)
+        return common.fail(
+            f"{exc}. Complete outputs are kept: `framefleet enqueue {record['raw_dir']} --out {out} "
+            "--continue` finishes the run",
+            code=3,
+        )
     except KeyboardInterrupt:
         if not detachable:
             raise

@@ -131,8 +131,11 @@ def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dic
                 seen_requeues += 1
                 _say(requeues.line(entry), tty)
             quiet = time.monotonic() - changed
-            if (quiet > min(EARLY_LOOK_S, conf.stall_after_s) and time.monotonic() - reported > conf.stall_after_s
-                    and time.monotonic() - looked > LOOK_EVERY_S):
+            if (
+                quiet > min(EARLY_LOOK_S, conf.stall_after_s)
+                and time.monotonic() - reported > conf.stall_after_s
+                and time.monotonic() - looked > LOOK_EVERY_S
+            ):
                 looked = time.monotonic()
                 why = stall.diagnose(r, get_redis(conf.broker), conf)
                 if why or quiet > conf.stall_after_s:
