@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 
+from tasks import keys
 from tasks.errors import PermanentError
 
 
@@ -24,7 +25,7 @@ class RunCancelled(PermanentError):
 
 
 def flag_key(run_id: str) -> str:
-    return f"ff:cancelled:{run_id}"
+    return keys.CANCELLED_PREFIX + run_id
 
 
 def is_cancelled(r: redis.Redis, run_id: str) -> bool:

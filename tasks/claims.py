@@ -3,25 +3,66 @@
 A task redelivered while its first delivery still runs (past the visibility timeout), or the
 same dataset enqueued twice, would otherwise run a stage twice at once and continue the chain
 twice. A claim is a Redis key per (output root, video, stage) held with a TTL that the
-worker's heartbeat renews; a finished task id is remembered so a late duplicate is dropped.
+worker's heartbeat re-asserts; a finished task id is remembered so a late duplicate is dropped.
+
+The task thread takes claims and the heartbeat thread renews them, so the held set is read
+under a lock. A task is marked done only after Celery has sent its continuation (the
+``task_postrun`` of a success), and its claim is released after that, never before: a
+duplicate arriving in between sees the claim or the done mark, never neither.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Literal
 
 import redis
 
-CLAIM_PREFIX = "ff:claim:"
-DONE_PREFIX = "ff:done:"
+from tasks import keys, registry
 
-# claim key → owner value, for the heartbeat to renew
+log = logging.getLogger("framefleet.claims")
+CLAIM_PREFIX = keys.CLAIM_PREFIX
+DONE_PREFIX = keys.DONE_PREFIX
+
+# claim key → owner value, for the heartbeat to renew; task id → its claim key, to finish at postrun
 HELD: dict[str, str] = {}
+PENDING: dict[str, str] = {}
+_lock = threading.Lock()
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# Re-assert a claim: set it when it is ours or missing (Redis restarted, or was away past the TTL).
+_REASSERT = """
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] or not v then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+# Take a claim over from a holder proven gone, only if it is still that holder's.
+_TAKE_OVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a delivery should do: run the stage, drop itself as a duplicate, or wait for the holder."""
+
+    action: Literal["run", "drop", "wait"]
+    holder: str = ""
+    why: str = ""
 
 
 def claim_key(output_root: str, video_id: str, stage: str) -> str:
@@ -29,29 +70,110 @@ def claim_key(output_root: str, video_id: str, stage: str) -> str:
     return f"{CLAIM_PREFIX}{root}:{video_id}:{stage}"
 
 
+def owner_value(hostname: str, task_id: str) -> str:
+    return f"{hostname} {task_id}"
+
+
 def acquire(r: redis.Redis, key: str, owner: str, ttl_s: float) -> str | None:
     """Take the claim; return None when taken, else the current holder's value."""
     if r.set(key, owner, nx=True, px=int(ttl_s * 1000)):
-        HELD[key] = owner
+        _hold(key, owner)
         return None
     holder = r.get(key)
+    if holder is None and reassert(r, key, owner, ttl_s):  # lapsed in between
+        _hold(key, owner)
+        return None
     if holder == owner:  # our own claim, e.g. after a retry of this very task
-        HELD[key] = owner
+        _hold(key, owner)
         return None
     return holder or ""
 
 
+def _hold(key: str, owner: str) -> None:
+    with _lock:
+        HELD[key] = owner
+
+
+def reassert(r: redis.Redis, key: str, owner: str, ttl_s: float) -> bool:
+    return bool(r.eval(_REASSERT, 1, key, owner, int(ttl_s * 1000)))
+
+
+def holder_running(r: redis.Redis, hostname: str, task_id: str) -> bool:
+    """True when worker ``hostname`` is registered and its published state shows it running ``task_id``."""
+    raw = r.get(registry.WORKER_PREFIX + hostname)
+    if not raw:
+        return False
+    current = json.loads(raw).get("current") or {}
+    return current.get("task_id") == task_id
+
+
+def decide(r: redis.Redis, key: str, task_id: str, hostname: str, ttl_s: float) -> Verdict:
+    """Claim ``key`` for this delivery of ``task_id``, or say why it must drop itself or wait.
+
+    A delivery is dropped only when its task is done or its holder is provably alive and
+    running that very task; a holder that died hands its claim over at once.
+    Raises redis.RedisError when Redis cannot be asked.
+    """
+    if r.exists(DONE_PREFIX + task_id):
+        return Verdict("drop", why="it has finished")
+    owner = owner_value(hostname, task_id)
+    holder = acquire(r, key, owner, ttl_s)
+    if holder is None:
+        _remember(task_id, key)
+        return Verdict("run")
+    holder_host, _, holder_task = holder.partition(" ")
+    if holder_task != task_id:
+        return Verdict("wait", holder, "another run of this stage holds the claim")
+    if holder_running(r, holder_host, task_id):
+        return Verdict("drop", holder, f"it runs on {holder_host}")
+    if r.eval(_TAKE_OVER, 1, key, holder, owner, int(ttl_s * 1000)):
+        log.warning("took over the claim of task %s from %s, which no longer runs it", task_id, holder_host)
+        _hold(key, owner)
+        _remember(task_id, key)
+        return Verdict("run", holder)
+    return Verdict("wait", r.get(key) or "", "the claim changed hands")
+
+
+def _remember(task_id: str, key: str) -> None:
+    with _lock:
+        PENDING[task_id] = key
+
+
+def finish(r: redis.Redis, task_id: str, succeeded: bool, done_ttl_s: int) -> None:
+    """Mark ``task_id`` done when it succeeded, then release its claim; never raises.
+
+    Called after Celery has sent the task's continuation, so a duplicate delivery is dropped
+    only once the chain has moved on.
+    """
+    with _lock:
+        key = PENDING.pop(task_id, None)
+    try:
+        if succeeded:
+            r.set(DONE_PREFIX + task_id, "1", ex=done_ttl_s)
+        if key is not None:
+            release(r, key)
+    except redis.RedisError as exc:  # the claim's TTL ends it; a duplicate then finds the output made
+        log.warning("claim of task %s not released: %s", task_id, exc)
+
+
 def release(r: redis.Redis, key: str) -> None:
-    owner = HELD.pop(key, None)
+    with _lock:
+        owner = HELD.pop(key, None)
     if owner is not None:
         r.eval(_RELEASE, 1, key, owner)
 
 
-def renew(r: redis.Redis, ttl_s: float) -> None:
-    pipe = r.pipeline()
-    for key in HELD:
-        pipe.pexpire(key, int(ttl_s * 1000))
-    pipe.execute()
+def renew(r: redis.Redis, ttl_s: float) -> list[str]:
+    """Re-assert every held claim; return the keys another worker holds now (this one lost them)."""
+    with _lock:
+        held = list(HELD.items())  # the task thread takes and releases claims meanwhile
+    pipe = r.pipeline(transaction=False)
+    for key, owner in held:
+        pipe.eval(_REASSERT, 1, key, owner, int(ttl_s * 1000))
+    lost = [key for (key, _), ok in zip(held, pipe.execute(), strict=True) if not ok]
+    for key in lost:
+        log.warning("claim %s is held by %s now, not by this worker", key, r.get(key))
+    return lost
 
 
 def mark_done(r: redis.Redis, task_id: str, ttl_s: int) -> None:

@@ -43,6 +43,10 @@ class TransientIO(RetryableError):
     """A file system or broker hiccup that may pass."""
 
 
+class RedisUnavailable(RetryableError):
+    """Redis (the broker or framefleet's own keys) did not answer; the task is retried when it may be back."""
+
+
 def error_class(exc: BaseException) -> str:
     """Return the short class name recorded in failure records and quarantine entries."""
     return type(exc).__name__

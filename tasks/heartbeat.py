@@ -24,7 +24,7 @@ log = logging.getLogger("framefleet.heartbeat")
 
 
 class Heartbeat(threading.Thread):
-    """Every ``heartbeat_interval_s``: send worker-heartbeat, publish state, rebalance queues."""
+    """Every ``heartbeat_interval_s``: send worker-heartbeat, re-assert leases, publish state, reap, rebalance."""
 
     running: ClassVar[dict[str, Heartbeat]] = {}
 
@@ -33,6 +33,12 @@ class Heartbeat(threading.Thread):
         self.app = app
         self.state = state
         self.stopping = threading.Event()
+        self.dispatcher: Any = None
+        self.errors = 0
+        # When this worker's Redis calls last came back after failing (monotonic s); None while failing.
+        self.redis_back_at: float | None = -float("inf")
+        # Since when heartbeat events fail (epoch s): task ends sent meanwhile may be lost to Flower.
+        self.events_lost_since: float | None = None
 
     @classmethod
     def start_for(cls, app: celery.Celery, state: Callable[[], dict[str, Any]]) -> Heartbeat:
@@ -54,43 +60,72 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         conf = settings()
-        interval = conf.heartbeat_interval_s
-        dispatcher = None
-        offline_since: float | None = None
         while not self.stopping.is_set():
-            state = self.state()
             try:
-                if dispatcher is None:
-                    dispatcher = self.app.events.Dispatcher(
-                        self.app.connection_for_write(), hostname=state["hostname"], enabled=True
-                    )
-                dispatcher.send(
-                    "worker-heartbeat", freq=interval, sw_ident="py-celery",
-                    sw_ver=celery.__version__, sw_sys=platform.system(),
-                    active=1 if state.get("busy") else 0, processed=state.get("tasks_done", 0),
-                    loadavg=[round(x, 2) for x in os.getloadavg()],
-                )
-                if offline_since is not None:  # back: the task ends sent meanwhile may be lost
-                    flower_view.RECENT_ENDS.resend(dispatcher, offline_since - interval)
-                    offline_since = None
-            except Exception as exc:
-                log.warning("heartbeat event not sent: %s", exc)
-                dispatcher = None
-                offline_since = offline_since or time.time()
+                self.tick(conf)
+            except Exception:  # one bad tick must not end the thread: the leases would lapse
+                self.failed("the heartbeat tick")
+            self.stopping.wait(conf.heartbeat_interval_s)
+        if self.dispatcher is not None:
+            self.dispatcher.close()
+
+    def failed(self, what: str) -> None:
+        """Log and count a failed part of a tick (published as heartbeat_errors, a metric)."""
+        self.errors += 1
+        log.warning("%s failed (%d so far)", what, self.errors, exc_info=True)
+
+    def tick(self, conf: Any) -> None:
+        """One round: event, leases and claims re-asserted, state published, reaper, rebalancer, deadline.
+
+        Each part runs whatever the others did; a part that fails is logged and counted.
+        """
+        state = {**self.state(), "heartbeat_errors": self.errors}
+        self.enforce_deadline(state, conf)
+        try:
+            self.send_event(state, conf.heartbeat_interval_s)
+            if self.events_lost_since is not None:  # back: tell Flower again how the tasks meanwhile ended
+                flower_view.RECENT_ENDS.resend(self.dispatcher, self.events_lost_since - conf.heartbeat_interval_s)
+                self.events_lost_since = None
+        except Exception:
+            self.failed("the worker-heartbeat event")
+            self.dispatcher = None
+            self.events_lost_since = self.events_lost_since or time.time()
+        redis_ok = True
+        for what, part in (
+            ("renewing leases", lambda: leases.renew(get_redis(conf.broker), state["hostname"], conf.lease_ttl_s)),
+            ("renewing claims", lambda: claims.renew(get_redis(conf.redis_url), conf.lease_ttl_s)),
+            ("publishing the worker state", lambda: registry.publish(get_redis(conf.redis_url), state,
+                                                                     ttl_s=conf.registry_ttl_s)),
+        ):
             try:
-                broker = get_redis(conf.broker)
-                leases.renew(broker, conf.lease_ttl_s)
-                leases.reap(self.app, broker, conf.lease_ttl_s)
-                r = get_redis(conf.redis_url)
-                claims.renew(r, conf.lease_ttl_s)
-                registry.publish(r, state, ttl_s=conf.registry_ttl_s)
-                rebalance(r, conf)
-            except Exception as exc:
-                log.warning("registry update failed: %s", exc)
-            self.enforce_deadline(state, conf)
-            self.stopping.wait(interval)
-        if dispatcher is not None:
-            dispatcher.close()
+                part()
+            except Exception:
+                redis_ok = False
+                self.failed(what)
+        now = time.monotonic()
+        if not redis_ok:
+            self.redis_back_at = None
+            return
+        if self.redis_back_at is None:
+            self.redis_back_at = now  # back: give every holder a lease TTL to re-assert before reaping
+        try:
+            if now - self.redis_back_at >= conf.lease_ttl_s:
+                leases.reap(self.app, get_redis(conf.broker), get_redis(conf.redis_url), conf.lease_ttl_s)
+            rebalance(get_redis(conf.redis_url), conf, broker=get_redis(conf.broker))
+        except Exception:
+            self.failed("the reaper or the rebalancer")
+
+    def send_event(self, state: dict[str, Any], interval: float) -> None:
+        if self.dispatcher is None:
+            self.dispatcher = self.app.events.Dispatcher(
+                self.app.connection_for_write(), hostname=state["hostname"], enabled=True
+            )
+        self.dispatcher.send(
+            "worker-heartbeat", freq=interval, sw_ident="py-celery",
+            sw_ver=celery.__version__, sw_sys=platform.system(),
+            active=1 if state.get("busy") else 0, processed=state.get("tasks_done", 0),
+            loadavg=[round(x, 2) for x in os.getloadavg()],
+        )
 
     def enforce_deadline(self, state: dict[str, Any], conf: Any) -> None:
         """End the process when its task runs past the stage's deadline (solo has no time limit)."""
@@ -101,7 +136,7 @@ class Heartbeat(threading.Thread):
         stage = task.rsplit(".", 1)[-1]
         deadline = conf.stages[stage].deadline_s if stage in conf.stages else None
         if deadline and time.time() - started > deadline:
-            log.critical("%s of %s ran %.0f s, past its %.0f s deadline: ending this worker; its lease "
+            log.critical("%s of %s ran %.1f s, past its %g s deadline: ending this worker; its lease "
                          "lapses and the task is retried elsewhere", stage, current.get("video"),
                          time.time() - started, deadline)
             logging.shutdown()

@@ -14,8 +14,8 @@ from typing import Any
 from celery.worker.control import inspect_command
 
 from tasks import worker
-from tasks.fake_gpu import INDEX_ENV
-from tasks.gpu_probe import GpuReading, open_probe, uuid_of_visible_device
+from tasks.gpu import GpuReading, open_probe, uuid_of_visible_device
+from tasks.gpu.fake import INDEX_ENV
 
 log = logging.getLogger("framefleet.inspect")
 

@@ -1,60 +1,174 @@
-"""Leases on in-flight messages: renewed by a live worker, and a reaper that requeues lapsed ones.
+"""Leases on in-flight messages: re-asserted by a live worker, and a reaper that requeues only orphans.
 
 kombu's Redis transport keeps each delivered, unacknowledged message in the ``unacked`` hash
 (and its delivery time in ``unacked_index``) until the ack. A worker holds a lease key per
-message; when a worker dies its leases lapse and the reaper puts those messages back on their
-queue within about the lease TTL, instead of after the visibility timeout.
+message it holds; when a worker dies its leases lapse and the reaper puts those messages back
+on their queue within about the lease TTL, instead of after the visibility timeout.
+
+A lapsed lease alone proves nothing: Redis may have restarted (keys past their TTL are gone
+when it loads its append-only file) or been away longer than the TTL. So a holder renews by
+re-asserting (re-creating the key when it is missing, and the message's ``unacked`` entry
+too), and the reaper requeues a message only when its owner is provably not holding it: the
+owner's worker has been absent from the registry longer than the TTL, or is present and does
+not list the message among those it holds. Nobody reaps while Redis itself is younger than a
+TTL, so every live holder has had a heartbeat to re-assert first.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import celery
 import redis
 
-from tasks import requeues
+from tasks import keys, registry, requeues
 
 log = logging.getLogger("framefleet.leases")
-LEASE_PREFIX = "ff:lease:"
+LEASE_PREFIX = keys.LEASE_PREFIX
+OWNER_PREFIX = keys.LEASE_OWNER_PREFIX  # per delivery tag: "hostname task_id", kept an hour past the lease
+OWNER_TTL_S = 3600
+ORPHAN_PREFIX = keys.ORPHAN_PREFIX  # first time the reaper saw a message with no lease and no owner
 UNACKED = "unacked"
 UNACKED_INDEX = "unacked_index"
-REAPER_LOCK = "ff:reaper-lock"
+REAPER_LOCK = keys.REAPER_LOCK
 
-# delivery tag → task id of the messages this worker process holds
-HELD: dict[str, str] = {}
-
-
-def grant(r: redis.Redis, tag: str, task_id: str, hostname: str, ttl_s: float) -> None:
-    HELD[tag] = task_id
-    r.set(LEASE_PREFIX + tag, f"{hostname} {task_id}", px=int(ttl_s * 1000))
-
-
-def renew(r: redis.Redis, ttl_s: float) -> int:
-    """Renew the leases of the messages still unacknowledged; forget acknowledged ones."""
-    tags = list(HELD)
-    if not tags:
-        return 0
-    pipe = r.pipeline()
-    for tag in tags:
-        pipe.hexists(UNACKED, tag)
-    alive = pipe.execute()
-    pipe = r.pipeline()
-    for tag, unacked in zip(tags, alive, strict=True):
-        if unacked:
-            pipe.pexpire(LEASE_PREFIX + tag, int(ttl_s * 1000))
-        else:
-            HELD.pop(tag, None)
-    pipe.execute()
-    return sum(alive)
+# Set the lease when it is ours or missing (after a Redis restart or a long outage it is gone):
+# a compare-and-set, so a holder never takes over a lease another worker holds.
+_REASSERT = """
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] or not v then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
 
 
-def reap(app: celery.Celery, r: redis.Redis, ttl_s: float) -> list[str]:
-    """Requeue every unacknowledged message older than ``ttl_s`` whose lease has lapsed."""
+@dataclass
+class Held:
+    """A message this process holds: its task id and its ``unacked`` entry as kombu wrote it."""
+
+    task_id: str
+    entry: str | None = None
+
+
+# delivery tag → the messages this worker process holds (received, not yet finished)
+HELD: dict[str, Held] = {}
+# task id → tag, for deliveries whose tag another worker's lease holds; ids of those dropped
+SHARED: dict[str, str] = {}
+DROPPED: set[str] = set()
+_lock = threading.Lock()
+
+
+def owner_value(hostname: str, task_id: str) -> str:
+    return f"{hostname} {task_id}"
+
+
+def grant(r: redis.Redis, tag: str, task_id: str, hostname: str, ttl_s: float, entry: str | None = None) -> str | None:
+    """Hold message ``tag``; return the owner of a lease already held by another worker, else None.
+
+    kombu keeps a restored message's delivery tag, so a redelivery of a message whose first
+    delivery still runs elsewhere arrives under the same tag; its lease is left to the holder.
+    """
+    owner = owner_value(hostname, task_id)
+    with _lock:
+        HELD[tag] = Held(task_id, entry)
+    if r.set(LEASE_PREFIX + tag, owner, nx=True, px=int(ttl_s * 1000)):
+        r.set(OWNER_PREFIX + tag, owner, ex=OWNER_TTL_S)
+        return None
+    current = r.get(LEASE_PREFIX + tag)
+    if current in (None, owner):
+        reassert(r, tag, owner, ttl_s)
+        return None
+    return current  # renewals take the lease over only once the holder lets it lapse
+
+
+def reassert(r: redis.Redis, tag: str, owner: str, ttl_s: float) -> bool:
+    """Re-create or extend the lease of ``tag`` if it is ``owner``'s or missing; False when another holds it."""
+    if not r.eval(_REASSERT, 1, LEASE_PREFIX + tag, owner, int(ttl_s * 1000)):
+        return False
+    r.set(OWNER_PREFIX + tag, owner, ex=OWNER_TTL_S)
+    return True
+
+
+def forget(task_id: str) -> None:
+    """This process no longer holds the message of ``task_id`` (the task ended; the ack follows)."""
+    with _lock:
+        for tag in [t for t, h in HELD.items() if h.task_id == task_id]:
+            del HELD[tag]
+        SHARED.pop(task_id, None)
+
+
+def dropped_duplicate(task_id: str) -> None:
+    """The delivery of ``task_id`` drops itself as a duplicate: its ack must leave a shared entry alone."""
+    with _lock:
+        if task_id in SHARED:
+            DROPPED.add(task_id)
+
+
+def guard_ack(request: Any) -> None:
+    """Make the ack of ``request`` local only if its delivery is dropped as a duplicate of a live holder.
+
+    kombu keeps a restored message's delivery tag, and its Redis ack deletes the ``unacked``
+    entry by tag: acking the duplicate would delete the entry of the delivery still running
+    elsewhere, which then could not be requeued if its worker died.
+    """
+    from kombu.transport.virtual import QoS
+
+    message = request.message
+    ack, reject = request._on_ack, request._on_reject
+
+    def local_only() -> bool:
+        with _lock:
+            if request.id not in DROPPED:
+                return False
+            DROPPED.discard(request.id)
+        QoS.ack(message.channel.qos, message.delivery_tag)  # the channel's bookkeeping, not Redis
+        message._state = "ACK"
+        log.info("acknowledged duplicate delivery %s of task %s locally; its holder keeps the message",
+                 message.delivery_tag, request.id)
+        return True
+
+    request._on_ack = lambda logger, errors: local_only() or ack(logger, errors)
+    request._on_reject = lambda logger, errors, requeue=False: local_only() or reject(logger, errors, requeue)
+
+
+def held_tags() -> list[str]:
+    with _lock:
+        return list(HELD)
+
+
+def renew(r: redis.Redis, hostname: str, ttl_s: float) -> int:
+    """Re-assert every held lease (and a held message's ``unacked`` entry if it is gone); return how many."""
+    with _lock:
+        held = list(HELD.items())  # the task thread adds and removes entries meanwhile
+    renewed = 0
+    for tag, h in held:
+        if not reassert(r, tag, owner_value(hostname, h.task_id), ttl_s):
+            continue  # another worker holds this message's lease (a duplicate delivery of it)
+        renewed += 1
+        # Redis restarted without that entry, or a duplicate delivery's ack removed it (kombu reuses
+        # the tag on restore): put it back so the message survives if this worker dies now. Under the
+        # lock, so a task that has just ended (and whose ack may follow at once) is not brought back.
+        with _lock:
+            if tag in HELD and h.entry is not None and r.hsetnx(UNACKED, tag, h.entry):
+                r.zadd(UNACKED_INDEX, {tag: time.time()}, nx=True)
+                log.warning("restored the unacked entry of message %s (task %s), held by this worker", tag,
+                            h.task_id)
+    return renewed
+
+
+def reap(app: celery.Celery, r: redis.Redis, workers_r: redis.Redis, ttl_s: float) -> list[str]:
+    """Requeue every unacknowledged message older than ``ttl_s`` that no live worker holds."""
     if not r.set(REAPER_LOCK, "1", nx=True, px=int(ttl_s * 500)):
         return []
+    if redis_uptime_s(r) < ttl_s or redis_uptime_s(workers_r) < ttl_s:
+        return []  # Redis restarted: let every live holder re-assert its leases first
     cutoff = time.time() - ttl_s
     candidates = [tag for tag, _ in r.zrangebyscore(UNACKED_INDEX, "-inf", cutoff, withscores=True)]
     if not candidates:
@@ -63,17 +177,74 @@ def reap(app: celery.Celery, r: redis.Redis, ttl_s: float) -> list[str]:
     for tag in candidates:
         pipe.exists(LEASE_PREFIX + tag)
     lapsed = [tag for tag, leased in zip(candidates, pipe.execute(), strict=True) if not leased]
-    if lapsed:
+    if not lapsed:
+        return []
+    workers = {w["hostname"]: w for w in registry.live_workers(workers_r)}
+    orphans = [tag for tag in lapsed if _orphaned(r, workers_r, tag, workers, ttl_s)]
+    if orphans:
         with app.connection_for_write() as conn:
             qos = conn.default_channel.qos
-            for tag in lapsed:
+            for tag in orphans:
                 requeues.note(r, tag, "its worker was lost (its lease lapsed)")
                 qos.restore_by_tag(tag, leftmost=False)  # front: it was already under way
-                log.warning("requeued message %s: its worker's lease lapsed (worker lost)", tag)
-    return lapsed
+                r.delete(OWNER_PREFIX + tag, ORPHAN_PREFIX + tag)
+    return orphans
+
+
+def _orphaned(r: redis.Redis, workers_r: redis.Redis, tag: str, workers: dict[str, Any], ttl_s: float) -> bool:
+    """True when no live worker can be holding message ``tag`` (its lease has lapsed)."""
+    owner = r.get(OWNER_PREFIX + tag)
+    if owner is None:
+        # No record of who took it (its worker died before the lease was written): requeue once
+        # it has stayed unowned a whole TTL, time enough for a live holder to re-assert.
+        first = r.set(ORPHAN_PREFIX + tag, str(time.time()), nx=True, px=int(ttl_s * 4000))
+        since = time.time() if first else float(r.get(ORPHAN_PREFIX + tag) or time.time())
+        if time.time() - since > ttl_s:
+            log.warning("requeued message %s: no worker has held it for %.0f s", tag, time.time() - since)
+            return True
+        return False
+    hostname, _, task_id = owner.partition(" ")
+    state = workers.get(hostname)
+    if state is not None:
+        if tag in state.get("leases", []):
+            return False  # alive and holding it: its next heartbeat re-asserts the lease
+        if time.time() - float(state.get("updated", 0)) < ttl_s and state.get("leases") is not None:
+            log.warning("requeued message %s (task %s): its worker %s is alive but no longer holds it",
+                        tag, task_id, hostname)
+            return True
+        return False
+    absent_s = registry.absent_for_s(workers_r, hostname)
+    if absent_s > ttl_s:
+        log.warning("requeued message %s (task %s): its worker %s has been gone %.0f s (worker lost)",
+                    tag, task_id, hostname, absent_s)
+        return True
+    return False
+
+
+def redis_uptime_s(r: redis.Redis) -> float:
+    """Seconds since this Redis server started."""
+    return float(r.info("server")["uptime_in_seconds"])
 
 
 def on_task_received(request: Any, hostname: str, r: redis.Redis, ttl_s: float) -> None:
-    tag = getattr(getattr(request, "message", None), "delivery_tag", None)
-    if tag is not None:
-        grant(r, str(tag), request.id, hostname, ttl_s)
+    """Lease the message of ``request``; a delivery under a tag another worker holds guards its ack."""
+    message = getattr(request, "message", None)
+    tag = getattr(message, "delivery_tag", None)
+    if tag is None:
+        return
+    with _lock:
+        HELD[str(tag)] = Held(request.id, unacked_entry(message))  # renewed even if Redis is away now
+    other = grant(r, str(tag), request.id, hostname, ttl_s, unacked_entry(message))
+    if other is not None:
+        with _lock:
+            SHARED[request.id] = str(tag)
+        guard_ack(request)
+
+
+def unacked_entry(message: Any) -> str | None:
+    """The ``unacked`` hash value kombu's Redis transport stores for ``message`` (payload, exchange, key)."""
+    raw = getattr(message, "_raw", None)
+    info = getattr(message, "delivery_info", None) or {}
+    if not isinstance(raw, dict) or "exchange" not in info:
+        return None
+    return json.dumps([raw, info["exchange"], info.get("routing_key")])

@@ -21,20 +21,20 @@ from typing import Any
 
 import redis
 
-from tasks import registry
-from tasks.gpu_probe import GpuProbe, open_probe
+from tasks import keys, registry
+from tasks.gpu import GpuProbe, open_probe
 from tasks.redis_client import get_redis
 from tasks.stages import STAGE_NAMES, dataset_stage
 from worker_config.settings import Settings
 
 log = logging.getLogger("framefleet.metrics")
 
-STAGE_LOG_KEY = "ff:stages"
+STAGE_LOG_KEY = keys.STAGE_LOG
 STAGE_LOG_KEPT = 100_000
-COUNTS_KEY = "ff:metrics:counts"
-DURATIONS_KEY = "ff:metrics:stage-seconds"
-AUTOSCALE_KEY = "ff:autoscale"
-QUARANTINE_PREFIX = "ff:quarantine:"  # one hash per output root (tasks.quarantine)
+COUNTS_KEY = keys.METRIC_COUNTS
+DURATIONS_KEY = keys.METRIC_DURATIONS
+AUTOSCALE_KEY = keys.AUTOSCALE_LOG
+QUARANTINE_PREFIX = keys.QUARANTINE_PREFIX  # one hash per output root (tasks.quarantine)
 DURATION_BUCKETS_S = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 OUTCOMES = ("done", "skipped", "failed")
 MIB = float(1 << 20)
@@ -192,7 +192,7 @@ class FramefleetCollector:
         yield from (hist, tasks, done, failed, quarantined, decisions)
 
     def _workers(self, workers: list[dict[str, Any]]) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         gpu_mem = GaugeMetricFamily("framefleet_worker_gpu_memory_bytes", "GPU memory a worker process holds",
                                     labels=["worker", "gpu"])
@@ -200,6 +200,8 @@ class FramefleetCollector:
                                      "Peak GPU memory of a worker's stages", labels=["worker", "gpu"])
         rss = GaugeMetricFamily("framefleet_worker_rss_bytes", "Resident host memory of a worker", labels=["worker"])
         busy = GaugeMetricFamily("framefleet_worker_busy", "1 while the worker runs a task", labels=["worker"])
+        errors = CounterMetricFamily("framefleet_worker_heartbeat_errors", "Parts of a worker's heartbeat that "
+                                     "failed (logged; the thread goes on)", labels=["worker"])
         per_stage = GaugeMetricFamily("framefleet_workers", "Live workers by GPU (or cpu) and the stage they run "
                                       "(idle when none)", labels=["gpu", "stage"])
         by_pid = {(p.pid, p.gpu): p.used_mib for p in self.probe.processes()}
@@ -210,13 +212,14 @@ class FramefleetCollector:
             tally[(gpu, task.rsplit(".", 1)[-1] if task else "idle")] += 1
             rss.add_metric([name], float(w.get("rss_mib", 0.0)) * MIB)
             busy.add_metric([name], 1 if w.get("busy") else 0)
+            errors.add_metric([name], int(w.get("heartbeat_errors", 0)))
             if gpu != "cpu":
                 held = w.get("gpu_used_mib", by_pid.get((w.get("pid"), w["gpu"]), 0.0))
                 gpu_mem.add_metric([name, gpu], float(held) * MIB)
                 gpu_peak.add_metric([name, gpu], float(w.get("gpu_peak_mib", 0.0)) * MIB)
         for (gpu, stage), n in sorted(tally.items()):
             per_stage.add_metric([gpu, stage], n)
-        yield from (gpu_mem, gpu_peak, rss, busy, per_stage)
+        yield from (gpu_mem, gpu_peak, rss, busy, errors, per_stage)
 
 
 @dataclass

@@ -13,10 +13,11 @@ from typing import Any
 
 import redis
 
+from tasks import keys
 from tasks.stages import ModelStage
 
 log = logging.getLogger("framefleet.oom")
-OOM_KEY = "ff:oom"
+OOM_KEY = keys.OOM_LOG
 MIB = 1 << 20
 
 

@@ -7,15 +7,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import redis
 from celery import Task, current_task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject
 
-from tasks import cancel, claims, intermediates, metrics, oom, progress, worker
+from tasks import cancel, claims, intermediates, leases, metrics, oom, progress, worker
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.errors import (
     FramefleetError,
     GpuOutOfMemory,
     PermanentError,
+    RedisUnavailable,
     RetryableError,
     TransientIO,
     WorkerLost,
@@ -30,6 +32,7 @@ from tasks.storage import atomic_write, save_npz, write_marker
 
 log = logging.getLogger("framefleet.pipeline")
 PROGRESS_EVENT_INTERVAL_S = 0.5  # at most 2 task-progress events a second per task
+WAITS = "claim_waits"  # job key: how many of this stage's retries waited for a claim (not failures)
 
 
 def _as_framefleet_error(exc: Exception) -> FramefleetError | Exception:
@@ -103,15 +106,18 @@ def _announce_progress(meta: dict[str, Any]) -> None:
 
 
 def _redis_or_none(url: str) -> Any:
+    """A client for ``url`` that has answered a ping, or None (the client connects lazily)."""
     try:
-        return get_redis(url)
+        client = get_redis(url)
+        client.ping()
+        return client
     except Exception:
         return None
 
 
 def _count_start(task: Task, ttl_s: int) -> int:
     """Count the starts of this task id (retries and redeliveries alike), so nothing loops forever."""
-    key = f"ff:attempts:{task.request.id}"
+    key = keys.ATTEMPTS_PREFIX + task.request.id
     try:
         r = get_redis(settings().redis_url)
         pipe = r.pipeline()
@@ -123,81 +129,92 @@ def _count_start(task: Task, ttl_s: int) -> int:
         return task.request.retries + 1
 
 
-def _claim_or_wait(task: Task, r: Any, key: str, stage_name: str, job: dict[str, Any]) -> None:
-    """Claim this video's stage, or drop a duplicate delivery, or wait for another run of it."""
-    if r is None:
+def _claim_or_wait(task: Task, key: str, stage_name: str, job: dict[str, Any]) -> None:
+    """Claim this video's stage, or drop a duplicate delivery, or wait for another run of it.
+
+    Raises Retry (wait, or Redis did not answer), Ignore (a duplicate), or Reject when the
+    retry itself could not be sent.
+    """
+    conf = settings()
+    try:
+        verdict = claims.decide(get_redis(conf.redis_url), key, task.request.id, task.request.hostname,
+                                conf.lease_ttl_s)
+    except redis.RedisError as exc:
+        log.warning("%s of %s: Redis did not answer the claim (%s); retrying in %g s",
+                    stage_name, job["video_id"], exc, conf.lease_ttl_s / 2)
+        _wait(task, job, conf.lease_ttl_s / 2)
+    if verdict.action == "run":
         return
-    if claims.is_done(r, task.request.id):
-        log.warning("dropped a second delivery of finished task %s (%s of %s)",
-                    task.request.id, stage_name, job["video_id"])
-        finished_earlier(task)
+    if verdict.action == "drop":
+        log.warning("dropped a second delivery of task %s (%s of %s): %s", task.request.id, stage_name,
+                    job["video_id"], verdict.why)
+        leases.dropped_duplicate(task.request.id)
+        if not verdict.holder:  # it finished in an earlier delivery, whose end Flower may not have seen
+            finished_earlier(task)
         raise Ignore()
-    holder = claims.acquire(r, key, f"{task.request.hostname} {task.request.id}", settings().lease_ttl_s)
-    if holder is None:
-        return
-    if holder.rsplit(" ", 1)[-1] == task.request.id:
-        log.warning("dropped a second delivery of running task %s (%s of %s, running on %s)",
-                    task.request.id, stage_name, job["video_id"], holder.split(" ")[0])
-        raise Ignore()
-    delay = settings().lease_ttl_s / 2
-    log.info("%s of %s is being made by %s; looking again in %.0f s", stage_name, job["video_id"], holder, delay)
+    log.info("%s of %s is being made by %s; looking again in %g s", stage_name, job["video_id"],
+             verdict.holder, conf.lease_ttl_s / 2)
+    _wait(task, job, conf.lease_ttl_s / 2)
+
+
+def _wait(task: Task, job: dict[str, Any], countdown_s: float) -> None:
+    """Send this task again after ``countdown_s``; waiting does not use up its retries for failures."""
+    waits = job.get(WAITS, 0) + 1
+    _retry_later(task, {**job, WAITS: waits}, countdown_s, max_retries=task.request.retries + 1)
+
+
+def _failed_tries(task: Task, job: dict[str, Any]) -> int:
+    """How many earlier tries of this task failed (Celery's retry count, less the retries that waited)."""
+    return task.request.retries - job.get(WAITS, 0)
+
+
+def _retry_later(task: Task, job: dict[str, Any], countdown_s: float, max_retries: int | None = None,
+                 exc: Exception | None = None) -> None:
+    # Celery sends a retry back to the queue it came from; route it afresh instead.
     queue = route_task(task.name, (job,), {}, {})["queue"]
-    raise task.retry(countdown=delay, max_retries=None, queue=queue, exchange=queue, routing_key=queue)
+    raise task.retry(args=(job,), exc=exc, countdown=countdown_s, max_retries=max_retries, queue=queue,
+                     exchange=queue, routing_key=queue)
 
 
 def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
-    """Run ``stage_name`` for ``job`` and return the job for the next stage, or a failure record."""
+    """Run ``stage_name`` for ``job`` and return the job for the next stage, or a failure record.
+
+    A Redis error anywhere here becomes a retry of this task, or, when not even the retry can
+    be sent, a failure record for this one video: never an exception that fails the chord.
+    """
     if job.get("failed"):
         return job
-    conf = settings()
-    stage_conf = conf.stages[stage_name]
-    r = _redis_or_none(conf.redis_url)
-    if cancel.cancelled_quietly(r, job["run_id"]):
+    if cancel.cancelled_quietly(_redis_or_none(settings().redis_url), job["run_id"]):
         cancel.stop(task, stage_name, job)
+    job = _run_stage(task, stage_name, job)
+    job.pop(WAITS, None)  # the next stage counts its own
+    return job
+
+
+def _run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
+    conf = settings()
     key = claims.claim_key(job["output_root"], job["video_id"], stage_name)
-    _claim_or_wait(task, r, key, stage_name, job)
+    try:
+        _claim_or_wait(task, key, stage_name, job)
+    except Reject as exc:
+        return _failed(task, stage_name, job, RedisUnavailable(
+            f"{stage_name} of {job['video']}: Redis did not answer and the task could not be retried "
+            f"({exc.reason}); enqueue again with --continue once Redis is back"), _failed_tries(task, job) + 1)
     started = time.time()
-    failure: Exception | None = None
+    attempts = _failed_tries(task, job) + 1
     try:
         attempts = _count_start(task, conf.result_expires_s)
+        stage_conf = conf.stages[stage_name]
         if attempts > stage_conf.max_retries + 1:
             raise WorkerLost(
                 f"{stage_name} of {job['video']} was started {attempts - 1} times without finishing: "
-                f"its worker died or passed the {stage_conf.deadline_s:.0f} s deadline each time"
+                f"its worker died or passed the {stage_conf.deadline_s:g} s deadline each time"
             )
         report = _execute(stage_name, job)
     except cancel.RunCancelled:
-        cancel.stop(task, stage_name, job)  # the claim is released below
+        cancel.stop(task, stage_name, job)
     except Exception as exc:
-        failure = _as_framefleet_error(exc)
-    finally:
-        if r is not None:
-            claims.release(r, key)
-    if failure is not None:
-        retryable = not isinstance(failure, PermanentError)
-        if isinstance(failure, GpuOutOfMemory):
-            # Retry elsewhere if possible, with smaller chunks; the autoscaler reads the record.
-            job = {**job, **oom.after_oom(_redis_or_none(conf.redis_url), stage_name,
-                                          worker.STAGES.get(stage_name), job, worker.ROLE.gpu,
-                                          task.request.hostname, str(failure))}
-            failure = GpuOutOfMemory(f"{failure} (peak {job['oom_peak_mib']:.0f} MiB; "
-                                     f"chunk scale now {job['chunk_scale']:g})", failure.delay_s)
-        if retryable and task.request.retries < stage_conf.max_retries:
-            delay = failure.delay_s if isinstance(failure, RetryableError) else 5.0
-            log.warning("%s of %s failed (%s: %s); retry %d of %d",
-                        stage_name, job["video_id"], error_class(failure), failure,
-                        attempts, stage_conf.max_retries)
-            # Celery sends a retry back to the queue it came from; route it afresh instead.
-            queue = route_task(task.name, (job,), {}, {})["queue"]
-            raise task.retry(args=(job,), exc=failure, countdown=delay * 2 ** task.request.retries,
-                             max_retries=stage_conf.max_retries, queue=queue, exchange=queue,
-                             routing_key=queue)
-        log.error("%s of %s failed for good: %s: %s", stage_name, job["video_id"],
-                  error_class(failure), failure)
-        job = {**job, "failed": {
-            "stage": stage_name, "error_class": error_class(failure), "reason": str(failure),
-            "attempts": attempts, "worker": task.request.hostname, "time": time.time(),
-        }}
+        job = _after_failure(task, stage_name, job, _as_framefleet_error(exc), attempts)
     else:
         timing = {"start": started, "end": time.time(), "worker": task.request.hostname,
                   "skipped": bool(report.get("skipped"))}
@@ -210,15 +227,54 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
                 _drop_intermediates(job)
         if report.get("notes"):
             job["notes"] = {**job.get("notes", {}), stage_name: report["notes"]}
+        _record(stage_name, job, ok=True)
+    return job
+
+
+def _after_failure(task: Task, stage_name: str, job: dict[str, Any], failure: Exception,
+                   attempts: int) -> dict[str, Any]:
+    """Retry a retryable failure (raises Retry), else return the job with its failure record."""
+    conf = settings()
+    stage_conf = conf.stages[stage_name]
+    retryable = not isinstance(failure, PermanentError)
+    if isinstance(failure, GpuOutOfMemory):
+        # Retry elsewhere if possible, with smaller chunks; the autoscaler reads the record.
+        job = {**job, **oom.after_oom(_redis_or_none(conf.redis_url), stage_name,
+                                      worker.STAGES.get(stage_name), job, worker.ROLE.gpu,
+                                      task.request.hostname, str(failure))}
+        failure = GpuOutOfMemory(f"{failure} (peak {job['oom_peak_mib']:.0f} MiB; "
+                                 f"chunk scale now {job['chunk_scale']:g})", failure.delay_s)
+    failed_tries = _failed_tries(task, job)
+    if retryable and failed_tries < stage_conf.max_retries:
+        delay = failure.delay_s if isinstance(failure, RetryableError) else 5.0
+        log.warning("%s of %s failed (%s: %s); retry %d of %d",
+                    stage_name, job["video_id"], error_class(failure), failure,
+                    attempts, stage_conf.max_retries)
+        try:
+            _retry_later(task, job, delay * 2**failed_tries, job.get(WAITS, 0) + stage_conf.max_retries, failure)
+        except Reject as exc:
+            failure = RedisUnavailable(f"{failure}; and the retry could not be sent ({exc.reason})")
+    return _failed(task, stage_name, job, failure, attempts)
+
+
+def _failed(task: Task, stage_name: str, job: dict[str, Any], failure: Exception, attempts: int) -> dict[str, Any]:
+    log.error("%s of %s failed for good: %s: %s", stage_name, job["video_id"], error_class(failure), failure)
+    job = {**job, "failed": {
+        "stage": stage_name, "error_class": error_class(failure), "reason": str(failure),
+        "attempts": attempts, "worker": task.request.hostname, "time": time.time(),
+    }}
+    _record(stage_name, job, ok=False)
+    return job
+
+
+def _record(stage_name: str, job: dict[str, Any], ok: bool) -> None:
+    """Count the stage in the run's progress and the metrics; never raises."""
+    conf = settings()
     try:
-        if r is not None:
-            claims.mark_done(r, task.request.id, conf.result_expires_s)
-        progress.record(get_redis(conf.redis_url), job["run_id"], stage_name, failure is None,
-                        conf.result_expires_s)
+        progress.record(get_redis(conf.redis_url), job["run_id"], stage_name, ok, conf.result_expires_s)
     except Exception as exc:  # progress display is not worth failing a video for
         log.warning("progress not recorded: %s", exc)
     metrics.record_stage(conf.redis_url, stage_name, job)
-    return job
 
 
 def _drop_intermediates(job: dict[str, Any]) -> None:
@@ -242,4 +298,7 @@ def _stage_task(stage_name: str) -> Task:
 # One task per stage, named framefleet.<stage>.
 STAGE_TASKS: dict[str, Task] = {name: _stage_task(name) for name in STAGE_NAMES}
 
-from tasks import aggregate  # noqa: E402,F401  (registers the chord callback)
+from tasks import (
+    aggregate,  # noqa: E402,F401  (registers the chord callback)
+    keys,
+)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import redis
 
+from tasks import keys
 from tasks.stages import dataset_stage
 
 
 def run_key(run_id: str) -> str:
-    return f"ff:run:{run_id}"
+    return keys.RUN_PREFIX + run_id
 
 
 def record(r: redis.Redis, run_id: str, stage: str, ok: bool, ttl_s: int) -> None:

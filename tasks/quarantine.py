@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 
+from tasks import keys
 from tasks.storage import write_text_atomic
 
 log = logging.getLogger("framefleet.quarantine")
@@ -17,7 +18,7 @@ FILE = "quarantine.jsonl"
 
 
 def redis_key(out_root: Path) -> str:
-    return "ff:quarantine:" + hashlib.sha256(str(out_root.resolve()).encode()).hexdigest()[:12]
+    return keys.QUARANTINE_PREFIX + hashlib.sha256(str(out_root.resolve()).encode()).hexdigest()[:12]
 
 
 def read(out_root: Path) -> dict[str, dict[str, Any]]:

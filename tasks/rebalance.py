@@ -9,14 +9,14 @@ from typing import Any
 
 import redis
 
-from tasks import registry
+from tasks import keys, registry
 from tasks.celery_app import TASK_PREFIX
 from tasks.routing import job_of
 from worker_config.routing import QueueLoad, choose_gpu_queue
 from worker_config.settings import Settings
 
 log = logging.getLogger(__name__)
-LOCK_KEY = "ff:rebalance-lock"
+LOCK_KEY = keys.REBALANCE_LOCK
 
 # Move a message only if it is still where we read it, so the move is exact; it joins the
 # back of the target queue, which keeps the moved messages in their order.
@@ -39,22 +39,24 @@ def _decode(raw: str) -> tuple[str, dict[str, Any] | None]:
     return message["headers"]["task"], job_of(args, kwargs)
 
 
-def rebalance(r: redis.Redis, conf: Settings, max_moves: int = 100) -> int:
+def rebalance(r: redis.Redis, conf: Settings, max_moves: int = 100, broker: redis.Redis | None = None) -> int:
     """Move waiting tasks off GPU queues with no live worker, then even out live queues' loads.
 
-    Returns how many tasks moved. Routing at send time sees only the present: tasks sent
+    ``r`` holds the registry, ``broker`` (default ``r``) the queues. Returns how many tasks
+    moved. Routing at send time sees only the present: tasks sent
     before a GPU's workers registered, or before the autoscaler added workers, would
     otherwise wait behind one GPU while another idles.
     """
     if not r.set(LOCK_KEY, "1", nx=True, ex=max(1, int(conf.heartbeat_interval_s))):
         return 0
+    broker = broker or r
     workers = registry.live_workers(r)
     live = {q for w in workers for q in w.get("gpu_queues", [])}
     moved = 0
     for queue in sorted(registry.known_gpu_queues(r) - live):
-        moved += _drain(r, queue, workers, max_moves - moved)
+        moved += _drain(r, broker, queue, workers, max_moves - moved)
     for stage in _queue_families(conf):
-        moved += _balance(r, registry.queue_loads(r, stage, workers), max_moves - moved)
+        moved += _balance(broker, registry.queue_loads(r, stage, workers, broker), max_moves - moved)
     return moved
 
 
@@ -63,11 +65,11 @@ def _queue_families(conf: Settings) -> list[str]:
     return [*conf.hosted_stages()[:1], *conf.own_env_stages()]
 
 
-def _drain(r: redis.Redis, queue: str, workers: list[dict[str, Any]], max_moves: int) -> int:
+def _drain(r: redis.Redis, broker: redis.Redis, queue: str, workers: list[dict[str, Any]], max_moves: int) -> int:
     moved = 0
     index = -1  # the oldest message; those that cannot move yet are stepped over
     while moved < max_moves:
-        raw = r.lindex(queue, index)
+        raw = broker.lindex(queue, index)
         if raw is None:
             break
         try:
@@ -77,8 +79,8 @@ def _drain(r: redis.Redis, queue: str, workers: list[dict[str, Any]], max_moves:
             index -= 1
             continue
         stage = name[len(TASK_PREFIX) :]
-        target = choose_gpu_queue(registry.queue_loads(r, stage, workers), job.get("gpus") if job else None)
-        if target is not None and r.eval(_MOVE_IF_SAME, 2, queue, target.queue, raw, index):
+        target = choose_gpu_queue(registry.queue_loads(r, stage, workers, broker), job.get("gpus") if job else None)
+        if target is not None and broker.eval(_MOVE_IF_SAME, 2, queue, target.queue, raw, index):
             moved += 1
             log.warning("moved a %s task from %s (no live worker) to %s", stage, queue, target.queue)
         else:
@@ -86,7 +88,7 @@ def _drain(r: redis.Redis, queue: str, workers: list[dict[str, Any]], max_moves:
     return moved
 
 
-def _balance(r: redis.Redis, queue_loads: list[QueueLoad], max_moves: int) -> int:
+def _balance(broker: redis.Redis, queue_loads: list[QueueLoad], max_moves: int) -> int:
     """Move tasks from the busiest live queue of a family to the least busy while that lowers the imbalance."""
     loads = {q.queue: q for q in queue_loads}
     work = {name: q.waiting + q.busy for name, q in loads.items()}
@@ -96,7 +98,7 @@ def _balance(r: redis.Redis, queue_loads: list[QueueLoad], max_moves: int) -> in
         dst = min(loads, key=lambda n: (work[n] / loads[n].workers, n))
         if src == dst or (work[dst] + 1) / loads[dst].workers >= work[src] / loads[src].workers:
             break
-        if not _move_one(r, src, loads[dst]):
+        if not _move_one(broker, src, loads[dst]):
             break
         work[src] -= 1
         work[dst] += 1

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Any
 
 import redis
 
+from tasks import keys
 from worker_config.routing import QueueLoad
 
-WORKER_PREFIX = "ff:worker:"
-GPU_QUEUES_KEY = "ff:gpu-queues"
+WORKER_PREFIX = keys.WORKER_PREFIX
+GPU_QUEUES_KEY = keys.GPU_QUEUES
+SEEN_KEY = keys.WORKER_SEEN  # hostname → when its state was last published (unix s), kept past the TTL
 
 
 def publish(r: redis.Redis, state: dict[str, Any], ttl_s: float) -> None:
     """Store ``state`` (which must hold ``hostname``) for ``ttl_s`` seconds."""
     pipe = r.pipeline()
     pipe.set(WORKER_PREFIX + state["hostname"], json.dumps(state), ex=max(1, math.ceil(ttl_s)))
+    pipe.hset(SEEN_KEY, state["hostname"], str(time.time()))
     for queue in state.get("gpu_queues", []):
         pipe.sadd(GPU_QUEUES_KEY, queue)
     pipe.execute()
@@ -25,6 +29,17 @@ def publish(r: redis.Redis, state: dict[str, Any], ttl_s: float) -> None:
 
 def remove(r: redis.Redis, hostname: str) -> None:
     r.delete(WORKER_PREFIX + hostname)
+
+
+def absent_for_s(r: redis.Redis, hostname: str) -> float:
+    """Seconds worker ``hostname`` has been missing from the registry (0 while it is there).
+
+    A worker never seen (its record lost with a Redis restart) counts from this first look.
+    """
+    if r.exists(WORKER_PREFIX + hostname):
+        return 0.0
+    r.hsetnx(SEEN_KEY, hostname, str(time.time()))
+    return max(0.0, time.time() - float(r.hget(SEEN_KEY, hostname) or time.time()))
 
 
 def live_workers(r: redis.Redis) -> list[dict[str, Any]]:
@@ -39,9 +54,13 @@ def known_gpu_queues(r: redis.Redis) -> set[str]:
 
 
 def queue_loads(
-    r: redis.Redis, stage: str, workers: list[dict[str, Any]] | None = None
+    r: redis.Redis, stage: str, workers: list[dict[str, Any]] | None = None, broker: redis.Redis | None = None
 ) -> list[QueueLoad]:
-    """Return one QueueLoad per GPU queue with a live worker hosting ``stage``."""
+    """Return one QueueLoad per GPU queue with a live worker hosting ``stage``.
+
+    ``r`` holds the registry; the queues' lengths are read on ``broker`` (default ``r``), where
+    the messages are when ``broker_url`` names another Redis.
+    """
     workers = live_workers(r) if workers is None else workers
     per_queue: dict[str, dict[str, int]] = {}
     for w in workers:
@@ -54,7 +73,7 @@ def queue_loads(
     if not per_queue:
         return []
     names = sorted(per_queue)
-    lengths = r.pipeline()
+    lengths = (broker or r).pipeline()
     for name in names:
         lengths.llen(name)
     return [

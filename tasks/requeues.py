@@ -10,13 +10,14 @@ from typing import Any
 
 import redis
 
+from tasks import keys
 from tasks.cancel import decode, run_of
 
 log = logging.getLogger("framefleet.requeues")
 
 
 def key(run_id: str) -> str:
-    return f"ff:requeues:{run_id}"
+    return keys.REQUEUES_PREFIX + run_id
 
 
 def record(r: redis.Redis, unacked_entry: str | bytes | None, why: str, ttl_s: int) -> None:

@@ -34,8 +34,8 @@ def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None
     allowed = job.get("gpus")
     previous = job.get("gpu")
     try:
-        choice = choose_gpu_queue(registry.queue_loads(get_redis(conf.redis_url), stage), allowed, previous,
-                                  job.get("avoid_gpu"))
+        loads = registry.queue_loads(get_redis(conf.redis_url), stage, broker=get_redis(conf.broker))
+        choice = choose_gpu_queue(loads, allowed, previous, job.get("avoid_gpu"))
     except redis.RedisError as exc:
         log.warning("routing %s without load readings (%s)", stage, exc)
         choice = None

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tasks import keys
 from tasks.storage import write_text_atomic
 
 FOLDER = "runs"
@@ -67,7 +68,7 @@ def finished(out_dir: Path, run_id: str, summary: dict[str, Any]) -> dict[str, A
 
 
 def redis_key(run_id: str) -> str:
-    return f"ff:runinfo:{run_id}"
+    return keys.RUN_INFO_PREFIX + run_id
 
 
 def publish(r: Any, record: dict[str, Any], ttl_s: int) -> None:

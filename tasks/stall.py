@@ -67,6 +67,7 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
             pool = "-P solo -c 1 " if queue != conf.cpu_queue else ""
             problems.append(f"queue {queue}: {waiting} tasks waiting and no live worker; start one with "
                             f"`celery -A tasks worker -Q {queue} {pool}-n {queue}@%h -E`")
+    problems += _held_by_idle_or_gone(broker, r, {w["hostname"]: w for w in workers}, conf)
     now = time.time()
     for w in workers:
         current: dict[str, Any] = w.get("current") or {}
@@ -78,4 +79,36 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
         if deadline and running > deadline:
             problems.append(f"worker {w['hostname']}: {stage} of {current.get('video')} running "
                             f"{running:.0f} s, past its {deadline:.0f} s deadline")
+    return problems
+
+
+def _held_by_idle_or_gone(broker: redis.Redis, r: redis.Redis, workers: dict[str, Any], conf: Settings) -> list[str]:
+    """One line per message in ``unacked`` (older than a lease TTL) whose owner is idle or no longer registered."""
+    problems = []
+    cutoff = time.time() - conf.lease_ttl_s
+    for tag, since in broker.zrangebyscore(leases.UNACKED_INDEX, "-inf", cutoff, withscores=True):
+        tag = tag if isinstance(tag, str) else tag.decode()
+        owner = broker.get(leases.OWNER_PREFIX + tag)
+        owner = owner.decode() if isinstance(owner, bytes) else owner
+        entry = broker.hget(leases.UNACKED, tag)
+        what = f"message {tag}"
+        try:
+            name, task_id, job = _decode(json.dumps(json.loads(entry)[0])) if entry else ("", "", None)
+            what = f"{name.rsplit('.', 1)[-1]} of {(job or {}).get('video_id')} (task {task_id})"
+        except (ValueError, KeyError, TypeError, IndexError):
+            pass
+        held_s = time.time() - since
+        hostname = (owner or "").partition(" ")[0]
+        state = workers.get(hostname)
+        if not owner:
+            problems.append(f"{what}: in unacked for {held_s:.0f} s with no owner on record; the reaper "
+                            "requeues it once it has stayed unowned a lease TTL")
+        elif state is None:
+            problems.append(f"{what}: held in unacked for {held_s:.0f} s by {hostname}, which is gone; the "
+                            f"reaper requeues it {conf.lease_ttl_s:.0f} s after its worker left (a live worker "
+                            "runs the reaper: start one)")
+        elif tag not in state.get("leases", [tag]):
+            idle = "idle" if not state.get("busy") else "busy with another task"
+            problems.append(f"{what}: held in unacked for {held_s:.0f} s by {hostname}, which is {idle} and no "
+                            "longer holds it (its ack was lost); the reaper requeues it once its lease lapses")
     return problems

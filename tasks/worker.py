@@ -13,9 +13,10 @@ from typing import Any
 
 from celery import signals
 
-from tasks import fake_gpu, flower_view
+from tasks import flower_view, leases
 from tasks.celery_app import settings
 from tasks.errors import ModelLoadError
+from tasks.gpu import INDEX_ENV, LEDGER_ENV
 from tasks.stages import CPU_STAGES, GPU_STAGES, ModelStage, build
 
 log = logging.getLogger("framefleet.worker")
@@ -122,8 +123,8 @@ def on_celeryd_init(sender: str | None = None, options: dict[str, Any] | None = 
     ROLE = role_for(list(queues), sender or "")
     if ROLE.gpu is not None:
         pin_visible_device(ROLE.gpu)
-        if os.environ.get(fake_gpu.LEDGER_ENV):
-            os.environ.setdefault(fake_gpu.INDEX_ENV, str(ROLE.gpu))
+        if os.environ.get(LEDGER_ENV):
+            os.environ.setdefault(INDEX_ENV, str(ROLE.gpu))
 
 
 @signals.worker_process_init.connect
@@ -160,7 +161,7 @@ def _device_for(role: WorkerRole) -> str:
 
 def check_pinning(gpu: int, torch: Any) -> None:
     """Check by UUID that CUDA device 0 of this process is the GPU NVML calls the pinned one."""
-    from tasks.gpu_probe import uuid_of_visible_device
+    from tasks.gpu import uuid_of_visible_device
 
     expected = uuid_of_visible_device()
     actual = str(torch.cuda.get_device_properties(0).uuid)
@@ -236,6 +237,7 @@ def worker_state() -> dict[str, Any]:
         "device": ROLE.device,
         "stages": ROLE.stages,
         "model_loads": dict(MODEL_LOADS),
+        "leases": leases.held_tags(),
         "updated": time.time(),
         **memory_state(),
         **STATE,
@@ -245,7 +247,6 @@ def worker_state() -> dict[str, Any]:
 @signals.task_received.connect
 def on_task_received(request: Any = None, **_: Any) -> None:
     """Take a lease on the message at once, so a reaper never requeues what this worker holds."""
-    from tasks import leases
     from tasks.redis_client import get_redis
 
     conf = settings()
@@ -256,21 +257,26 @@ def on_task_received(request: Any = None, **_: Any) -> None:
 
 
 @signals.task_prerun.connect
-def on_task_start(task: Any = None, args: Any = None, **_: Any) -> None:
+def on_task_start(task_id: str | None = None, task: Any = None, args: Any = None, **_: Any) -> None:
     job = args[0] if args and isinstance(args[0], dict) else {}
     STATE.update(busy=True, frames=None, current={
-        "task": task.name if task else None, "video": job.get("video_id"), "run": job.get("run_id"),
-        "started": time.time()})
+        "task": task.name if task else None, "task_id": task_id, "video": job.get("video_id"),
+        "run": job.get("run_id"), "started": time.time()})
 
 
 @signals.task_postrun.connect
 def on_task_end(task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any) -> None:
+    """Finish the task's claim (done only if it succeeded, i.e. its continuation was sent), then recycle."""
+    from tasks import claims
+    from tasks.redis_client import get_redis
+
     STATE.update(busy=False, current=None, frames=None, tasks_done=STATE["tasks_done"] + 1)
     if task_id and state:
         flower_view.RECENT_ENDS.note(task_id, state, retval)
     conf = settings()
-    if ROLE.gpu is None:
-        return  # recycling is for solo GPU workers; prefork has max-tasks-per-child
+    if task_id is not None:
+        leases.forget(task_id)
+        claims.finish(get_redis(conf.redis_url), task_id, state == "SUCCESS", conf.result_expires_s)
     rss = _rss_mib()
     if (conf.max_tasks_per_worker and STATE["tasks_done"] >= conf.max_tasks_per_worker) or (
         conf.max_rss_mib and rss > conf.max_rss_mib

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from tasks.fake_gpu import LEDGER_ENV, FakeGpuLedger
+from tasks.autoscaler import profiles
+from tasks.autoscaler.supervisor import Supervisor
+from tasks.gpu.fake import LEDGER_ENV, FakeGpuLedger
 from tasks.registry import live_workers
 from tasks.stages import GPU_STAGES
-from tasks.supervisor import Supervisor
-from tests.conftest import ROOT, wait_until
-from worker_config import profiles
+from tests.conftest import ROOT, run_script, wait_until
 from worker_config.settings import load_settings
 
 # Scaled down from a 10000 MiB GPU: hold 200 + activation 100 = a 300 MiB peak, 100 MiB headroom,
@@ -194,7 +194,7 @@ def test_an_oom_raises_the_peak_scales_down_and_loses_nothing(
 
 @pytest.mark.timeout(120)
 def test_without_a_gpu_it_runs_in_cpu_mode_and_keeps_a_stand_in_alive(pipeline_env, autoscaler, r):
-    from tasks.gpu_probe import open_probe
+    from tasks.gpu import open_probe
 
     probe = open_probe(None) if not os.environ.get(LEDGER_ENV) else None
     if probe is not None and probe.mode == "nvml":
@@ -286,10 +286,10 @@ def test_tick_packs_around_other_processes_and_answers_pressure_and_oom(redis_ur
     """Autoscaler.tick in this process: stand-in worker processes, registry entries and ledger use by hand."""
     monkeypatch.setenv("REDIS_URL", redis_url)
     from tasks import configure
-    from tasks.cli.autoscale import Autoscaler as Scaler
-    from tasks.gpu_probe import FakeProbe
+    from tasks.autoscaler.policy import AutoscalePolicy
+    from tasks.autoscaler.service import Autoscaler as Scaler
+    from tasks.gpu import FakeProbe
     from tasks.registry import publish
-    from worker_config.autoscale import AutoscalePolicy
 
     conf = load_settings()
     configure(conf)
@@ -388,3 +388,63 @@ class EventCapture(threading.Thread):
         if self.receiver is not None:
             self.receiver.should_stop = True
         self.join(timeout=10)
+
+
+def hands_workers(r: redis.Redis) -> list[dict]:
+    return [w for w in live_workers(r) if w.get("gpu") == 0 and w["hostname"].startswith("gpu0.hands-")]
+
+
+@pytest.mark.timeout(300)
+def test_a_stage_with_its_own_python_is_a_family_of_its_own(video_factory, workers, pipeline_env, autoscaler, r,
+                                                           tmp_path):
+    """gpu0 (depth, tracks) and gpu0.hands (from a second venv): separate peaks, backlogs and counts."""
+    from tests.test_stage_envs import stage_env
+
+    env_dir = stage_env()
+    # Main family: 200 + 100 = a 300 MiB peak; hands: 100 + 50 = 150 MiB. With 900 MiB usable, once
+    # both are known: 2 x 300 + 2 x 150 fit, a third main worker does not (3 x 300 + 150 > 900).
+    ledger, config = make_ledger(tmp_path), tmp_path / "families.yaml"
+    config.write_text(DEPTH + f"  hands:\n    backend: envonly\n    python: {env_dir / 'bin' / 'python'}\n"
+                      "    params: {hold_mib: 100, activation_mib: 50, matmuls_per_frame: 60}\n")
+    conf = load_settings(config)
+    env = {**pipeline_env, "FRAMEFLEET_CONFIG": str(config)}
+    workers.start("cpu", env={"FRAMEFLEET_CONFIG": str(config)})
+    proc = autoscaler.start("--fake-gpu", str(ledger), "--config", str(config), *FAST)
+    wait_until(lambda: gpu0_workers(r) and hands_workers(r), 90, "a gpu0 and a gpu0.hands worker")
+    shown = run_script("status.py", env={**env, LEDGER_ENV: str(ledger)}, timeout_s=60)
+    lines = shown.stdout.splitlines()
+    assert shown.returncode == 0 and ["gpu0.hands", "0"] in [line.split() for line in lines], shown.stdout
+    assert "2 (0 busy): gpu0 1, gpu0.hands 1" in next(line for line in lines if line.startswith("0 ")), shown.stdout
+    out = tmp_path / "out"
+    enqueuer = enqueue(video_factory(6), out, env, tmp_path)
+    most_main, most_hands = 0, 0
+    deadline = time.monotonic() + 240
+    while enqueuer.poll() is None and time.monotonic() < deadline:
+        most_main, most_hands = max(most_main, len(gpu0_workers(r))), max(most_hands, len(hands_workers(r)))
+        time.sleep(0.1)
+    finished_summary(enqueuer, out, tmp_path, 6)
+    assert proc.poll() is None, autoscaler.log()
+    assert (most_main, most_hands) == (2, 2), (most_main, most_hands, autoscaler.log()[-6000:])
+
+    main_key = profiles.key_for(conf, "Fake GPU 1GB", conf.hosted_stages())
+    hands_key = profiles.key_for(conf, "Fake GPU 1GB", conf.hosted_stages("hands"))
+    assert (main_key, hands_key) == ("Fake GPU 1GB|depth+tracks|synthetic|512x384",
+                                     "Fake GPU 1GB|hands|envonly|512x384")
+    assert profiles.load(r, main_key).peak_mib == 300 and profiles.load(r, hands_key).peak_mib == 150
+    made = decisions(r)
+    assert [d["action"] for d in made] == ["up"] * 4 and r.llen("ff:oom") == 0, autoscaler.log()[-6000:]
+    assert [d["worker"] for d in made[:2]] == ["gpu0-1", "gpu0.hands-1"]
+    assert {d["worker"] for d in made[2:]} == {"gpu0-2", "gpu0.hands-2"}
+    for d in made[2:]:  # each family grew on its own backlog, around the other family's memory
+        assert d["queue"] == d["worker"].rpartition("-")[0] and d["backlog"] > d["workers"] + d["starting"], d
+        assert d["other_used_mib"] >= (100 if d["queue"] == "gpu0" else 300), d
+    logs = tmp_path / "logs"
+    hands_logs = "".join(p.read_text(errors="replace") for p in logs.glob("gpu0.hands-*.log"))
+    main_logs = "".join(p.read_text(errors="replace") for p in logs.glob("gpu0-*.log"))
+    assert hands_logs.count("ran hands of") == 6 and f"envonly hands ran in {env_dir}" in hands_logs
+    assert "ran hands of" not in main_logs and main_logs.count("ran depth of") == 6
+
+    pids = worker_pids(r)
+    assert len(pids) == 4 and all(alive(pid) for pid in pids)
+    assert autoscaler.stop() == 0, autoscaler.log()
+    assert not [pid for pid in pids if alive(pid)]

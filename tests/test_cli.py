@@ -77,7 +77,7 @@ def test_make_without_redis_server_says_the_command_that_installs_it(target):
 
 
 def test_autoscale_help_shows_every_default(capsys):
-    from tasks.cli import autoscale
+    from tasks.autoscaler import cli as autoscale
 
     with pytest.raises(SystemExit):
         autoscale.main(["--help"], prog="framefleet autoscale")

@@ -38,7 +38,7 @@ def compose_argv(service: str) -> list[str]:
     return load_compose()["services"][service]["command"]
 
 
-@pytest.mark.parametrize("name", ["framefleet-worker@.service", "framefleet-cpu-worker.service"])
+@pytest.mark.parametrize("name", ["framefleet-worker@.service", "framefleet-cpu-worker@.service"])
 def test_worker_units_stop_warm_restart_and_read_the_env_file(name):
     service = read_unit(name)["Service"]
     assert service["KillSignal"] == "SIGTERM"
@@ -61,10 +61,13 @@ def test_gpu_unit_runs_the_compose_gpu_worker_command_for_its_instance(gpu):
     assert argv[1:] == compose[1:]
 
 
-def test_cpu_unit_runs_the_compose_cpu_worker_command():
-    argv = exec_argv(read_unit("framefleet-cpu-worker.service"))
-    assert worker_options(argv)["queues"] == ["cpu"]
-    assert argv[1:] == compose_argv("worker-cpu")[1:]
+def test_cpu_unit_runs_the_compose_cpu_worker_command_one_solo_process_per_instance():
+    argv = exec_argv(read_unit("framefleet-cpu-worker@.service"), "3")
+    options = worker_options(argv)
+    assert options["queues"] == ["cpu"] and (options["pool"], options["concurrency"]) == ("solo", "1")
+    # Instances share the host, so each names itself; compose's containers each have their own hostname.
+    assert options["hostname"] == "cpu3@%h"
+    assert argv[1:] == [a.replace("cpu@%h", "cpu3@%h") for a in compose_argv("worker-cpu")][1:]
 
 
 def test_flower_unit_runs_the_compose_flower_and_insists_on_auth():
@@ -84,7 +87,8 @@ def test_systemd_accepts_the_units(tmp_path):
         text = unit.read_text().replace("/opt/framefleet/.venv/bin/celery", celery)
         (tmp_path / unit.name).write_text(text)
     (tmp_path / "framefleet-worker@0.service").symlink_to(tmp_path / "framefleet-worker@.service")
-    names = ["framefleet-worker@0.service", "framefleet-cpu-worker.service", "framefleet-flower.service"]
+    (tmp_path / "framefleet-cpu-worker@1.service").symlink_to(tmp_path / "framefleet-cpu-worker@.service")
+    names = ["framefleet-worker@0.service", "framefleet-cpu-worker@1.service", "framefleet-flower.service"]
     result = subprocess.run(
         ["systemd-analyze", "verify", *(str(tmp_path / n) for n in names)],
         capture_output=True,

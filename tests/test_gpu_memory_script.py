@@ -14,8 +14,7 @@ import pynvml
 import pytest
 import redis
 
-from tasks import fake_gpu
-from tasks.fake_gpu import FakeGpuLedger
+from tasks.gpu import LEDGER_ENV, FakeGpuLedger
 from tasks.registry import publish
 from tests.conftest import BASE_REDIS, PIPELINE_ENV, run_script
 
@@ -153,6 +152,6 @@ def test_without_a_gpu_it_says_so_and_exits_0(env):
 def test_a_missing_ledger_is_a_clear_error(env, tmp_path):
     out = run_script("gpu_memory.py", "info", "--fake", str(tmp_path / "none.json"), env=env, timeout_s=60)
     assert out.returncode == 2 and "no fake GPU ledger at" in out.stderr
-    out = run_script("gpu_memory.py", "info", env={**env, fake_gpu.LEDGER_ENV: str(tmp_path / "none.json")},
+    out = run_script("gpu_memory.py", "info", env={**env, LEDGER_ENV: str(tmp_path / "none.json")},
                      timeout_s=60)
     assert out.returncode == 2 and "no fake GPU ledger at" in out.stderr

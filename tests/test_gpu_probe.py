@@ -11,24 +11,24 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from tasks import fake_gpu
-from tasks.fake_gpu import FakeGpuLedger
-from tasks.gpu_probe import (
+from tasks.gpu import (
     GpuReading,
     NoGpuProbe,
     NvmlProbe,
     NvmlUnavailable,
     ProcessReading,
+    fake,
     open_probe,
     uuid_of_visible_device,
 )
+from tasks.gpu.fake import FakeGpuLedger
 from tests.conftest import ROOT, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 HOLDER = """
 import sys
-from tasks.fake_gpu import FakeGpuLedger
+from tasks.gpu.fake import FakeGpuLedger
 ledger = FakeGpuLedger(sys.argv[1])
 for spec in sys.argv[2:]:
     if spec == "wait":  # start together with the other holders
@@ -96,10 +96,10 @@ def test_allocations_of_two_processes_add_up_and_fail_at_the_scripted_threshold(
             ProcessReading(a.pid, 0, 1000), ProcessReading(b.pid, 0, 3000), ProcessReading(a.pid, 1, 500)]
 
         assert ledger.allocate(0, 16000) == 16000  # exactly up to oom_at_mib (20000) still fits
-        with pytest.raises(fake_gpu.OutOfMemoryError) as caught:
+        with pytest.raises(fake.OutOfMemoryError) as caught:
             ledger.allocate(0, 1)
         assert type(caught.value).__name__ == "OutOfMemoryError" and isinstance(caught.value, RuntimeError)
-        assert fake_gpu.FakeCudaOutOfMemory is fake_gpu.OutOfMemoryError
+        assert fake.FakeCudaOutOfMemory is fake.OutOfMemoryError
         message = str(caught.value)
         assert message.startswith("CUDA out of memory. Tried to allocate 1.00 MiB. "
                                   "GPU 0 has a total capacity of 24.00 GiB")
@@ -111,7 +111,7 @@ def test_allocations_of_two_processes_add_up_and_fail_at_the_scripted_threshold(
         third = subprocess.run([sys.executable, "-c", HOLDER, str(ledger.path), "1:600:1"], cwd=ROOT, input="",
                                env=child_env(), capture_output=True, text=True, timeout=30)
         assert third.returncode != 0
-        assert "fake_gpu.OutOfMemoryError: CUDA out of memory. Tried to allocate 600.00 MiB. GPU 1" in third.stderr
+        assert "fake.OutOfMemoryError: CUDA out of memory. Tried to allocate 600.00 MiB. GPU 1" in third.stderr
     finally:
         a.stop(), b.stop()
 
@@ -162,8 +162,8 @@ def test_the_synthetic_models_allocate_on_the_fake_gpu_they_are_pinned_to(ledger
 
     from tasks.backends.synthetic import SyntheticDepth
 
-    monkeypatch.setenv(fake_gpu.LEDGER_ENV, str(ledger.path))
-    monkeypatch.setenv(fake_gpu.INDEX_ENV, "1")
+    monkeypatch.setenv(fake.LEDGER_ENV, str(ledger.path))
+    monkeypatch.setenv(fake.INDEX_ENV, "1")
     # Small sizes: on the CPU the same amounts are really allocated by torch too.
     model = SyntheticDepth(hold_mib=40, activation_mib=15, matmuls_per_frame=0)
     model.load("cpu")
@@ -176,35 +176,35 @@ def test_the_synthetic_models_allocate_on_the_fake_gpu_they_are_pinned_to(ledger
     assert model.peak_memory_bytes == 55 << 20
 
     ledger.set_oom_at(1, 50)
-    with pytest.raises(fake_gpu.OutOfMemoryError):
+    with pytest.raises(fake.OutOfMemoryError):
         model.infer(frames)
     assert ledger.readings()[0][1].used_mib == 40
-    with pytest.raises(fake_gpu.OutOfMemoryError):
+    with pytest.raises(fake.OutOfMemoryError):
         SyntheticDepth(hold_mib=20).load("cpu")
 
 
 def test_without_the_index_the_synthetic_models_leave_the_ledger_alone(ledger, monkeypatch):
     from tasks.backends.synthetic import SyntheticTracker
 
-    monkeypatch.setenv(fake_gpu.LEDGER_ENV, str(ledger.path))
-    monkeypatch.delenv(fake_gpu.INDEX_ENV, raising=False)
+    monkeypatch.setenv(fake.LEDGER_ENV, str(ledger.path))
+    monkeypatch.delenv(fake.INDEX_ENV, raising=False)
     SyntheticTracker(hold_mib=100).load("cpu")
     assert ledger.readings()[1] == []
-    monkeypatch.setenv(fake_gpu.INDEX_ENV, "gpu0")
+    monkeypatch.setenv(fake.INDEX_ENV, "gpu0")
     with pytest.raises(ValueError, match="FRAMEFLEET_FAKE_GPU_INDEX must be a GPU index"):
         SyntheticTracker().load("cpu")
 
 
 def test_open_probe_takes_the_fake_from_the_argument_or_the_environment(ledger, monkeypatch):
-    monkeypatch.delenv(fake_gpu.LEDGER_ENV, raising=False)
+    monkeypatch.delenv(fake.LEDGER_ENV, raising=False)
     probe = open_probe(ledger.path)
     assert probe.mode == "fake" and [g.index for g in probe.gpus()] == [0, 1] and probe.processes() == []
-    monkeypatch.setenv(fake_gpu.LEDGER_ENV, str(ledger.path))
+    monkeypatch.setenv(fake.LEDGER_ENV, str(ledger.path))
     assert open_probe().mode == "fake"
 
 
 def test_open_probe_without_a_fake_reads_nvml_or_reports_no_gpu(monkeypatch):
-    monkeypatch.delenv(fake_gpu.LEDGER_ENV, raising=False)
+    monkeypatch.delenv(fake.LEDGER_ENV, raising=False)
     probe = open_probe()
     try:
         if not nvml_works():
@@ -277,7 +277,7 @@ def test_the_visible_device_resolves_to_its_nvml_uuid(monkeypatch, visible, uuid
 
 
 def test_open_probe_with_nvml_but_no_device_reports_no_gpu(monkeypatch):
-    monkeypatch.delenv(fake_gpu.LEDGER_ENV, raising=False)
+    monkeypatch.delenv(fake.LEDGER_ENV, raising=False)
     stub_nvml(monkeypatch, count=0)
     probe = open_probe()
     assert probe.mode == "none" and "no GPU" in probe.reason

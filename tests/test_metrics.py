@@ -18,8 +18,8 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from tasks.fake_gpu import FakeGpuLedger
-from tasks.gpu_probe import FakeProbe
+from tasks.gpu import FakeProbe
+from tasks.gpu.fake import FakeGpuLedger
 from tests.conftest import ROOT, run_script, settings_env, wait_until
 
 pytestmark = pytest.mark.timeout(90)

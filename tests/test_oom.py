@@ -6,7 +6,7 @@ import json
 
 import redis
 
-from tasks.fake_gpu import FakeGpuLedger
+from tasks.gpu.fake import FakeGpuLedger
 from tests.conftest import run_script, settings_env
 
 BIG_ACTIVATIONS = "stages:\n  depth:\n    params: {hold_mib: 1000, activation_mib: 4000}\n"

@@ -11,7 +11,7 @@ import pytest
 import redis
 from matplotlib.image import imread
 
-from tasks.fake_gpu import FakeGpuLedger
+from tasks.gpu.fake import FakeGpuLedger
 from tests.conftest import run_script
 
 pytestmark = pytest.mark.timeout(120)

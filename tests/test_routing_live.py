@@ -82,3 +82,36 @@ def test_rebalancer_evens_out_live_queues_respecting_gpu_restrictions(app_on_tes
     assert sorted(_decode(raw)[1]["video_id"] for raw in r.lrange("gpu1", 0, -1)) == ["v1", "v2", "v3"]
     r.delete("ff:rebalance-lock")
     assert rebalance(r, conf) == 0  # balanced: nothing moves back and forth
+
+
+def test_routing_and_the_rebalancer_read_queue_lengths_on_the_broker_when_it_is_another_redis(
+    redis_url, monkeypatch
+):
+    """broker_url names another database: the queues are there, the registry on redis_url."""
+    broker_url = redis_url.rsplit("/", 1)[0] + "/12"
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("FRAMEFLEET_BROKER_URL", broker_url)
+    from tasks import configure
+    from tests.conftest import send_task
+    from worker_config.settings import load_settings
+
+    conf = load_settings()
+    configure(conf)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    broker = redis.Redis.from_url(broker_url, decode_responses=True)
+    broker.flushdb()
+    try:
+        register(r, "gpu0@a", 0)
+        register(r, "gpu1@a", 1)
+        broker.lpush("gpu1", "x", "y")  # two waiting on gpu1, in the broker's database
+        assert route_task("framefleet.depth", (job(),), {}, {}) == {"queue": "gpu0"}
+        for i in range(4):
+            send_task(broker_url, "framefleet.depth", (job(video_id=f"v{i}"),), "gpu0")
+        broker.delete("gpu1")
+        assert broker.llen("gpu0") == 4
+        assert rebalance(r, conf, broker=broker) == 2
+        assert broker.llen("gpu0") == 2 and broker.llen("gpu1") == 2
+    finally:
+        broker.flushdb()
+        monkeypatch.delenv("FRAMEFLEET_BROKER_URL")
+        configure(load_settings())

@@ -94,3 +94,16 @@ def test_no_module_names_a_stage_by_a_string_literal_outside_its_own_class():
                 if named and (rel, node.value) not in CONTRACT_NAMES:
                     found.append(f"{rel}:{node.lineno} {node.value!r}")
     assert not found, "derive stage names from tasks.stages instead of spelling them:\n" + "\n".join(found)
+
+
+def test_redis_key_names_are_spelled_only_in_tasks_keys():
+    spelled = []
+    for folder in ("tasks", "worker_config", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel == "tasks/keys.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("ff:"):
+                    spelled.append(f"{rel}:{node.lineno} {node.value!r}")
+    assert not spelled, "name Redis keys in tasks/keys.py:\n" + "\n".join(spelled)

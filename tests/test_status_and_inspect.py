@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from tasks.fake_gpu import FakeGpuLedger
-from tasks.gpu_probe import NoGpuProbe
+from tasks.gpu import NoGpuProbe
+from tasks.gpu.fake import FakeGpuLedger
 from tests.conftest import ROOT, run_script, settings_env, wait_until
 
 pytestmark = pytest.mark.timeout(90)

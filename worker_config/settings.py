@@ -102,7 +102,7 @@ class Settings(BaseSettings):
     max_tasks_per_worker: int = Field(default=0, ge=0)
     max_rss_mib: float = Field(default=0, ge=0)
     stages: dict[str, StageSettings] = Field(default_factory=_default_stages)
-    # The autoscaler's policy (worker_config.autoscale.AutoscalePolicy fields); its flags override it.
+    # The autoscaler's policy (tasks.autoscaler.policy.AutoscalePolicy fields); its flags override it.
     autoscale: dict[str, float] = Field(default_factory=dict)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
@@ -133,7 +133,7 @@ class Settings(BaseSettings):
     @field_validator("autoscale")
     @classmethod
     def _autoscale_policy(cls, value: dict[str, float]) -> dict[str, float]:
-        from worker_config.autoscale import AutoscalePolicy
+        from tasks.autoscaler.policy import AutoscalePolicy
 
         try:
             AutoscalePolicy(**value)

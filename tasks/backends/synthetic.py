@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from tasks import fake_gpu
 from tasks.backends.base import DepthBackend, HandsBackend, Track2DBackend, TrackBackend, Tracks2DOutput
 from tasks.geometry import axis_angle_to_matrix, content_seed
+from tasks.gpu.fake import FakeGpuSlot, slot_from_env
 
 MIB = 1 << 20
 SIDES = ("left", "right")
@@ -27,7 +27,7 @@ class SyntheticModel:
     ``hold_mib``: memory held on the device from ``load`` on; ``activation_mib``: extra memory
     held during each call; ``matmuls_per_frame``: 256x256 float32 matmuls per frame processed.
     With ``$FRAMEFLEET_FAKE_GPU`` and ``$FRAMEFLEET_FAKE_GPU_INDEX`` set, both are also allocated on
-    that fake GPU (tasks.fake_gpu), which raises its OutOfMemoryError past its scripted threshold.
+    that fake GPU (tasks.gpu.fake), which raises its OutOfMemoryError past its scripted threshold.
     """
 
     def __init__(
@@ -52,14 +52,14 @@ class SyntheticModel:
         self.chunk_scale = 1.0
         self._held: Any = None
         self._weights: Any = None
-        self._fake: fake_gpu.FakeGpuSlot | None = None
+        self._fake: FakeGpuSlot | None = None
 
     def load(self, device: str) -> None:
         """Allocate the held memory and the weights on ``device`` ("cpu", "cuda:0", ...)."""
         import torch
 
         dev = torch.device(device)
-        if self._fake is None and (slot := fake_gpu.slot_from_env()) is not None:
+        if self._fake is None and (slot := slot_from_env()) is not None:
             slot.allocate(self.hold_mib)
             self._fake = slot
         generator = torch.Generator().manual_seed(0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     add_run_arguments(parser)
     parser.add_argument("--gpus", type=common.parse_gpus, help="GPU indices to use, e.g. 0,2 (default: all)")
     parser.add_argument("--no-wait", action="store_true", help="print the run id and return at once")
+    parser.add_argument("--resume-on-loss", action="store_true",
+                        help="if the run's messages vanish from Redis, enqueue the unfinished videos again "
+                             "(as --continue would) instead of exiting with status 3")
     parser.add_argument(
         "--retry-quarantined", action="store_true", help="enqueue again only the videos listed in OUT/quarantine.jsonl"
     )
@@ -220,32 +224,46 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 f"`framefleet cancel {record['run_id']}` stops it"
             )
             return 0
-        return follow(conf, record, args.out)
+        resend = None
+        if args.resume_on_loss:
+            def resend() -> dict[str, Any]:
+                return enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, resume=True, add=args.add,
+                               keep=args.intermediates, metadata=args.metadata, require_text=args.require_text)
+        return follow(conf, record, args.out, resend=resend)
     except KeyboardInterrupt:  # before following began
         watch.detached(record, args.out)
         return 130
 
 
-def follow(conf: Settings, record: dict[str, Any], out: Path, detachable: bool = True) -> int:
+def follow(conf: Settings, record: dict[str, Any], out: Path, detachable: bool = True,
+           resend: Callable[[], dict[str, Any]] | None = None) -> int:
     """Follow the run to its end and print how it ended; Ctrl-C detaches (when the run goes on
-    without this process: ``detachable``, else KeyboardInterrupt propagates). Returns the exit status."""
-    try:
-        return watch.report(watch.wait_for(conf, record), out)
-    except cancel.RunCancelled:
-        return watch.cancelled(record, out)
-    except stall.RunLost as exc:
-        runs.update(out, record["run_id"], status="lost", lost=time.time())
-        return common.fail(
-            f"{exc}. Complete outputs are kept: `framefleet enqueue {record['raw_dir']} --out {out} "
-            "--continue` finishes the run",
-            code=3,
-        )
-    except KeyboardInterrupt:
-        if not detachable:
-            raise
-        watch.detached(record, out)
-        return 130
+    without this process: ``detachable``, else KeyboardInterrupt propagates). Returns the exit status.
 
+    When the run's messages vanish from Redis, ``resend`` (if given) enqueues its unfinished videos
+    again and following goes on with the new run; without it the exit status is 3.
+    """
+    while True:
+        try:
+            return watch.report(watch.wait_for(conf, record), out)
+        except cancel.RunCancelled:
+            return watch.cancelled(record, out)
+        except stall.RunLost as exc:
+            runs.update(out, record["run_id"], status="lost", lost=time.time())
+            if resend is None:
+                return common.fail(
+                    f"{exc}. Complete outputs are kept: `framefleet enqueue {record['raw_dir']} --out {out} "
+                    "--continue` finishes the run (or pass --resume-on-loss to do it by itself)",
+                    code=3,
+                )
+            record = resend()
+            print(f"{exc}; enqueued the {common.plural(record['videos'], 'unfinished video')} again as run "
+                  f"{record['run_id']}", file=sys.stderr, flush=True)
+        except KeyboardInterrupt:
+            if not detachable:
+                raise
+            watch.detached(record, out)
+            return 130
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,7 +14,6 @@ Exit status 0, also without a GPU or without Redis; 2 on bad arguments or settin
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import socket
 import sys
@@ -25,27 +24,17 @@ from typing import Any
 
 import redis
 
+from tasks.autoscaler import profiles
+from tasks.autoscaler.profiles import PROFILES_KEY, Profile, ProfileKey
 from tasks.cli import common as _cli
-from tasks.gpu_probe import GpuProbe, GpuReading, ProcessReading, open_probe
+from tasks.gpu import GpuProbe, GpuReading, ProcessReading, open_probe
 from tasks.redis_client import get_redis
 from tasks.registry import live_workers
 from tasks.stages import GPU_STAGES
 from worker_config.settings import Settings, redact_url
 
-PROFILES_KEY = "ff:profiles"
 NO_GPU = "no GPU visible (no NVML or no device); nothing to show"
 DEFAULT_HEADROOM_MIB = 1024.0
-
-
-@dataclass(frozen=True)
-class Profile:
-    """A learned peak: GPU model x stage x backend x resolution -> MiB at the peak of one task."""
-
-    gpu_name: str
-    stage: str
-    backend: str
-    resolution: str
-    peak_mib: float
 
 
 @dataclass
@@ -54,7 +43,7 @@ class Cluster:
 
     workers: dict[int, dict[str, Any]]
     elsewhere: int
-    profiles: list[Profile]
+    profiles: list[tuple[ProfileKey, Profile]]
     problem: str | None = None
 
 
@@ -62,30 +51,27 @@ def read_cluster(conf: Settings) -> Cluster:
     try:
         r = get_redis(conf.redis_url)
         workers = live_workers(r)
-        raw_profiles = r.hgetall(PROFILES_KEY)
+        stored = profiles.load_all(r)
     except redis.RedisError as exc:
         return Cluster({}, 0, [], f"Redis at {redact_url(conf.redis_url)} is unreachable ({exc}); "
                                   "framefleet workers and learned profiles are not shown")
     # A pid means something only on its own host.
     local = {int(w["pid"]): w for w in workers if w.get("pid") is not None and _on_this_host(w.get("hostname", ""))}
-    return Cluster(local, len(workers) - len(local), parse_profiles(raw_profiles))
+    return Cluster(local, len(workers) - len(local), learned(stored))
 
 
-def parse_profiles(raw: dict[str, str]) -> list[Profile]:
-    profiles = []
-    for field, value in raw.items():
-        parts = field.rsplit("|", 3)
+def learned(stored: dict[str, Profile | None]) -> list[tuple[ProfileKey, Profile]]:
+    """The readable profiles with their keys, by GPU model then stage order; the others are named on stderr."""
+    found = []
+    for field, profile in stored.items():
+        if profile is None:
+            print(f"framefleet: ignoring profile {field!r}: its value has no numeric peak_mib", file=sys.stderr)
+            continue
         try:
-            peak = float(json.loads(value)["peak_mib"])
-        except (ValueError, KeyError, TypeError):
-            print(f"framefleet: ignoring profile {field!r}: value {value!r} has no numeric peak_mib", file=sys.stderr)
-            continue
-        if len(parts) != 4:
-            print(f"framefleet: ignoring profile {field!r}: expected <gpu name>|<stage>|<backend>|<resolution>",
-                  file=sys.stderr)
-            continue
-        profiles.append(Profile(*parts, peak_mib=peak))
-    return sorted(profiles, key=lambda p: (p.gpu_name, _stage_order(p.stage), p.backend, p.resolution))
+            found.append((ProfileKey.parse(field), profile))
+        except ValueError as exc:
+            print(f"framefleet: ignoring profile: {exc}", file=sys.stderr)
+    return sorted(found, key=lambda kp: (kp[0].gpu_name, _stage_order(kp[0].stages), kp[0].backend, kp[0].resolution))
 
 
 def render_info(gpus: list[GpuReading], processes: list[ProcessReading], cluster: Cluster) -> str:
@@ -117,8 +103,8 @@ def render_info(gpus: list[GpuReading], processes: list[ProcessReading], cluster
     if not cluster.problem:
         if cluster.profiles:
             lines.append(f"learned profiles ({PROFILES_KEY}):")
-            lines += [f"  {p.gpu_name} | {p.stage} | {p.backend} | {p.resolution}: peak {p.peak_mib:.0f} MiB"
-                      for p in cluster.profiles]
+            lines += [f"  {k.gpu_name} | {k.stages} | {k.backend} | {k.resolution}: peak {p.peak_mib:.0f} MiB"
+                      for k, p in cluster.profiles]
         else:
             lines.append(f"no learned profiles yet ({PROFILES_KEY} is empty)")
     return "\n".join(lines)
@@ -130,8 +116,8 @@ def render_suggest(gpus: list[GpuReading], cluster: Cluster, given: dict[str, fl
     for gpu in gpus:
         lines.append(f"GPU {gpu.index}  {gpu.name}  {gpu.total_mib:.0f} MiB")
         rows = [(stage, "given", peak) for stage, peak in given.items()]
-        rows += [(p.stage, f"learned, {p.backend} {p.resolution}", p.peak_mib)
-                 for p in cluster.profiles if p.gpu_name == gpu.name and p.stage not in given]
+        rows += [(k.stages, f"learned, {k.backend} {k.resolution}", p.peak_mib)
+                 for k, p in cluster.profiles if k.gpu_name == gpu.name and k.stages not in given]
         if not rows:
             lines.append(f"  no peak known for this GPU model; pass --stage-peak-mib STAGE=MIB "
                          f"(stages: {', '.join(GPU_STAGES)}) or let the workers learn some")
@@ -182,7 +168,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                         metavar="STAGE=MIB", help="suggest: a stage's peak memory, overriding learned ones")
     parser.add_argument("--headroom-mib", type=float, default=DEFAULT_HEADROOM_MIB,
                         help="suggest: memory kept free on each GPU")
-    parser.add_argument("--fake", metavar="LEDGER", help="read a fake GPU ledger (tasks.fake_gpu) instead of NVML")
+    parser.add_argument("--fake", metavar="LEDGER", help="read a fake GPU ledger (tasks.gpu.fake) instead of NVML")
     _cli.add_config_argument(parser)
     args = parser.parse_intermixed_args(argv)
     if args.seconds is not None and (args.command != "monitor" or args.seconds < 0):

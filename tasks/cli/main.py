@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("tasks.cli.verify", "check an output folder's HDF5 files and statistics against the contract"),
     "report": ("tasks.report", "write OUT/report.html for a finished run"),
     "clean": ("tasks.cli.clean", "delete the intermediates (OUT/work/) of finished videos"),
-    "autoscale": ("tasks.cli.autoscale", "supervise this host's GPU workers, sized by GPU memory (NVML)"),
+    "autoscale": ("tasks.autoscaler.cli", "supervise this host's GPU workers, sized by GPU memory (NVML)"),
     "gpu-memory": ("tasks.cli.gpu_memory", "GPU memory: info, monitor, suggest workers per GPU"),
     "sample": ("tasks.cli.sample", "make a folder of sample videos to try framefleet on"),
 }

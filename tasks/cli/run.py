@@ -4,8 +4,9 @@
                    [--metadata FILE] [--require-text]
 
 Uses $REDIS_URL when it answers, else a private redis-server on a free port; starts one solo
-worker per visible GPU (or one CPU stand-in for gpu0), a CPU worker, Flower and the metrics
-exporter on 127.0.0.1. Flower's basic auth comes from $FLOWER_BASIC_AUTH (user:password); without
+worker per visible GPU (or one CPU stand-in for gpu0) and one solo CPU worker per core, all
+supervised (a recycled or crashed worker is replaced), Flower and the metrics exporter on
+127.0.0.1. Flower's basic auth comes from $FLOWER_BASIC_AUTH (user:password); without
 it a random password is made for this run and written to OUT/logs/flower-auth.txt (mode 0600).
 Each run's logs are in OUT/logs/; the previous run's move to OUT/logs/previous/. With --serve,
 Flower and the metrics stay up after the run until Ctrl-C.
@@ -23,21 +24,22 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import redis
 
 from tasks import registry
+from tasks.autoscaler.supervisor import CPU_GROUP, Supervisor, cpu_worker_count, worker_argv
 from tasks.cli import common as _cli
 from tasks.cli.common import check_redis, parse_gpus
 from tasks.cli.enqueue import add_run_arguments, check_run_arguments, enqueue, follow
 from tasks.dataset import DatasetError
-from tasks.gpu_probe import open_probe
+from tasks.gpu import open_probe
 from tasks.metadata import MetadataError
 from tasks.metrics import GpuSampler, start_exporter
 from tasks.redis_client import get_redis
-from tasks.supervisor import worker_argv
 from worker_config.settings import Settings
 
 
@@ -94,7 +96,8 @@ class Cluster:
                 time.sleep(0.05)
         raise DatasetError(f"the private redis-server did not answer; see {self.logs / 'redis.log'}")
 
-    def wait_for_workers(self, conf: Settings, names: list[str], timeout_s: float = 120) -> None:
+    def wait_for_workers(self, conf: Settings, names: list[str], timeout_s: float = 120,
+                         supervisor: Supervisor | None = None) -> None:
         """Wait until every worker has loaded its models and registered, or one has exited."""
         r = get_redis(conf.redis_url)
         deadline = time.monotonic() + timeout_s
@@ -102,6 +105,10 @@ class Cluster:
             live = {w["hostname"].split("@")[0] for w in registry.live_workers(r)}
             if set(names) <= live:
                 return
+            for slot in supervisor.slots if supervisor else []:
+                if slot.last_exit and slot.name not in live:
+                    raise DatasetError(f"worker {slot.name} {slot.last_exit}; see "
+                                       f"{self.logs / (slot.name + '.log')}")
             for name, proc in self.procs:
                 if proc.poll() is not None:
                     raise DatasetError(f"the {name} process exited ({proc.returncode}); see "
@@ -109,11 +116,15 @@ class Cluster:
             time.sleep(0.2)
         raise DatasetError(f"workers {names} did not register within {timeout_s:.0f} s; see {self.logs}")
 
-    def stop(self, grace_s: float = 20.0) -> None:
-        # Warm shutdown first (workers finish their task), then make sure nothing is left.
+    def terminate(self) -> None:
+        """Ask every process but Redis to stop (SIGTERM), without waiting."""
         for name, proc in reversed(self.procs):
             if proc.poll() is None and name != "redis":
                 os.killpg(proc.pid, signal.SIGTERM)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        # Warm shutdown first (workers finish their task), then make sure nothing is left.
+        self.terminate()
         deadline = time.monotonic() + grace_s
         for name, proc in self.procs:
             if name == "redis":
@@ -126,6 +137,13 @@ class Cluster:
             proc.wait()
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _keep(supervisor: Supervisor, stopping: threading.Event) -> None:
+    """Replace workers that exit (recycled, crashed, past a deadline) until ``stopping`` is set."""
+    while not stopping.wait(0.5):
+        for what, slot, detail in supervisor.reap():
+            print(f"worker {slot.name}: {what}: {detail}", file=sys.stderr, flush=True)
 
 
 FLOWER_USER = "framefleet"
@@ -174,7 +192,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=_cli.HelpFormatter)
     add_run_arguments(parser)
     parser.add_argument("--gpus", type=parse_gpus, help="GPU indices to run workers on (default: all)")
-    parser.add_argument("--cpu-workers", type=int, default=2, help="processes of the CPU worker")
+    parser.add_argument("--cpu-workers", type=int, default=cpu_worker_count(),
+                        help="solo CPU worker processes (default: one per core)")
     parser.add_argument("--flower-port", type=int, default=0, help="default: a free port")
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus exporter; default: a free port")
     parser.add_argument("--serve", action="store_true",
@@ -196,7 +215,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
     rotate_logs(args.out / "logs")
     cluster = Cluster(args.out / "logs")
-    exporter, sampler = None, None
+    exporter, sampler, supervisor = None, None, None
+    keeping = threading.Event()
     previous_sigterm = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         env = dict(os.environ)
@@ -212,15 +232,25 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if not gpus:
             print("no GPU found: one CPU worker stands in for gpu0")
             gpus = [0]
-        names = []
+        # One supervised solo worker per GPU queue (and per stage with its own environment), one per core for
+        # the CPU queue; a worker's name is its queue and a sequence number.
+        pythons: dict[str, str | None] = {conf.cpu_queue: None}
+        groups: list[tuple[int, str]] = []
         for gpu in gpus:
             if conf.hosted_stages():
-                names.append(f"gpu{gpu}")
-                cluster.start(names[-1], worker_argv(conf.gpu_queue(gpu), names[-1]), env)
+                pythons[conf.gpu_queue(gpu)] = None
+                groups.append((gpu, conf.gpu_queue(gpu)))
             for stage in conf.own_env_stages():  # a worker per stage with its own environment
-                names.append(conf.stage_queue(stage, gpu))
-                cluster.start(names[-1], worker_argv(names[-1], names[-1], python=conf.stages[stage].python), env)
-        cluster.start("cpu", worker_argv(conf.cpu_queue, "cpu", "prefork", args.cpu_workers), env)
+                pythons[conf.stage_queue(stage, gpu)] = conf.stages[stage].python
+                groups.append((gpu, conf.stage_queue(stage, gpu)))
+        groups += [(CPU_GROUP, conf.cpu_queue)] * max(1, args.cpu_workers)
+        supervisor = Supervisor(
+            lambda group, name: worker_argv(queue := name.rsplit("-", 1)[0], name, python=pythons[queue]),
+            lambda group: env, cluster.logs, stop_grace_s=20.0)
+        for group, queue in groups:
+            supervisor.start(group, queue)
+        keeper = threading.Thread(target=_keep, args=(supervisor, keeping), name="supervisor", daemon=True)
+        keeper.start()
         port = args.flower_port or free_port()
         flower_env, login = flower_auth(env, cluster.logs)
         cluster.start("flower", [sys.executable, "-m", "celery", "-A", "tasks", "flower",
@@ -233,7 +263,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if probe.mode != "none":
             sampler = GpuSampler(probe, cluster.logs / "gpu-samples.jsonl")
             sampler.start()
-        cluster.wait_for_workers(conf, [*names, "cpu"])
+        cluster.wait_for_workers(conf, [slot.name for slot in supervisor.slots], supervisor=supervisor)
         record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force,
                          add=args.add, keep=args.intermediates, metadata=args.metadata,
                          require_text=args.require_text)
@@ -256,6 +286,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             sampler.stop()
         if exporter is not None:
             exporter.stop()
+        keeping.set()
+        cluster.terminate()  # Flower stops while the workers finish; Redis stays up until they have
+        if supervisor is not None:
+            keeper.join(timeout=5)
+            supervisor.stop_all(20.0)
         cluster.stop()
         signal.signal(signal.SIGTERM, previous_sigterm)
 

@@ -23,7 +23,7 @@ from tasks import cancel, progress, registry, runs, stall
 from tasks.cli import common as _cli
 from tasks.cli import watch
 from tasks.cli.common import check_redis
-from tasks.gpu_probe import GpuReading, open_probe
+from tasks.gpu import GpuReading, open_probe
 from tasks.metrics import QUARANTINE_PREFIX, STAGE_LOG_KEY
 from tasks.redis_client import get_redis
 from worker_config.settings import Settings, redact_url
@@ -63,18 +63,30 @@ def gpu_rows(readings: list[GpuReading], workers: list[dict[str, Any]]) -> list[
 
 
 def _workers_cells(workers: list[dict[str, Any]]) -> list[str]:
+    """The WORKERS cell (with a count per queue when a GPU's workers consume several: gpuN, gpuN.<stage>)
+    and the CURRENT cell."""
     busy = sum(1 for w in workers if w.get("busy"))
     current = "; ".join(c for w in workers if (c := current_of(w)))
-    return [f"{len(workers)} ({busy} busy)", current or "-"]
+    per_queue: dict[str, int] = {}
+    for w in workers:
+        for queue in w.get("gpu_queues") or []:
+            per_queue[queue] = per_queue.get(queue, 0) + 1
+    count = f"{len(workers)} ({busy} busy)"
+    if len(per_queue) > 1:
+        count += ": " + ", ".join(f"{queue} {n}" for queue, n in sorted(per_queue.items()))
+    return [count, current or "-"]
 
 
 def queue_rows(conf: Settings, workers: list[dict[str, Any]]) -> list[list[Any]]:
+    """One row per queue: the cpu queue, every GPU queue seen, and the stage queues of those GPUs."""
     r = get_redis(conf.redis_url)
-    names = sorted({conf.cpu_queue} | registry.known_gpu_queues(r) | {q for w in workers for q in w.get("queues", [])})
+    names = {conf.cpu_queue} | registry.known_gpu_queues(r) | {q for w in workers for q in w.get("queues", [])}
+    gpus = {i for q in names if (i := conf.gpu_index(q)) is not None}
+    names |= {conf.stage_queue(stage, i) for i in gpus for stage in conf.own_env_stages()}
     pipe = get_redis(conf.broker).pipeline(transaction=False)
-    for name in names:
+    for name in sorted(names):
         pipe.llen(name)
-    return [[name, waiting] for name, waiting in zip(names, pipe.execute(), strict=True)]
+    return [[name, waiting] for name, waiting in zip(sorted(names), pipe.execute(), strict=True)]
 
 
 def latest_run(conf: Settings, out: Path | None,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,19 +28,21 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A redis-server of one test, with an append-only file so a restart keeps every key."""
+    """A redis-server of one test, with an append-only file so a restart keeps every key (unless ``persistent``
+    is False: then a restart loses everything, as a Redis without persistence does)."""
 
-    def __init__(self, folder: Path, password: str | None = None) -> None:
+    def __init__(self, folder: Path, password: str | None = None, persistent: bool = True) -> None:
         self.folder = folder
         self.port = free_port()
         self.password = password
+        self.persistent = persistent
         self.proc: subprocess.Popen[bytes] | None = None
         auth = f":{password}@" if password else ""
         self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
-                "--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+                "--appendonly", "yes" if self.persistent else "no", "--appendfsync", "always", "--save", ""]
         if self.password:
             argv += ["--requirepass", self.password]
         self.proc = subprocess.Popen(argv, stdout=open(self.folder / "redis.log", "ab"), stderr=subprocess.STDOUT)
@@ -52,6 +56,70 @@ class RedisServer:
 
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url, decode_responses=True)
+
+
+class RedisProxy:
+    """A TCP proxy in front of a Redis: ``down()`` drops every connection and refuses new ones until ``up()``."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        self.open = threading.Event()
+        self.open.set()
+        self.conns: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def down(self) -> None:
+        self.open.clear()
+        with self.lock:
+            for conn in self.conns:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+                conn.close()
+            self.conns.clear()
+
+    def up(self) -> None:
+        self.open.set()
+
+    def close(self) -> None:
+        self.down()
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.open.is_set():
+                client.close()  # the client sees its connection reset: a Redis error
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.close()
 
 
 def _pings(client: redis.Redis) -> bool:
@@ -127,8 +195,12 @@ def wait_for_summary(out: Path, run_index: int = 1, timeout_s: float = 300) -> d
     return wait_until(written, timeout_s, "the run summary", poll_s=0.5)
 
 
-def record(scenario: str, faults: str, out: Path, reference: dict | None, recovered_s: float | None) -> None:
-    """Append one row of the fault table to $FRAMEFLEET_FAULT_REPORT (bench/faults.sh reads it)."""
+def record(scenario: str, faults: str, out: Path, reference: dict | None, recovered_s: float | None,
+           logs: Path | None = None) -> None:
+    """Append one row of the fault table to $FRAMEFLEET_FAULT_REPORT (bench/faults.sh reads it).
+
+    With ``logs``, the row also counts the stage runs in the workers' logs and how many ran twice.
+    """
     import os
 
     path = os.environ.get("FRAMEFLEET_FAULT_REPORT")
@@ -149,6 +221,9 @@ def record(scenario: str, faults: str, out: Path, reference: dict | None, recove
            "quarantined": len(quarantined), "lost": len(manifest - complete - quarantined),
            "duplicated": len(extra),
            "temporary": len(list(out.rglob("*.tmp"))), "stats_rel_diff": diff, "recovered_s": recovered_s}
+    if logs is not None:
+        runs = stage_runs(logs)
+        row.update(stage_runs=sum(runs.values()), double_runs=sum(1 for n in runs.values() if n > 1))
     with open(path, "a") as fh:
         fh.write(json.dumps(row) + "\n")
 
@@ -191,9 +266,9 @@ def assert_nothing_lost(out: Path, reference: dict | None = None) -> dict:
 
 
 def stage_runs(logs: Path) -> dict[tuple[str, str], int]:
-    """How many times each (stage, video) actually ran, from every worker log."""
+    """How many times each (stage, video) actually ran, from every worker log ("ran <stage> of <video>")."""
     counts: dict[tuple[str, str], int] = {}
-    for log in logs.glob("*.log"):
+    for log in logs.rglob("*.log"):
         for line in log.read_text(errors="replace").splitlines():
             if "] ran " in line:
                 _, _, rest = line.partition("] ran ")
@@ -209,3 +284,8 @@ def copy_raw(src: Path, dst: Path) -> Path:
 
 def settle(seconds: float) -> None:
     time.sleep(seconds)
+
+
+def twice(logs: Path) -> dict[tuple[str, str], int]:
+    """The (stage, video) pairs that ran more than once."""
+    return {k: n for k, n in stage_runs(logs).items() if n > 1}

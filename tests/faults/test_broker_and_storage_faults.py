@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT, run_script, settings_env, wait_until
-from tests.faults.conftest import assert_nothing_lost, record, stage_runs, wait_for_summary
+from tests.faults.conftest import assert_nothing_lost, record, stage_runs, twice, wait_for_summary
 
 SLOW = "stages:\n  depth:\n    params: {matmuls_per_frame: 150}\n"
 
@@ -41,9 +41,10 @@ def test_redis_restarted_or_away_mid_run(down_s, fault_raw, fault_workers, fault
     assert watcher.returncode == 0, output[-3000:]
     summary = json.loads((out / "run_summary.json").read_text())
     assert summary["done"] == 4, summary
+    assert twice(fault_workers.logs) == {} and len(stage_runs(fault_workers.logs)) == 4 * 5
     assert_nothing_lost(out, reference_stats)
     record(f"Redis {'restarted' if not down_s else f'stopped {down_s} s'} mid-run", "Redis stopped and started (AOF)",
-           out, reference_stats, summary["finished"] - back_at)
+           out, reference_stats, summary["finished"] - back_at, fault_workers.logs)
 
 
 @pytest.mark.slow

@@ -45,15 +45,25 @@ def test_corrupt_and_odd_inputs_each_end_processed_or_quarantined(fault_raw, fau
            None, None)
 
 
+class _LeavesATrace:
+    """A pickle whose loading makes a directory: if a worker ever unpickled it, the directory would exist."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return os.mkdir, (self.path,)
+
+
 def test_pickled_messages_are_rejected_and_logged(fault_workers, fault_env, tmp_path):
     marker = tmp_path / "pwned"
     fault_workers.start("cpu")
     with Connection(fault_env["REDIS_URL"]) as conn:
         producer = Producer(conn.channel(), exchange=Exchange("cpu", type="direct"), routing_key="cpu",
                             serializer="pickle")
-        producer.publish(((str(marker),), {}, {}), headers={"task": "framefleet.preprocess", "id": "p1",
-                                                               "lang": "py", "argsrepr": "", "kwargsrepr": ""},
-                         declare=[])
+        producer.publish(((_LeavesATrace(str(marker)),), {}, {}),
+                         headers={"task": "framefleet.preprocess", "id": "p1", "lang": "py", "argsrepr": "",
+                                  "kwargsrepr": ""}, declare=[])
     wait_until(lambda: "pickle" in fault_workers.log("cpu").lower(), 30, "the refusal in the log")
     r = redis.Redis.from_url(fault_env["REDIS_URL"])
     wait_until(lambda: r.llen("cpu") == 0, 10, "the message to be consumed")

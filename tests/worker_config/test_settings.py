@@ -67,7 +67,7 @@ def test_passwords_never_leave_in_resolved_settings(monkeypatch):
 
 
 def test_the_autoscaler_policy_lives_in_the_settings_file_and_flags_override_it(tmp_path):
-    from tasks.cli.autoscale import parse_args, policy_from
+    from tasks.autoscaler.cli import parse_args, policy_from
 
     config = tmp_path / "ff.yaml"
     config.write_text("autoscale: {headroom_mib: 3000, max_workers_per_gpu: 6}\n")

@@ -13,9 +13,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAX_BACKOFF_S = 60.0
 STABLE_RUN_S = 60.0  # a worker that ran this long before failing starts its backoff afresh
+
+
+# The CPU stages run in solo workers too, one process per core, each supervised like a GPU worker.
+# DESIGN promises CPU stages the GPU runtime: claims renewed, a deadline, published busy state,
+# recycling. That runtime lives in the process that runs the task (the heartbeat thread renews
+# the claims the task thread holds, ends the process at the deadline, publishes its state), so
+# a prefork pool would split it across two processes: the parent would have to learn each
+# child's claims and task by id over IPC, and could only enforce a deadline by killing a child
+# it does not own. One solo process per core keeps one runtime for every worker, one code path,
+# and the same supervisor restarting a recycled or killed process; it costs one broker
+# connection and one registry entry per core.
+CPU_GROUP = -1  # the supervisor's group of CPU workers; GPU groups are GPU indices
+
+
+def cpu_worker_count() -> int:
+    """One CPU worker per core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def worker_argv(queue: str, name: str, pool: str = "solo", concurrency: int = 1,
@@ -31,11 +51,16 @@ def worker_argv(queue: str, name: str, pool: str = "solo", concurrency: int = 1,
 
 @dataclass
 class Slot:
-    """One intended worker of a GPU; its process is replaced when it exits, until the slot is stopped."""
+    """One intended worker of a GPU's queue; its process is replaced when it exits, until the slot is stopped.
+
+    ``queue``: the queue its worker consumes (``gpuN``, or ``gpuN.<stage>`` for a stage with its own
+    python); the slots of one GPU and queue are one family, scaled together.
+    """
 
     gpu: int
     seq: int
     name: str
+    queue: str = ""
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     failures: int = 0
@@ -53,7 +78,8 @@ class Slot:
 class Supervisor:
     """Starts worker processes (argument lists, own session each), warm-stops them, restarts the fallen.
 
-    ``argv_for(gpu, name)`` and ``env_for(gpu)`` build a worker's command and environment;
+    ``argv_for(gpu, name)`` and ``env_for(gpu)`` build a worker's command and environment; a worker
+    started by ``start(gpu, queue)`` is named ``<queue>-<n>`` (``queue_of`` reads the queue back);
     ``stop_grace_s``: seconds between SIGTERM (warm shutdown) and SIGKILL.
     """
 
@@ -64,27 +90,31 @@ class Supervisor:
         self.stop_grace_s, self.clock = stop_grace_s, clock
         self.slots: list[Slot] = []
         self.started_pids: set[int] = set()
-        self._seq: dict[int, int] = {}
+        self._seq: dict[tuple[int, str], int] = {}
 
-    def active(self, gpu: int) -> list[Slot]:
-        return [s for s in self.slots if s.gpu == gpu and s.stopping_since is None]
+    def active(self, gpu: int, queue: str | None = None) -> list[Slot]:
+        """The slots of ``gpu`` (of its ``queue`` only, when given) that are not stopping."""
+        return [s for s in self._of(gpu, queue) if s.stopping_since is None]
 
-    def stopping(self, gpu: int) -> list[Slot]:
-        return [s for s in self.slots if s.gpu == gpu and s.stopping_since is not None]
+    def stopping(self, gpu: int, queue: str | None = None) -> list[Slot]:
+        """The slots of ``gpu`` (of its ``queue`` only, when given) told to stop and not gone yet."""
+        return [s for s in self._of(gpu, queue) if s.stopping_since is not None]
 
-    def start(self, gpu: int, name_prefix: str) -> Slot:
-        self._seq[gpu] = self._seq.get(gpu, 0) + 1
-        slot = Slot(gpu, self._seq[gpu], f"{name_prefix}-{self._seq[gpu]}")
+    def start(self, gpu: int, queue: str) -> Slot:
+        """Start a worker of ``gpu`` for ``queue``, named ``<queue>-<n>`` (n counts per GPU and queue)."""
+        seq = self._seq[gpu, queue] = self._seq.get((gpu, queue), 0) + 1
+        slot = Slot(gpu, seq, f"{queue}-{seq}", queue)
         self.slots.append(slot)
         self._spawn(slot)
         return slot
 
-    def stop_newest(self, gpu: int) -> Slot | None:
-        """Warm-stop the most recently added worker of ``gpu``; a slot waiting to restart just goes."""
-        candidates = self.active(gpu)
+    def stop_newest(self, gpu: int, queue: str | None = None) -> Slot | None:
+        """Warm-stop the most recently added worker of ``gpu`` (of its ``queue``, when given); a slot
+        waiting to restart just goes."""
+        candidates = self.active(gpu, queue)
         if not candidates:
             return None
-        slot = max(candidates, key=lambda s: s.seq)
+        slot = candidates[-1]  # slots are kept in the order they were added
         if slot.pid is None:
             self.slots.remove(slot)
         else:
@@ -136,6 +166,9 @@ class Supervisor:
             proc.wait()
         self.slots.clear()
 
+    def _of(self, gpu: int, queue: str | None) -> list[Slot]:
+        return [s for s in self.slots if s.gpu == gpu and (queue is None or s.queue == queue)]
+
     def _spawn(self, slot: Slot) -> None:
         out: Any = None
         if self.log_dir is not None:
@@ -150,6 +183,11 @@ class Supervisor:
                 out.close()
         slot.started_at, slot.restart_at, slot.seen_peak_mib = self.clock(), None, 0.0
         self.started_pids.add(slot.proc.pid)
+
+
+def queue_of(name: str) -> str:
+    """The queue of a worker that ``Supervisor.start`` named ``<queue>-<n>``."""
+    return name.rpartition("-")[0] or name
 
 
 def signal_group(pid: int, sig: int) -> None:

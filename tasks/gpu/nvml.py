@@ -1,53 +1,12 @@
-"""Read GPU memory, utilisation and per-process use: from NVML, from a fake ledger, or nothing.
-
-One interface, ``GpuProbe``, with three implementations chosen by ``open_probe``. NVML needs
-no CUDA context, so reading it never touches CUDA; nothing here imports torch.
-"""
+"""The real GPUs, read through NVML (nvidia-ml-py): no CUDA context, so reading never touches CUDA."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from tasks.errors import FramefleetError
-
-if TYPE_CHECKING:
-    from tasks.fake_gpu import FakeGpuLedger
-
-MIB = 1 << 20
-
-
-@dataclass(frozen=True)
-class GpuReading:
-    """One GPU at one moment; memory in MiB, utilisation in percent of the last sample period."""
-
-    index: int
-    uuid: str
-    name: str
-    total_mib: float
-    used_mib: float
-    free_mib: float
-    utilization_pct: float
-
-
-@dataclass(frozen=True)
-class ProcessReading:
-    """One compute process's memory on one GPU (MiB); ``gpu`` is the NVML index."""
-
-    pid: int
-    gpu: int
-    used_mib: float
-
-
-class GpuProbe(Protocol):
-    mode: str  # "nvml" | "fake" | "none"
-
-    def gpus(self) -> list[GpuReading]: ...
-
-    def processes(self) -> list[ProcessReading]: ...
-
-    def close(self) -> None: ...
+from tasks.gpu.readings import MIB, GpuReading, ProcessReading
 
 
 class NvmlUnavailable(FramefleetError):
@@ -90,15 +49,17 @@ class NvmlProbe:
         readings = []
         for index, handle in enumerate(self._handles):
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-            readings.append(GpuReading(
-                index=index,
-                uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
-                name=_text(nvml.nvmlDeviceGetName(handle)),
-                total_mib=memory.total / MIB,
-                used_mib=memory.used / MIB,
-                free_mib=memory.free / MIB,
-                utilization_pct=self._utilization(handle),
-            ))
+            readings.append(
+                GpuReading(
+                    index=index,
+                    uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+                    name=_text(nvml.nvmlDeviceGetName(handle)),
+                    total_mib=memory.total / MIB,
+                    used_mib=memory.used / MIB,
+                    free_mib=memory.free / MIB,
+                    utilization_pct=self._utilization(handle),
+                )
+            )
         return readings
 
     def processes(self) -> list[ProcessReading]:
@@ -127,62 +88,6 @@ class NvmlProbe:
         except nvml.NVMLLibraryMismatchError:
             # A driver older than this nvidia-ml-py lacks the _v3 entry point.
             return nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)
-
-
-class FakeProbe:
-    """GPUs and processes from a fake GPU ledger (tasks.fake_gpu); the ledger file must exist."""
-
-    mode = "fake"
-
-    def __init__(self, ledger: FakeGpuLedger | str | os.PathLike[str]) -> None:
-        from tasks.fake_gpu import FakeGpuLedger
-
-        self.ledger = ledger if isinstance(ledger, FakeGpuLedger) else FakeGpuLedger(ledger)
-
-    def gpus(self) -> list[GpuReading]:
-        return self.ledger.readings()[0]
-
-    def processes(self) -> list[ProcessReading]:
-        return self.ledger.readings()[1]
-
-    def close(self) -> None:
-        pass
-
-
-class NoGpuProbe:
-    """No GPU to read (no NVML, or no device); ``reason`` says which."""
-
-    mode = "none"
-
-    def __init__(self, reason: str = "no GPU visible") -> None:
-        self.reason = reason
-
-    def gpus(self) -> list[GpuReading]:
-        return []
-
-    def processes(self) -> list[ProcessReading]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-
-def open_probe(fake_path: str | os.PathLike[str] | None = None) -> GpuProbe:
-    """Return a FakeProbe for ``fake_path`` (else ``$FRAMEFLEET_FAKE_GPU``), else an NvmlProbe with at
-    least one GPU, else a NoGpuProbe; never raises for a machine without a GPU."""
-    from tasks.fake_gpu import LEDGER_ENV
-
-    fake_path = fake_path or os.environ.get(LEDGER_ENV)
-    if fake_path:
-        return FakeProbe(fake_path)
-    try:
-        probe = NvmlProbe()
-    except NvmlUnavailable as exc:
-        return NoGpuProbe(str(exc))
-    if not probe.device_count:
-        probe.close()
-        return NoGpuProbe("NVML sees no GPU")
-    return probe
 
 
 def uuid_of_visible_device() -> str | None:

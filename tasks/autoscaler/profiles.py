@@ -15,9 +15,10 @@ from typing import Any
 
 import redis
 
+from tasks import keys
 from worker_config.settings import Settings
 
-PROFILES_KEY = "ff:profiles"
+PROFILES_KEY = keys.PROFILES
 OOM_RAISE_FACTOR = 1.25
 
 
@@ -30,8 +31,29 @@ class Profile:
     updated: float
 
 
+@dataclass(frozen=True)
+class ProfileKey:
+    """The field of a profile: GPU model, the stages one worker hosts ('+'-joined), their backends, resolution."""
+
+    gpu_name: str
+    stages: str
+    backend: str
+    resolution: str
+
+    def __str__(self) -> str:
+        return f"{self.gpu_name}|{self.stages}|{self.backend}|{self.resolution}"
+
+    @classmethod
+    def parse(cls, field: str) -> ProfileKey:
+        """Read a field back; the GPU name may hold '|'. Raises ValueError for a field of fewer parts."""
+        parts = field.rsplit("|", 3)
+        if len(parts) != 4:
+            raise ValueError(f"profile field {field!r} is not <gpu name>|<stages>|<backend>|<resolution>")
+        return cls(*parts)
+
+
 def profile_key(gpu_name: str, stages: Iterable[str], backend: str, resolution: str) -> str:
-    return f"{gpu_name}|{'+'.join(stages)}|{backend}|{resolution}"
+    return str(ProfileKey(gpu_name, "+".join(stages), backend, resolution))
 
 
 def key_for(conf: Settings, gpu_name: str, stages: Iterable[str]) -> str:
@@ -47,7 +69,14 @@ def key_for(conf: Settings, gpu_name: str, stages: Iterable[str]) -> str:
 
 def load(r: redis.Redis, key: str) -> Profile | None:
     """Return the profile under ``key``, or None when none is learned (or it is unreadable)."""
-    return _parse(r.hget(PROFILES_KEY, key))
+    return parse(r.hget(PROFILES_KEY, key))
+
+
+def load_all(r: redis.Redis) -> dict[str, Profile | None]:
+    """Every stored profile by field; None where the value is unreadable."""
+    # get_redis decodes responses: the fields are str
+    stored: dict[str, str] = r.hgetall(PROFILES_KEY)  # type: ignore[assignment]
+    return {field: parse(raw) for field, raw in stored.items()}
 
 
 def learn(r: redis.Redis, key: str, peak_mib: float) -> Profile:
@@ -66,7 +95,7 @@ def _update(r: redis.Redis, key: str, new_peak: Any) -> Profile:
     result: list[Profile] = []
 
     def swap(pipe: Any) -> None:
-        old = _parse(pipe.hget(PROFILES_KEY, key))
+        old = parse(pipe.hget(PROFILES_KEY, key))
         profile = Profile(
             peak_mib=round(float(new_peak(old.peak_mib if old else 0.0)), 1),
             samples=(old.samples if old else 0) + 1,
@@ -81,7 +110,8 @@ def _update(r: redis.Redis, key: str, new_peak: Any) -> Profile:
     return result[0]
 
 
-def _parse(raw: str | bytes | None) -> Profile | None:
+def parse(raw: str | bytes | None) -> Profile | None:
+    """A stored value as a Profile; None when missing or unreadable (no numeric peak_mib)."""
     if raw is None:
         return None
     try:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker_config.autoscale import AutoscalePolicy, GpuView, capacity, decide
+from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, capacity, decide, one_change
 
 POLICY = AutoscalePolicy(headroom_mib=1000, max_workers_per_gpu=16, cooldown_s=5, idle_scale_down_s=60,
                          pressure_free_mib=200, host_margin_mib=2048)
@@ -220,3 +220,37 @@ def test_readings_say_what_the_decision_saw():
 def test_a_bad_policy_is_refused_with_the_field_named(change, message):
     with pytest.raises(ValueError, match=message):
         AutoscalePolicy(**change)
+
+
+def test_two_families_share_a_gpu_each_counting_the_other_as_used():
+    # gpu0 (peak 3000) and gpu0.hands (peak 1000) on 10000 MiB with 1000 headroom: each family sees
+    # the other's workers x peak as used memory, so together they never pass the usable 9000 MiB.
+    main = SimGpu(total_mib=10_000, peak_mib=3000)
+    hands = SimGpu(total_mib=10_000, peak_mib=1000)
+    for _ in range(40):
+        main.other_mib = (hands.workers + hands.starting) * hands.peak_mib
+        hands.other_mib = (main.workers + main.starting) * main.peak_mib
+        main.tick(POLICY)
+        hands.tick(POLICY)
+        used = (main.workers + main.starting) * 3000 + (hands.workers + hands.starting) * 1000
+        assert used <= 9000
+    assert main.workers * 3000 + hands.workers * 1000 > 9000 - 1000  # and they fill it
+
+
+def _view(queue: str, workers: int, backlog: int) -> GpuView:
+    return replace(SimGpu(total_mib=10_000, peak_mib=1000, backlog=backlog, workers=workers).view(), queue=queue)
+
+
+def _decided(*actions: str) -> list[Decision]:
+    return [Decision(action, "test") for action in actions]  # type: ignore[arg-type]
+
+
+def test_one_change_per_gpu_a_scale_down_first_then_the_neediest_scale_up():
+    views = [_view("gpu0", 3, 9), _view("gpu0.hands", 1, 9), _view("gpu0.masks", 0, 0)]
+    assert one_change(views, _decided("hold", "hold", "hold"), POLICY) is None
+    # a family below its minimum first, then the most tasks waiting per worker
+    assert one_change(views, _decided("up", "up", "up"), POLICY) == 2
+    assert one_change(views, _decided("up", "up", "hold"), POLICY) == 1
+    # downs before ups: the family that ran out of memory, else the one with the most workers
+    assert one_change(views, _decided("down", "down", "up"), POLICY) == 0
+    assert one_change(views, _decided("down", "down", "up"), POLICY, oomed_queue="gpu0.hands") == 1

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.gpu_probe import GpuReading, ProcessReading
+from tasks.gpu.readings import GpuReading, ProcessReading
 
 LEDGER_ENV = "FRAMEFLEET_FAKE_GPU"
 INDEX_ENV = "FRAMEFLEET_FAKE_GPU_INDEX"
@@ -53,14 +53,16 @@ class FakeGpuLedger:
             if "total_mib" not in gpu or float(gpu["total_mib"]) <= 0:
                 raise ValueError(f"fake GPU #{position} needs total_mib > 0, got {gpu!r}")
             index = int(gpu.get("index", position))
-            filled.append({
-                "index": index,
-                "uuid": str(gpu.get("uuid", f"GPU-fake-{index}")),
-                "name": str(gpu.get("name", "Fake GPU")),
-                "total_mib": float(gpu["total_mib"]),
-                "oom_at_mib": float(gpu.get("oom_at_mib", gpu["total_mib"])),
-                "utilization_pct": float(gpu.get("utilization_pct", 0)),
-            })
+            filled.append(
+                {
+                    "index": index,
+                    "uuid": str(gpu.get("uuid", f"GPU-fake-{index}")),
+                    "name": str(gpu.get("name", "Fake GPU")),
+                    "total_mib": float(gpu["total_mib"]),
+                    "oom_at_mib": float(gpu.get("oom_at_mib", gpu["total_mib"])),
+                    "utilization_pct": float(gpu.get("utilization_pct", 0)),
+                }
+            )
         ledger = cls(path)
         with ledger._locked():
             ledger._write({"gpus": filled, "allocations": {}})
@@ -128,11 +130,17 @@ class FakeGpuLedger:
         gpus = []
         for spec in data["gpus"]:
             used = _used_mib(data, spec["index"])
-            gpus.append(GpuReading(
-                index=spec["index"], uuid=spec["uuid"], name=spec["name"], total_mib=spec["total_mib"],
-                used_mib=used, free_mib=max(0.0, spec["total_mib"] - used),
-                utilization_pct=spec["utilization_pct"],
-            ))
+            gpus.append(
+                GpuReading(
+                    index=spec["index"],
+                    uuid=spec["uuid"],
+                    name=spec["name"],
+                    total_mib=spec["total_mib"],
+                    used_mib=used,
+                    free_mib=max(0.0, spec["total_mib"] - used),
+                    utilization_pct=spec["utilization_pct"],
+                )
+            )
         processes = [
             ProcessReading(pid=int(pid), gpu=int(gpu), used_mib=mib)
             for pid, per_gpu in data["allocations"].items()
@@ -210,13 +218,29 @@ def slot_from_env(environ: Mapping[str, str] = os.environ) -> FakeGpuSlot | None
     return FakeGpuSlot(FakeGpuLedger(path), int(index))
 
 
+class FakeProbe:
+    """GPUs and processes from a fake GPU ledger ; the ledger file must exist."""
+
+    mode = "fake"
+
+    def __init__(self, ledger: FakeGpuLedger | str | os.PathLike[str]) -> None:
+        self.ledger = ledger if isinstance(ledger, FakeGpuLedger) else FakeGpuLedger(ledger)
+
+    def gpus(self) -> list[GpuReading]:
+        return self.ledger.readings()[0]
+
+    def processes(self) -> list[ProcessReading]:
+        return self.ledger.readings()[1]
+
+    def close(self) -> None:
+        pass
+
+
 def _gpu(data: dict[str, Any], gpu: int, path: Path) -> dict[str, Any]:
     for spec in data["gpus"]:
         if spec["index"] == gpu:
             return spec
-    raise ValueError(
-        f"the fake GPU ledger {path} has no GPU {gpu}; its GPUs are {[g['index'] for g in data['gpus']]}"
-    )
+    raise ValueError(f"the fake GPU ledger {path} has no GPU {gpu}; its GPUs are {[g['index'] for g in data['gpus']]}")
 
 
 def _used_mib(data: dict[str, Any], gpu: int) -> float:

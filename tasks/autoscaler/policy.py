@@ -1,6 +1,6 @@
 """The autoscaling policy as pure code: from one GPU's readings to "up", "down" or "hold".
 
-``scripts/autoscaler.py`` gathers a ``GpuView`` per GPU each tick and acts on ``decide``'s answer;
+``tasks.autoscaler.service`` gathers a ``GpuView`` per worker family each tick and acts on ``decide``'s answer;
 nothing here reads a GPU, Redis or a clock.
 """
 
@@ -16,6 +16,9 @@ Action = Literal["up", "down", "hold"]
 @dataclass(frozen=True)
 class AutoscalePolicy:
     """How the autoscaler packs workers on a GPU; memory in MiB, times in seconds.
+
+    ``min_workers_per_gpu`` and ``max_workers_per_gpu`` count the workers of one family (one queue:
+    ``gpuN``, or ``gpuN.<stage>`` for a stage with its own python) on a GPU.
 
     ``cooldown_s``: no change within this long of the last one, except a scale-down on memory
     pressure or after an OOM. ``idle_scale_down_s``: a GPU with nothing waiting and nothing
@@ -48,13 +51,15 @@ class AutoscalePolicy:
 
 @dataclass(frozen=True)
 class GpuView:
-    """What the autoscaler knows of one GPU at one tick.
+    """What the autoscaler knows of one GPU at one tick, for one family of its workers (those of ``queue``).
 
-    ``other_used_mib``: memory held by processes that are not this autoscaler's workers.
-    ``workers``: its workers that are registered and alive; ``starting``: started (or waiting to be
-    restarted) but not registered yet; ``stopping``: told to stop and not gone yet.
-    ``backlog``: tasks waiting in the GPU's queue. ``peak_mib``: the learned peak of one worker
-    (None until one is known). ``host_free_mib``: MemAvailable; ``worker_rss_mib``: the largest
+    A GPU has one family per queue: ``gpuN`` (the stages of the main environment) and ``gpuN.<stage>``
+    for each stage with its own python. ``other_used_mib``: memory held by everything but this
+    family's workers: other programs, and the GPU's other families (each counted at no less than its
+    workers x its learned peak). ``workers``: the family's workers that are registered and alive;
+    ``starting``: started (or waiting to be restarted) but not registered yet; ``stopping``: told to
+    stop and not gone yet. ``backlog``: tasks waiting in ``queue``. ``peak_mib``: the learned peak of
+    one of its workers (None until one is known). ``host_free_mib``: MemAvailable; ``worker_rss_mib``: the largest
     RSS of one of its workers. ``backlog_empty_for_s``: how long nothing has waited or run.
     """
 
@@ -73,6 +78,7 @@ class GpuView:
     recent_oom: bool = False
     backlog_empty_for_s: float = 0.0
     stopping: int = 0
+    queue: str = ""
 
 
 @dataclass(frozen=True)
@@ -149,6 +155,28 @@ def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -
                                f"MiB per worker + {policy.host_margin_mib:.0f} MiB margin")
     return verdict("up", f"backlog {view.backlog} > {have} worker(s) and {have + 1} x "
                          f"{view.peak_mib:.0f} MiB fit (capacity {fits})")
+
+
+def one_change(views: list[GpuView], decisions: list[Decision], policy: AutoscalePolicy,
+               oomed_queue: str | None = None) -> int | None:
+    """Which of one GPU's families changes this tick (an index into ``decisions``), or None: all hold.
+
+    A GPU changes by at most one worker per tick, so that the next reading shows its effect. A
+    scale-down goes first: from ``oomed_queue`` (the family whose task last ran out of memory there),
+    else from the family with the most workers above the minimum. Else a scale-up: a family below its
+    minimum first, else the one with the most tasks waiting per worker.
+    """
+    def have(view: GpuView) -> int:
+        return view.workers + view.starting
+
+    downs = [i for i, d in enumerate(decisions) if d.action == "down"]
+    if downs:
+        return min(downs, key=lambda i: (views[i].queue != oomed_queue, -have(views[i]), i))
+    ups = [i for i, d in enumerate(decisions) if d.action == "up"]
+    if ups:
+        return min(ups, key=lambda i: (have(views[i]) >= policy.min_workers_per_gpu,
+                                       -views[i].backlog / (have(views[i]) + 1), i))
+    return None
 
 
 def _rounded(value: Any) -> Any:

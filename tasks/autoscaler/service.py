@@ -1,0 +1,323 @@
+"""The autoscaler of one host: each tick it reads the GPUs, the workers, the backlogs and the OOM records,
+decides per worker family (tasks.autoscaler.policy) and starts or warm-stops at most one worker per GPU.
+
+Each change is logged, sent as a Celery event (autoscale-up, autoscale-down, autoscale-restart)
+and appended to the Redis list ff:autoscale.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from tasks import keys
+from tasks.autoscaler import profiles
+from tasks.autoscaler.families import Family, families
+from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide, one_change
+from tasks.autoscaler.supervisor import Slot, Supervisor
+from tasks.gpu import GpuProbe, GpuReading
+from tasks.oom import OOM_KEY
+from tasks.redis_client import get_redis
+from tasks.registry import live_workers
+from worker_config.settings import Settings
+
+log = logging.getLogger("framefleet.autoscaler")
+DECISIONS_KEY = keys.AUTOSCALE_LOG
+DECISIONS_KEPT = 1000
+EVENT_RESERVED = {"type", "hostname", "utcoffset", "pid", "clock", "timestamp"}
+
+
+@dataclass
+class Snapshot:
+    """One tick's readings of everything but the GPU-specific decision."""
+
+    gpus: list[GpuReading]
+    used_mib: dict[tuple[int, int], float]  # (pid, gpu) -> MiB
+    workers: dict[int, dict[str, Any]]  # pid -> registry state, this host's supervised workers only
+    backlog: dict[str, int]  # queue -> tasks waiting
+    host_free_mib: float
+    ooms: list[dict[str, Any]]
+
+
+class Autoscaler:
+    """One host's autoscaler; ``tick`` reads everything once and makes at most one change per GPU.
+
+    Each GPU's workers come in families, one per queue (``families``), each scaled by its own
+    backlog and its own learned peak; the cooldown and the one change per tick are per GPU.
+    """
+
+    def __init__(self, conf: Settings, policy: AutoscalePolicy, probe: GpuProbe, supervisor: Supervisor,
+                 gpus: list[int] | None = None, cpu_workers: int = 1,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        self.conf, self.policy, self.probe, self.supervisor = conf, policy, probe, supervisor
+        self.gpus, self.cpu_workers, self.clock, self.wall = gpus, cpu_workers, clock, wall
+        self.r = get_redis(conf.redis_url)
+        self.broker = get_redis(conf.broker)
+        self.host = socket.gethostname()
+        self.started_wall = wall()
+        self.last_change: dict[int, float] = {}  # per GPU
+        self.last_oom: dict[int, float] = {}  # per GPU
+        self.last_oom_queue: dict[int, str] = {}  # per GPU: the family whose task ran out of memory last
+        self.last_stop_wall: dict[int, float] = {}  # per GPU
+        self.last_raise: dict[str, float] = {}  # per family (queue)
+        self.idle_since: dict[str, float] = {}  # per family
+        self.last_hold: dict[str, str] = {}  # per family
+        self._seen_ooms: set[str | bytes] = set()
+        self._dispatcher: Any = None
+
+    def tick(self) -> list[Decision]:
+        """Reap and restart workers, then decide for every family of every GPU and make at most one
+        change per GPU; return this tick's decisions (one per family)."""
+        for what, slot, detail in self.supervisor.reap():
+            self._on_process_event(what, slot, detail)
+        if self.probe.mode == "none":
+            return self._keep_cpu_workers()
+        try:
+            snap = self._snapshot()
+        except Exception as exc:  # Redis or GPU unreadable: keep supervising, decide next tick
+            log.warning("no decisions this tick: %s: %s", type(exc).__name__, exc)
+            return []
+        decisions = []
+        for gpu in snap.gpus:
+            try:
+                decisions += self._tick_gpu(gpu, snap)
+            except Exception:  # one GPU's trouble never stops the others
+                log.exception("GPU %d: tick failed", gpu.index)
+        return decisions
+
+    def shutdown(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.close()
+            self._dispatcher = None
+
+    def _snapshot(self) -> Snapshot:
+        gpus = [g for g in self.probe.gpus() if self.gpus is None or g.index in self.gpus]
+        used = {(p.pid, p.gpu): p.used_mib for p in self.probe.processes()}
+        ours = {s.pid for s in self.supervisor.slots if s.pid is not None}
+        workers = {int(w["pid"]): w for w in live_workers(self.r) if w.get("pid") in ours}
+        queues = [f.queue for g in gpus for f in families(self.conf, g.index)]
+        pipe = self.broker.pipeline()
+        for queue in queues:
+            pipe.llen(queue)
+        backlog = dict(zip(queues, pipe.execute(), strict=True))
+        return Snapshot(gpus, used, workers, backlog, host_available_mib(), self._new_ooms())
+
+    def _new_ooms(self) -> list[dict[str, Any]]:
+        raws = self.r.lrange(OOM_KEY, 0, -1)
+        fresh = []
+        for raw in raws:
+            if raw in self._seen_ooms:
+                continue
+            try:
+                record = json.loads(raw)
+                mine = int(record.get("pid", -1)) in self.supervisor.started_pids or \
+                    str(record.get("worker", "")).rpartition("@")[2] == self.host
+                if mine and float(record.get("time", 0)) >= self.started_wall:
+                    fresh.append(record)
+            except (ValueError, TypeError, AttributeError):
+                log.warning("ignoring an unreadable %s record: %r", OOM_KEY, raw)
+        self._seen_ooms = set(raws)
+        return fresh
+
+    def _tick_gpu(self, gpu: GpuReading, snap: Snapshot) -> list[Decision]:
+        """Learn, decide for each family of ``gpu``, and act on at most one of the decisions."""
+        idx, fams = gpu.index, families(self.conf, gpu.index)
+        keys = {f.queue: profiles.key_for(self.conf, gpu.name, f.stages) for f in fams}
+        stopping = bool(self.supervisor.stopping(idx))
+        for f in fams:
+            for slot in self.supervisor.active(idx, f.queue) + self.supervisor.stopping(idx, f.queue):
+                if slot.pid is not None:
+                    self._learn(slot, snap, keys[f.queue])
+        for record in (r for r in snap.ooms if int(r.get("gpu", -1)) == idx):
+            family = self._family_of(record, fams)
+            self._on_oom(idx, family.queue, record, keys[family.queue], stopping)
+        views = self._views(gpu, snap, fams, keys)
+        since = self.clock() - self.last_change.get(idx, -float("inf"))
+        decisions = [decide(view, self.policy, since) for view in views]
+        chosen = one_change(views, decisions, self.policy, self.last_oom_queue.get(idx))
+        for i, (family, decision) in enumerate(zip(fams, decisions, strict=True)):
+            if decision.action != "hold" and i != chosen:
+                # one change per GPU per tick: the others are decided afresh next tick
+                decisions[i] = Decision("hold", f"{fams[chosen or 0].queue} changes first this tick; "
+                                                f"then: {decision.reason}", decision.readings)
+            self._act(family, decisions[i])
+        return decisions
+
+    def _views(self, gpu: GpuReading, snap: Snapshot, fams: list[Family], keys: dict[str, str]) -> list[GpuView]:
+        """One GpuView per family; each counts the other families' workers as used memory."""
+        now, idx = self.clock(), gpu.index
+        active = {f.queue: self.supervisor.active(idx, f.queue) for f in fams}
+        stopping = {f.queue: self.supervisor.stopping(idx, f.queue) for f in fams}
+        measured = {q: sum(self._memory_of(s, snap) for s in active[q] + stopping[q] if s.pid is not None)
+                    for q in active}
+        peaks = {q: (p.peak_mib if (p := profiles.load(self.r, keys[q])) else None) for q in active}
+        # Another family's workers may sit below their peak right now (between tasks, or loading):
+        # reserve at least their learned peaks, so that this family does not take their activations.
+        reserved = {q: max(measured[q], (len(active[q]) + len(stopping[q])) * (peaks[q] or 0.0)) for q in active}
+        foreign = max(0.0, gpu.used_mib - sum(measured.values()))
+        recent_oom = now - self.last_oom.get(idx, -float("inf")) < self.policy.oom_recent_s
+        views = []
+        for f in fams:
+            q = f.queue
+            registered = [s for s in active[q] if s.pid in snap.workers]
+            busy = any(snap.workers[s.pid].get("busy") for s in registered if s.pid is not None)
+            if snap.backlog[q] == 0 and not busy:
+                self.idle_since.setdefault(q, now)
+            else:
+                self.idle_since.pop(q, None)
+            rss = [rss_mib(s.pid) for s in registered if s.pid is not None]
+            views.append(GpuView(
+                index=idx, name=gpu.name, total_mib=gpu.total_mib, used_mib=gpu.used_mib, free_mib=gpu.free_mib,
+                other_used_mib=foreign + sum(reserved[o] for o in reserved if o != q), workers=len(registered),
+                starting=len(active[q]) - len(registered), backlog=snap.backlog[q], peak_mib=peaks[q],
+                host_free_mib=snap.host_free_mib, worker_rss_mib=max(rss, default=0.0), recent_oom=recent_oom,
+                backlog_empty_for_s=now - self.idle_since.get(q, now), stopping=len(stopping[q]), queue=q,
+            ))
+        return views
+
+    def _family_of(self, record: dict[str, Any], fams: list[Family]) -> Family:
+        """The family whose task wrote this OOM record: by its stage, else by its worker's pid."""
+        by_stage = [f for f in fams if record.get("stage") in f.stages]
+        if by_stage:
+            return by_stage[0]
+        slot = next((s for s in self.supervisor.slots if s.pid == record.get("pid")), None)
+        return next((f for f in fams if slot is not None and f.queue == slot.queue), fams[0])
+
+    @staticmethod
+    def _memory_of(slot: Slot, snap: Snapshot) -> float:
+        """The worker's GPU memory (MiB): as NVML or the ledger sees its pid, else as it publishes it
+        (a container without the host's pid namespace hides the pid from NVML)."""
+        seen = snap.used_mib.get((slot.pid or -1, slot.gpu))
+        if seen is not None:
+            return seen
+        return float((snap.workers.get(slot.pid or -1) or {}).get("gpu_used_mib") or 0.0)
+
+    def _learn(self, slot: Slot, snap: Snapshot, key: str) -> None:
+        """Fold this worker's memory into the profile once it has run a task (its peak includes activations)."""
+        assert slot.pid is not None
+        seen = snap.used_mib.get((slot.pid, slot.gpu))
+        slot.seen_peak_mib = max(slot.seen_peak_mib, seen or 0.0)
+        state = snap.workers.get(slot.pid)
+        if state is None or int(state.get("tasks_done") or 0) < 1:
+            return
+        # NVML's reading holds the CUDA context and the allocator's cache (which keeps its high-water
+        # mark); the published peak catches an activation between two readings.
+        peak = max(slot.seen_peak_mib, float(state.get("gpu_peak_mib") or 0.0))
+        if peak > slot.learned_mib:
+            slot.learned_mib = peak
+            stored = profiles.learn(self.r, key, peak)
+            log.info("GPU %d: %s peaked at %.0f MiB; profile %r: %.0f MiB", slot.gpu, slot.name, peak, key,
+                     stored.peak_mib)
+
+    def _on_oom(self, idx: int, queue: str, record: dict[str, Any], key: str, stopping: bool) -> None:
+        now = self.clock()
+        self.last_oom[idx], self.last_oom_queue[idx] = now, queue
+        observed = float(record.get("peak_mib") or 0.0)
+        # OOMs while a worker is leaving, within a cooldown of its leaving (a record is written after
+        # the failed allocation, and after a garbage collection), or just after a raise, come from the
+        # crowding already answered: they must not raise the peak again.
+        settled = self.last_stop_wall.get(idx, -float("inf")) + self.policy.cooldown_s
+        stale = stopping or float(record.get("time", 0)) <= settled
+        if stale or now - self.last_raise.get(queue, -float("inf")) < self.policy.cooldown_s:
+            log.warning("GPU %d: OOM in %s (%s, %.0f MiB); profile already raised", idx,
+                        record.get("worker"), record.get("stage"), observed)
+            return
+        self.last_raise[queue] = now
+        stored = profiles.raise_after_oom(self.r, key, observed)
+        log.warning("GPU %d: OOM in %s (%s, %.0f MiB): profile %r raised to %.0f MiB", idx,
+                    record.get("worker"), record.get("stage"), observed, key, stored.peak_mib)
+
+    def _act(self, family: Family, decision: Decision) -> None:
+        idx, queue = family.gpu, family.queue
+        if decision.action == "hold":
+            kind = re.sub(r"[-\d.]+", "#", decision.reason)
+            if self.last_hold.get(queue) != kind:
+                log.info("GPU %d: %s: hold: %s %s", idx, queue, decision.reason, json.dumps(decision.readings))
+                self.last_hold[queue] = kind
+            return
+        self.last_hold.pop(queue, None)
+        if decision.action == "up":
+            slot: Slot | None = self.supervisor.start(idx, queue)
+        else:
+            slot = self.supervisor.stop_newest(idx, queue)
+        self.last_change[idx] = self.clock()
+        self._announce(decision.action, idx, decision.reason, decision.readings, slot)
+
+    def _keep_cpu_workers(self) -> list[Decision]:
+        decisions = []
+        for family in families(self.conf, 0):
+            while len(self.supervisor.active(0, family.queue)) < self.cpu_workers:
+                have = len(self.supervisor.active(0, family.queue))
+                decision = Decision("up", f"CPU mode: {have} of {self.cpu_workers} stand-in worker(s) for "
+                                          f"{family.queue}",
+                                    {"gpu": 0, "queue": family.queue, "mode": "cpu", "workers": have,
+                                     "cpu_workers": self.cpu_workers})
+                slot = self.supervisor.start(0, family.queue)
+                self._announce("up", 0, decision.reason, decision.readings, slot)
+                decisions.append(decision)
+        return decisions
+
+    def _on_process_event(self, what: str, slot: Slot, detail: str) -> None:
+        if what in ("exited", "killed"):
+            log.warning("GPU %d: worker %s %s", slot.gpu, slot.name, detail)
+        elif what == "stopped":
+            self.last_stop_wall[slot.gpu] = self.wall()
+            log.info("GPU %d: worker %s stopped (%s)", slot.gpu, slot.name, detail)
+        else:
+            self._announce("restart", slot.gpu, f"{slot.name} {slot.last_exit.split(';')[0]}; restarted",
+                           {"gpu": slot.gpu, "failures": slot.failures}, slot)
+
+    def _announce(self, action: str, idx: int, reason: str, readings: dict[str, Any], slot: Slot | None) -> None:
+        """Log a change, append it to ff:autoscale and send it as the event autoscale-<action>."""
+        record = {**readings, "gpu": idx, "action": action, "reason": reason, "time": self.wall(),
+                  "host": self.host, "worker": slot.name if slot else None,
+                  "worker_pid": slot.pid if slot else None}
+        log.info("GPU %d: %s (%s): %s %s", idx, action, record["worker"], reason, json.dumps(readings))
+        try:
+            pipe = self.r.pipeline()
+            pipe.rpush(DECISIONS_KEY, json.dumps(record))
+            pipe.ltrim(DECISIONS_KEY, -DECISIONS_KEPT, -1)
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("decision not recorded in %s: %s", DECISIONS_KEY, exc)
+        try:
+            if self._dispatcher is None:
+                from tasks import app
+
+                self._dispatcher = app.events.Dispatcher(app.connection_for_write(),
+                                                         hostname=f"autoscaler@{self.host}", enabled=True)
+            self._dispatcher.send(f"autoscale-{action}",
+                                  **{k: v for k, v in record.items() if k not in EVENT_RESERVED})
+        except Exception as exc:
+            log.warning("autoscale-%s event not sent: %s", action, exc)
+            self._dispatcher = None
+
+
+def host_available_mib() -> float:
+    """MemAvailable from /proc/meminfo in MiB (inf where there is no /proc/meminfo)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("inf")
+
+
+def rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0

@@ -1,0 +1,35 @@
+"""Every Redis key framefleet writes, named once (``ff:`` prefix; Celery's and kombu's own keys are theirs).
+
+Per-item keys are a prefix plus an id; the modules that own the data build them. TTLs are
+the owners' business and are documented there.
+"""
+
+from __future__ import annotations
+
+# liveness and ownership (tasks.registry, tasks.leases, tasks.claims)
+WORKER_PREFIX = "ff:worker:"  # + hostname: a worker's published state, with a TTL
+WORKER_SEEN = "ff:worker-seen"  # hash hostname -> when its state was last published (unix s)
+GPU_QUEUES = "ff:gpu-queues"  # set of every GPU queue a worker ever consumed
+LEASE_PREFIX = "ff:lease:"  # + delivery tag: the in-flight message's lease
+LEASE_OWNER_PREFIX = "ff:lease-owner:"  # + delivery tag: "hostname task_id", kept past the lease
+ORPHAN_PREFIX = "ff:orphan:"  # + delivery tag: when the reaper first saw it with no lease and no owner
+REAPER_LOCK = "ff:reaper-lock"
+CLAIM_PREFIX = "ff:claim:"  # + root hash:video:stage: one live run of a video's stage
+DONE_PREFIX = "ff:done:"  # + task id: that task finished (a late duplicate is dropped)
+ATTEMPTS_PREFIX = "ff:attempts:"  # + task id: how many times it started
+REBALANCE_LOCK = "ff:rebalance-lock"
+
+# runs, results and records (tasks.progress, tasks.quarantine, tasks.oom, tasks.metrics)
+RUN_PREFIX = "ff:run:"  # + run id: per-stage done/failed counters
+QUARANTINE_PREFIX = "ff:quarantine:"  # + output-root hash: the quarantined videos of that root
+OOM_LOG = "ff:oom"  # list of out-of-memory records, newest first
+STAGE_LOG = "ff:stages"  # list of stage spans (the report's source)
+RUN_INFO_PREFIX = "ff:runinfo:"  # + run id: the run's record (its OUT, callback id), for status and cancel
+CANCELLED_PREFIX = "ff:cancelled:"  # + run id: the run was cancelled (framefleet cancel)
+REQUEUES_PREFIX = "ff:requeues:"  # + run id: list of requeues after a lost worker (tasks.requeues)
+METRIC_COUNTS = "ff:metrics:counts"
+METRIC_DURATIONS = "ff:metrics:stage-seconds"
+
+# the autoscaler (tasks.autoscaler)
+PROFILES = "ff:profiles"  # hash profile key -> learned peak
+AUTOSCALE_LOG = "ff:autoscale"  # list of the autoscaler's decisions

@@ -1,0 +1,254 @@
+"""Ownership on a real Redis: leases and claims that survive losing their keys, a reaper that requeues
+only orphans, a heartbeat that survives a bad tick, and a stall report that names the real cause."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+from celery import Celery
+
+from tasks import claims, leases, registry, stall
+from tasks.heartbeat import Heartbeat
+from tests.conftest import send_task, wait_until
+from worker_config.settings import Settings
+
+TTL_S = 1.0
+
+
+@pytest.fixture
+def r(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url, decode_responses=True)
+
+
+@pytest.fixture(autouse=True)
+def _clean_process_state():
+    yield
+    leases.HELD.clear()
+    leases.SHARED.clear()
+    claims.HELD.clear()
+    claims.PENDING.clear()
+
+
+def _app(url: str) -> Celery:
+    app = Celery("test-reaper", broker=url, backend=url, set_as_current=False)
+    app.conf.update(task_serializer="json", accept_content=["json"])
+    return app
+
+
+def _deliver(app: Celery, url: str, queue: str = "gpu0") -> tuple[str, str]:
+    """Send a task and take it off its queue as kombu's Redis transport does; return (delivery tag, task id)."""
+    task_id = send_task(url, "framefleet.depth", ({"video_id": "v1", "run_id": "run"},), queue)
+    r = redis.Redis.from_url(url, decode_responses=True)
+    payload = json.loads(r.rpop(queue))
+    tag, info = payload["properties"]["delivery_tag"], payload["properties"]["delivery_info"]
+    r.hset(leases.UNACKED, tag, json.dumps([payload, info["exchange"], info["routing_key"]]))
+    r.zadd(leases.UNACKED_INDEX, {tag: time.time()})
+    return tag, task_id
+
+
+def _publish_worker(r: redis.Redis, hostname: str, held: list[str], **state) -> None:
+    registry.publish(
+        r,
+        {
+            "hostname": hostname,
+            "busy": False,
+            "current": None,
+            "leases": held,
+            "queues": ["gpu0"],
+            "gpu_queues": ["gpu0"],
+            "stages": ["depth"],
+            "gpu": 0,
+            "updated": time.time(),
+            **state,
+        },
+        ttl_s=30,
+    )
+
+
+def test_a_claim_lost_with_a_redis_restart_is_re_created_by_its_holder_not_stolen(r):
+    key = claims.claim_key("/out", "v1", "depth")
+    assert claims.acquire(r, key, "gpu0@h t1", TTL_S) is None
+    r.delete(key)  # Redis restarted without the key, or was away longer than the TTL
+    assert claims.renew(r, TTL_S) == []
+    assert r.get(key) == "gpu0@h t1" and 0 < r.pttl(key) <= TTL_S * 1000
+    r.set(key, "gpu1@h t2")  # another worker took it meanwhile: the holder must not take it back
+    assert claims.renew(r, TTL_S) == [key]
+    assert r.get(key) == "gpu1@h t2"
+
+
+class _Interleaved:
+    """The real client, but each command queued in a pipeline first lets the task thread take a claim, as a
+    thread switch at that moment would."""
+
+    def __init__(self, r: redis.Redis) -> None:
+        self.r = r
+
+    def pipeline(self, *args, **kwargs):
+        pipe = self.r.pipeline(*args, **kwargs)
+        queue = pipe.execute_command
+
+        def execute_command(*cmd, **options):
+            claims.acquire(self.r, claims.claim_key("/out", f"new{len(claims.HELD)}", "depth"), "gpu0@h t9", TTL_S)
+            return queue(*cmd, **options)
+
+        pipe.execute_command = execute_command
+        return pipe
+
+    def __getattr__(self, name: str):
+        return getattr(self.r, name)
+
+
+def test_claim_renewal_reads_a_snapshot_while_the_task_thread_changes_the_held_set(r):
+    for i in range(3):
+        claims.acquire(r, claims.claim_key("/out", f"v{i}", "depth"), f"gpu0@h t{i}", TTL_S)
+    claims.renew(_Interleaved(r), TTL_S)  # no "dictionary changed size during iteration"
+    assert len(claims.HELD) == 6 and all(r.get(key) for key in list(claims.HELD)[:3])
+
+
+def test_a_duplicate_is_dropped_only_while_its_holder_runs_the_task(r):
+    key = claims.claim_key("/out", "v1", "depth")
+    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S).action == "run"
+    _publish_worker(r, "gpu0@h", [], busy=True, current={"task": "framefleet.depth", "task_id": "t1"})
+    assert claims.decide(r, key, "t1", "gpu1@h", TTL_S).action == "drop"
+    # The holder died (its registry entry is gone): the redelivery takes the claim over and runs.
+    registry.remove(r, "gpu0@h")
+    verdict = claims.decide(r, key, "t1", "gpu1@h", TTL_S)
+    assert verdict.action == "run" and r.get(key) == "gpu1@h t1"
+    # Another task of the same stage and video waits; a finished task id is dropped.
+    assert claims.decide(r, key, "t2", "gpu0@h", TTL_S).action == "wait"
+    claims.finish(r, "t1", succeeded=True, done_ttl_s=60)
+    assert r.get(key) is None and claims.decide(r, key, "t1", "gpu0@h", TTL_S).action == "drop"
+
+
+def test_a_lease_and_unacked_entry_lost_with_redis_are_re_asserted_by_the_holder(redis_url, r):
+    app = _app(redis_url)
+    tag, task_id = _deliver(app, redis_url)
+    entry = r.hget(leases.UNACKED, tag)
+    assert leases.grant(r, tag, task_id, "gpu0@h", TTL_S, entry) is None
+    r.delete(leases.LEASE_PREFIX + tag)
+    r.hdel(leases.UNACKED, tag)  # e.g. a duplicate delivery's ack under the same tag
+    assert leases.renew(r, "gpu0@h", TTL_S) == 1
+    assert r.get(leases.LEASE_PREFIX + tag) == f"gpu0@h {task_id}"
+    assert r.hget(leases.UNACKED, tag) == entry and r.zscore(leases.UNACKED_INDEX, tag) is not None
+    app.close()
+
+
+def _age(r: redis.Redis, tag: str, seconds: float) -> None:
+    r.zadd(leases.UNACKED_INDEX, {tag: time.time() - seconds})
+
+
+def test_the_reaper_requeues_only_what_no_live_worker_holds(redis_url, r):
+    app = _app(redis_url)
+    tag, task_id = _deliver(app, redis_url)
+    leases.grant(r, tag, task_id, "gpu0@h", TTL_S)
+    leases.HELD.clear()
+    r.delete(leases.LEASE_PREFIX + tag)  # lapsed
+    _age(r, tag, 10)
+    # Its worker is alive and lists the message: it re-asserts at its next heartbeat; no requeue.
+    _publish_worker(r, "gpu0@h", [tag], busy=True)
+    assert leases.reap(app, r, r, TTL_S) == [] and r.llen("gpu0") == 0
+    # Gone, but not yet for a lease TTL: still no requeue.
+    registry.remove(r, "gpu0@h")
+    r.delete(leases.REAPER_LOCK)
+    assert leases.reap(app, r, r, TTL_S) == []
+    # Gone longer than the TTL: requeued.
+    r.hset(registry.SEEN_KEY, "gpu0@h", str(time.time() - 5))
+    r.delete(leases.REAPER_LOCK)
+    assert leases.reap(app, r, r, TTL_S) == [tag]
+    assert r.llen("gpu0") == 1 and not r.hexists(leases.UNACKED, tag)
+    app.close()
+
+
+def test_a_message_whose_live_owner_no_longer_holds_it_is_requeued(redis_url, r):
+    """Its ack was lost (Redis away at the time): the idle owner lists nothing, so nothing waits forever."""
+    app = _app(redis_url)
+    tag, task_id = _deliver(app, redis_url)
+    leases.grant(r, tag, task_id, "gpu0@h", TTL_S)
+    leases.HELD.clear()
+    r.delete(leases.LEASE_PREFIX + tag)
+    _age(r, tag, 10)
+    _publish_worker(r, "gpu0@h", [])
+    assert leases.reap(app, r, r, TTL_S) == [tag] and r.llen("gpu0") == 1
+    app.close()
+
+
+def _conf(redis_url: str, **extra) -> Settings:
+    return Settings(redis_url=redis_url, lease_ttl_s=TTL_S, **extra)
+
+
+def test_the_stall_report_names_a_message_held_by_an_idle_worker(redis_url, r):
+    app = _app(redis_url)
+    tag, task_id = _deliver(app, redis_url)
+    leases.grant(r, tag, task_id, "gpu0@h", TTL_S)
+    _age(r, tag, 30)
+    _publish_worker(r, "gpu0@h", [])
+    why = "; ".join(stall.diagnose(r, r, _conf(redis_url)))
+    assert f"depth of v1 (task {task_id}): held in unacked" in why and "gpu0@h, which is idle" in why, why
+    app.close()
+
+
+def test_the_stall_report_names_a_message_held_by_a_worker_that_is_gone(redis_url, r):
+    app = _app(redis_url)
+    tag, task_id = _deliver(app, redis_url)
+    leases.grant(r, tag, task_id, "gpu7@h", TTL_S)
+    _age(r, tag, 30)
+    why = "; ".join(stall.diagnose(r, r, _conf(redis_url)))
+    assert f"task {task_id}): held in unacked" in why and "gpu7@h, which is gone" in why, why
+    app.close()
+
+
+def test_the_stall_report_names_a_worker_past_its_deadline(redis_url, r):
+    started = time.time() - 100
+    _publish_worker(r, "gpu0@h", [], busy=True, current={"task": "framefleet.depth", "video": "v9", "started": started})
+    conf = _conf(redis_url, stages={"depth": {"deadline_s": 50}})
+    why = "; ".join(stall.diagnose(r, r, conf))
+    assert "worker gpu0@h: depth of v9 running" in why and "past its 50 s deadline" in why, why
+
+
+def test_the_run_s_messages_are_found_in_queues_and_unacked_and_missed_when_gone(redis_url, r):
+    app = _app(redis_url)
+    conf = _conf(redis_url)
+    _deliver(app, redis_url)  # one in unacked
+    send_task(redis_url, "framefleet.h5", ({"video_id": "v2", "run_id": "run"},), "cpu")  # one waiting
+    send_task(redis_url, "framefleet.h5", ({"video_id": "v3", "run_id": "other"},), "cpu")
+    assert stall.run_messages(r, r, conf, "run", "callback-id") == 2
+    r.flushdb()
+    assert stall.run_messages(r, r, conf, "run", "callback-id") == 0
+    app.close()
+
+
+def test_the_heartbeat_survives_a_failing_tick_and_counts_it(redis_url, r, monkeypatch):
+    from tasks import celery_app
+
+    monkeypatch.setattr(
+        celery_app, "_settings", Settings(redis_url=redis_url, heartbeat_interval_s=0.05, registry_ttl_s=5)
+    )
+    ticks = {"n": 0}
+
+    def state() -> dict:
+        ticks["n"] += 1
+        if ticks["n"] == 2:
+            raise ValueError("a bad tick")  # any exception, from any part of the tick
+        return {"hostname": "hb@test", "busy": False, "current": None, "gpu_queues": []}
+
+    app = _app(redis_url)
+    beat = Heartbeat(app, state)
+    beat.start()
+    try:
+        published = wait_until(
+            lambda: (
+                (raw := r.get(registry.WORKER_PREFIX + "hb@test"))
+                and json.loads(raw).get("heartbeat_errors", 0) >= 1
+                and json.loads(raw)
+            ),
+            20,
+            "a state published after the failing tick",
+        )
+        assert beat.is_alive() and published["heartbeat_errors"] == 1
+    finally:
+        beat.stopping.set()
+        beat.join(5)
+        app.close()
