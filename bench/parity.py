@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                 f2 = fig[tt]
                 f2["windows"] += len(ours)
                 f2["windows_y2r"] += len(theirs)
-                f2["windows_with_other_count"] += sum(ours.get(k, -1) != theirs.get(k, -1) for k in set(ours) | set(theirs))
+                starts = set(ours) | set(theirs)
+                f2["windows_with_other_count"] += sum(ours.get(k, -1) != theirs.get(k, -1) for k in starts)
                 f2["points"] += sum(ours.values())
                 f2["points_y2r"] += sum(theirs.values())
         diff = np.abs(video_ours.astype(np.int16) - want["root/video"].astype(np.int16))

@@ -9,6 +9,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tasks.cli.common import add_config_argument, fail, settings_from  # noqa: E402
+from tasks.cli.common import HelpFormatter, add_config_argument, fail, settings_from  # noqa: E402
 
-__all__ = ["ROOT", "add_config_argument", "fail", "settings_from"]
+__all__ = ["ROOT", "HelpFormatter", "add_config_argument", "fail", "settings_from"]

@@ -13,12 +13,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tasks import quarantine
+from tasks import quarantine, requeues, runs
 from tasks.celery_app import TASK_PREFIX, app, settings
+from tasks.flower_view import VideoTask
 from tasks.redis_client import get_redis
-from tasks.stage_io import dataset_file
+from tasks.stage_io import MARKERS_DIR, read_done
 from tasks.stages import dataset_stage
-from tasks.storage import read_marker, write_text_atomic
+from tasks.storage import write_text_atomic
 
 log = logging.getLogger("framefleet.aggregate")
 REPORT_TIMEOUT_S = 120
@@ -27,20 +28,20 @@ REPORT_TIMEOUT_S = 120
 def completed_videos(out_root: Path) -> dict[str, dict[str, Any]]:
     """Return the h5 marker of every video of ``out_root`` whose HDF5 file is complete, any run.
 
-    Paths are joined under the root resolved once, not confined one by one: resolving two
-    paths per video was most of the time over 50,000 videos. A work folder or file that is a
-    link is not followed (``read_marker`` wants regular files), so nothing outside is read.
+    The markers live in OUT/markers/ (they outlive OUT/work/ under ``--intermediates drop``);
+    those of earlier versions in OUT/work/<video>/. A work folder that is a link is not followed.
     """
     root = out_root.resolve()
-    output, marker = dataset_file(root, "_")
-    output_name, marker_name = output.name.replace("_", "{}", 1), marker.name
     try:
-        folders = sorted(e.name for e in os.scandir(root / "work") if e.is_dir(follow_symlinks=False))
+        folders = [e.name for e in os.scandir(root / "work") if e.is_dir(follow_symlinks=False)]
     except FileNotFoundError:
-        return {}
+        folders = []
     found = {}
-    for vid in folders:
-        record = read_marker(root / output_name.format(vid), root / "work" / vid / marker_name, check_hash=False)
+    final = dataset_stage().name
+    candidates = {p.name.removesuffix(".hdf5.done.json") for p in (root / MARKERS_DIR).glob("*.hdf5.done.json")}
+    candidates |= set(folders)  # markers of earlier versions
+    for vid in sorted(candidates):
+        record = read_done(root, vid, final, check_hash=False)
         if record is not None and "stats" in record.get("report", {}):
             found[vid] = record
     return found
@@ -77,6 +78,14 @@ def stage_timings(results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _requeued(r: Any, run_id: str) -> list[dict[str, Any]]:
+    """The run's requeues after a lost worker (tasks/requeues.py); [] when Redis does not answer."""
+    try:
+        return requeues.read(r, run_id) if r is not None else []
+    except Exception:  # the summary matters more than this part of it
+        return []
+
+
 def write_report(out_root: Path) -> None:
     """Build OUT/report.html while Redis still holds the run's stage log; never raises.
 
@@ -96,7 +105,7 @@ def write_report(out_root: Path) -> None:
         log.info("report written in %.1f s: %s", time.monotonic() - started, out_root / "report.html")
 
 
-@app.task(name=TASK_PREFIX + "aggregate", acks_late=True)
+@app.task(name=TASK_PREFIX + "aggregate", acks_late=True, base=VideoTask)
 def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any]:
     """Chord callback: write normalization_stats.yaml and run_summary.json; return the summary."""
     out_root = Path(run["output_root"])
@@ -124,10 +133,12 @@ def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, A
         "wall_s": time.time() - run["started"] if run.get("started") else None,
         "stages": stage_timings([r for r in results if not r.get("failed")]),
         "notes": {r["video_id"]: r["notes"] for r in results if r.get("notes")},
+        "requeued": _requeued(r, run["run_id"]),
         "outputs": {"statistics": "normalization_stats.yaml", "hdf5": "{video_id}.hdf5",
                     "quarantine": quarantine.FILE, "report": "report.html"},
     }
     write_text_atomic(out_root / "run_summary.json", json.dumps(summary, indent=2, sort_keys=True))
+    runs.finished(out_root, run["run_id"], summary)
     log.info("run %s: %d done, %d failed; statistics over %d videos",
              run["run_id"], len(done), len(failed), merged)
     write_report(out_root)

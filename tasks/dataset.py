@@ -41,19 +41,41 @@ def video_id(relative: Path) -> str:
     return f"{stem}-{digest}"
 
 
-def check_folders(raw_dir: Path, out_dir: Path, resume: bool, force: bool) -> None:
-    """Refuse an output folder inside the input, or an earlier run's folder without a mode flag."""
+def check_folders(raw_dir: Path, out_dir: Path, resume: bool, force: bool, add: bool = False) -> None:
+    """Refuse an output folder inside the input, a file as the output folder, an earlier run's folder
+    without a mode flag, or an earlier run's folder over another input folder without ``add``."""
     raw, out = raw_dir.resolve(), out_dir.resolve()
+    if out.exists() and not out.is_dir():
+        raise DatasetError(f"the output folder {out_dir} is a file; name a folder (it is made if missing)")
     if out == raw or raw in out.parents:
         raise DatasetError(
             f"the output folder {out_dir} is inside the input folder {raw_dir}; "
             "choose an output folder outside it, so outputs are never taken for inputs"
         )
-    if (out / "manifest.json").exists() and not (resume or force):
+    manifest = out / "manifest.json"
+    if manifest.exists() and not (resume or force):
         raise DatasetError(
             f"{out_dir} already holds a framefleet run. Pass --continue to finish it (complete "
             "outputs are kept) or --force to redo every video; nothing was changed or deleted"
         )
+    known = dataset_roots(out_dir)
+    if manifest.exists() and known and str(raw) not in known and not add:
+        raise DatasetError(
+            f"{out_dir} holds a run over {known[0]}, not {raw}: --continue and --force finish or redo "
+            f"that dataset. Give {known[0]} as RAW_DIR, or pass --add as well to add the videos of {raw} "
+            "to this output folder on purpose (the manifest then records each video's own folder)"
+        )
+
+
+def dataset_roots(out_dir: Path) -> list[str]:
+    """The input folders of the runs in ``out_dir``'s manifest, the first run's first; [] without one."""
+    try:
+        manifest = json.loads((out_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return []
+    roots = [manifest["dataset_root"]] if manifest.get("dataset_root") else []
+    roots += sorted({v["root"] for v in manifest.get("videos", []) if v.get("root")} - set(roots))
+    return roots
 
 
 def write_manifest(
@@ -68,18 +90,30 @@ def write_manifest(
 
     path = out_dir / "manifest.json"
     known: dict[str, Any] = {}
+    root = str(raw_dir.resolve())
+    first_root = root
     if path.exists():
-        known = {v["video_id"]: v for v in json.loads(path.read_text())["videos"]}
+        earlier = json.loads(path.read_text())
+        known = {v["video_id"]: v for v in earlier["videos"]}
+        first_root = earlier.get("dataset_root") or root
     entries = []
     for video in videos:
         rel = video.relative_to(raw_dir)
         described = (texts or {}).get(clip_id(rel), ClipText())
         entry = {"video_id": video_id(rel), "path": rel.as_posix(), "bytes": video.stat().st_size,
                  "text": described.text, "noun": described.noun}
+        if root != first_root:  # added with --add: this video lives under another folder
+            entry["root"] = root
+        if entry["video_id"] in known and known[entry["video_id"]].get("root", first_root) != root:
+            raise DatasetError(
+                f"{rel} of {root} has the same path as a video of {known[entry['video_id']].get('root', first_root)} "
+                "already in this output folder, so their outputs would overwrite each other; rename one "
+                "(or move it into a subfolder) and enqueue again"
+            )
         known[entry["video_id"]] = entry
         entries.append(entry)
-    manifest = {"dataset_root": str(raw_dir.resolve()), "last_run": run_id, "updated": time.time(),
-                "videos": sorted(known.values(), key=lambda v: v["path"])}
+    manifest = {"dataset_root": first_root, "last_run": run_id, "updated": time.time(),
+                "videos": sorted(known.values(), key=lambda v: (v.get("root", ""), v["path"]))}
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(manifest, indent=1))
     return entries
@@ -92,16 +126,12 @@ def incomplete(entries: list[dict[str, Any]], out_dir: Path) -> list[dict[str, A
     without reading it; one touched since (same size, other time) is hashed. (verify_dataset.py
     reads every file in full.)
     """
-    from tasks.stage_io import dataset_file
-    from tasks.storage import IF_TOUCHED, read_marker
+    from tasks.stage_io import read_done
+    from tasks.stages import dataset_stage
+    from tasks.storage import IF_TOUCHED
 
-    # The root is resolved once; ids are ours (letters, digits, - and _), and read_marker follows no link.
-    root = out_dir.resolve()
-    output, marker = dataset_file(root, "_")
-    output_name, marker_name = output.name.replace("_", "{}", 1), marker.name
-    return [e for e in entries if read_marker(root / output_name.format(e["video_id"]),
-                                              root / "work" / e["video_id"] / marker_name,
-                                              check_hash=IF_TOUCHED) is None]
+    final, root = dataset_stage().name, out_dir.resolve()
+    return [e for e in entries if read_done(root, e["video_id"], final, check_hash=IF_TOUCHED) is None]
 
 
 def new_run_id() -> str:
@@ -110,7 +140,7 @@ def new_run_id() -> str:
 
 def build_chord(
     entries: list[dict[str, Any]], raw_dir: Path, out_dir: Path, run_id: str,
-    gpus: list[int] | None = None, force: bool = False, already_complete: int = 0,
+    gpus: list[int] | None = None, force: bool = False, already_complete: int = 0, intermediates: str = "keep",
 ) -> tuple[Any, dict[str, Any]]:
     """Return (the chord of one chain per video, the run record the callback receives).
 
@@ -127,8 +157,8 @@ def build_chord(
     for entry in entries:
         job = {"run_id": run_id, "video_id": entry["video_id"], "video": entry["path"],
                "dataset_root": str(raw_dir.resolve()), "output_root": run["output_root"],
-               "gpus": gpus, "gpu": None, "force": force, "text": entry.get("text", ""),
-               "noun": entry.get("noun", ""), "chain": list(order)}
+               "gpus": gpus, "gpu": None, "force": force, "intermediates": intermediates,
+               "text": entry.get("text", ""), "noun": entry.get("noun", ""), "chain": list(order)}
         first, *rest = (STAGE_TASKS[name] for name in order)
         chains.append(chain(first.s(job), *(t.s() for t in rest)))
     if not chains:

@@ -71,6 +71,9 @@ def check(argv: Sequence[str] | None = None) -> None:
     args = flower_args(argv)
     if args is None:
         return
+    from tasks.flower_view import default_columns
+
+    default_columns(args)
     try:
         problem = auth_problem(argv[0], args)
     except Exception:  # an argument Flower cannot parse: Flower itself reports it and exits

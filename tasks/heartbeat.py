@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import celery
 
-from tasks import claims, leases, registry
+from tasks import claims, flower_view, leases, registry
 from tasks.celery_app import settings
 from tasks.rebalance import rebalance
 from tasks.redis_client import get_redis
@@ -37,6 +37,8 @@ class Heartbeat(threading.Thread):
         self.errors = 0
         # When this worker's Redis calls last came back after failing (monotonic s); None while failing.
         self.redis_back_at: float | None = -float("inf")
+        # Since when heartbeat events fail (epoch s): task ends sent meanwhile may be lost to Flower.
+        self.events_lost_since: float | None = None
 
     @classmethod
     def start_for(cls, app: celery.Celery, state: Callable[[], dict[str, Any]]) -> Heartbeat:
@@ -81,9 +83,13 @@ class Heartbeat(threading.Thread):
         self.enforce_deadline(state, conf)
         try:
             self.send_event(state, conf.heartbeat_interval_s)
+            if self.events_lost_since is not None:  # back: tell Flower again how the tasks meanwhile ended
+                flower_view.RECENT_ENDS.resend(self.dispatcher, self.events_lost_since - conf.heartbeat_interval_s)
+                self.events_lost_since = None
         except Exception:
             self.failed("the worker-heartbeat event")
             self.dispatcher = None
+            self.events_lost_since = self.events_lost_since or time.time()
         redis_ok = True
         for what, part in (
             ("renewing leases", lambda: leases.renew(get_redis(conf.broker), state["hostname"], conf.lease_ttl_s)),

@@ -47,10 +47,19 @@ def _pick(readings: list[GpuReading], mode: str, queue_index: int) -> GpuReading
     return next((g for g in readings if g.index == index), None)
 
 
+def _done_by_the_pool() -> int:
+    from celery.worker import state as celery_state
+
+    return max(0, celery_state.all_total_count[0] - len(celery_state.active_requests))
+
+
 @inspect_command()
 def gpu(state: Any) -> dict[str, Any]:
     """This worker's state (queues, stages, memory, current task) and the readings of its GPU."""
     reply: dict[str, Any] = {"worker": worker.worker_state()}
+    # A prefork worker runs its tasks in child processes, whose counts this process never sees;
+    # Celery's own count of the tasks this process handed out and got back covers them.
+    reply["worker"]["tasks_done"] = max(reply["worker"].get("tasks_done", 0), _done_by_the_pool())
     try:
         reply.update(gpu_reading())
     except Exception as exc:  # a reply with the reason beats a silent worker

@@ -24,6 +24,9 @@ RUN_PREFIX = "ff:run:"  # + run id: per-stage done/failed counters
 QUARANTINE_PREFIX = "ff:quarantine:"  # + output-root hash: the quarantined videos of that root
 OOM_LOG = "ff:oom"  # list of out-of-memory records, newest first
 STAGE_LOG = "ff:stages"  # list of stage spans (the report's source)
+RUN_INFO_PREFIX = "ff:runinfo:"  # + run id: the run's record (its OUT, callback id), for status and cancel
+CANCELLED_PREFIX = "ff:cancelled:"  # + run id: the run was cancelled (framefleet cancel)
+REQUEUES_PREFIX = "ff:requeues:"  # + run id: list of requeues after a lost worker (tasks.requeues)
 METRIC_COUNTS = "ff:metrics:counts"
 METRIC_DURATIONS = "ff:metrics:stage-seconds"
 

@@ -26,7 +26,7 @@ from typing import Any
 import celery
 import redis
 
-from tasks import keys, registry
+from tasks import keys, registry, requeues
 
 log = logging.getLogger("framefleet.leases")
 LEASE_PREFIX = keys.LEASE_PREFIX
@@ -192,6 +192,7 @@ def reap(app: celery.Celery, r: redis.Redis, workers_r: redis.Redis, ttl_s: floa
         with app.connection_for_write() as conn:
             qos = conn.default_channel.qos
             for tag in orphans:
+                requeues.note(r, tag, "its worker was lost (its lease lapsed)")
                 qos.restore_by_tag(tag, leftmost=False)  # front: it was already under way
                 r.delete(OWNER_PREFIX + tag, ORPHAN_PREFIX + tag)
     return orphans

@@ -12,7 +12,7 @@ import redis
 from celery import Task, current_task
 from celery.exceptions import Ignore, Reject
 
-from tasks import claims, leases, metrics, oom, progress, worker
+from tasks import cancel, claims, intermediates, leases, metrics, oom, progress, worker
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.errors import (
     ClaimLost,
@@ -25,9 +25,10 @@ from tasks.errors import (
     WorkerLost,
     error_class,
 )
+from tasks.flower_view import VideoTask, finished_earlier, progress_text
 from tasks.redis_client import get_redis
 from tasks.routing import route_task
-from tasks.stage_io import check_roots, gather_inputs, marker_of, output_path
+from tasks.stage_io import check_roots, gather_inputs, marker_of, output_path, read_done
 from tasks.stages import STAGE_NAMES, stage_class
 from tasks.storage import atomic_write, clear_temporaries, read_marker, save_npz, write_marker
 
@@ -58,7 +59,7 @@ def _execute(stage_name: str, job: dict[str, Any], fence: Callable[[], None] | N
     output = output_path(out_root, vid, stage_name)
     marker = marker_of(out_root, vid, stage_name)
     if not job.get("force"):
-        done = read_marker(output, marker)
+        done = read_done(out_root, vid, stage_name)
         if done is not None:
             return {"skipped": True, **done.get("report", {})}
     stage = worker.get_stage(stage_name)
@@ -79,12 +80,15 @@ def _execute(stage_name: str, job: dict[str, Any], fence: Callable[[], None] | N
     # The first event waits as long as the next ones: a task shorter than the interval sends none
     # (each event is an event publish plus a state write, 2-3 Redis round trips per task).
     last_sent = [time.monotonic()]
+    check_cancelled = cancel.Checker(_redis_or_none(settings().redis_url), job["run_id"])
 
     def on_progress(done_frames: int, total_frames: int) -> None:
+        check_cancelled()  # `framefleet cancel`: stop here, before the output is written
         worker.STATE.update(frames=[done_frames, total_frames])
         if time.monotonic() - last_sent[0] >= PROGRESS_EVENT_INTERVAL_S:
             last_sent[0] = time.monotonic()
-            _announce_progress({"video_id": vid, "stage": stage_name, "done": done_frames, "total": total_frames})
+            _announce_progress({"video_id": vid, "video": job["video"], "stage": stage_name,
+                                "done": done_frames, "total": total_frames})
 
     ran_s = 0.0
     if stage_class(stage_name).writes == "hdf5":
@@ -121,7 +125,7 @@ def _announce_progress(meta: dict[str, Any]) -> None:
     if task is None or task.request.called_directly:
         return
     try:
-        task.send_event("task-progress", **meta)
+        task.send_event("task-progress", result=progress_text(meta), **meta)
         task.update_state(state="PROGRESS", meta=meta)
     except Exception as exc:  # progress display is not worth failing a video for
         log.warning("progress of %s not sent: %s", task.request.id, exc)
@@ -171,6 +175,8 @@ def _claim_or_wait(task: Task, key: str, stage_name: str, job: dict[str, Any]) -
         log.warning("dropped a second delivery of task %s (%s of %s): %s", task.request.id, stage_name,
                     job["video_id"], verdict.why)
         leases.dropped_duplicate(task.request.id)
+        if not verdict.holder:  # it finished in an earlier delivery, whose end Flower may not have seen
+            finished_earlier(task)
         raise Ignore()
     log.info("%s of %s is being made by %s; looking again in %g s", stage_name, job["video_id"],
              verdict.holder, conf.lease_ttl_s / 2)
@@ -204,6 +210,8 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
     """
     if job.get("failed"):
         return job
+    if cancel.cancelled_quietly(_redis_or_none(settings().redis_url), job["run_id"]):
+        cancel.stop(task, stage_name, job)
     job = _run_stage(task, stage_name, job)
     job.pop(WAITS, None)  # the next stage counts its own
     return job
@@ -229,6 +237,8 @@ def _run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, An
                 f"its worker died or passed the {stage_conf.deadline_s:g} s deadline each time"
             )
         report = _execute(stage_name, job, lambda: claims.confirm(get_redis(conf.redis_url), key, conf.lease_ttl_s))
+    except cancel.RunCancelled:
+        cancel.stop(task, stage_name, job)
     except ClaimLost as exc:
         # Another run took this stage over while ours was cut off; that run publishes and continues the chain.
         log.warning("%s of %s: %s; dropping this run", stage_name, job["video_id"], exc)
@@ -243,6 +253,8 @@ def _run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, An
             job["gpu"] = worker.ROLE.gpu
         if stage_class(stage_name).writes == "hdf5":
             job["report"] = {k: v for k, v in report.items() if k not in ("stats", "run_s")}
+            if job.get("intermediates") == "drop":
+                _drop_intermediates(job)
         if report.get("notes"):
             job["notes"] = {**job.get("notes", {}), stage_name: report["notes"]}
         _record(stage_name, job, ok=True)
@@ -295,13 +307,22 @@ def _record(stage_name: str, job: dict[str, Any], ok: bool) -> None:
     metrics.record_stage(conf.redis_url, stage_name, job)
 
 
+def _drop_intermediates(job: dict[str, Any]) -> None:
+    """Delete a finished video's OUT/work/ folder (``--intermediates drop``); a failure is only logged."""
+    try:
+        freed = intermediates.drop(Path(job["output_root"]), job["video_id"])
+        log.info("dropped the intermediates of %s (%d bytes)", job["video_id"], freed)
+    except OSError as exc:  # the dataset file is complete; leftovers are for `framefleet clean`
+        log.warning("intermediates of %s not dropped: %s", job["video_id"], exc)
+
+
 def _stage_task(stage_name: str) -> Task:
     def body(self: Task, job: dict[str, Any]) -> dict[str, Any]:
         return run_stage(self, stage_name, job)
 
     body.__name__ = stage_name
     body.__doc__ = f"Run the {stage_name} stage for one video; return the job for the next stage."
-    return app.task(bind=True, name=TASK_PREFIX + stage_name, acks_late=True)(body)
+    return app.task(bind=True, name=TASK_PREFIX + stage_name, acks_late=True, base=VideoTask)(body)
 
 
 # One task per stage, named framefleet.<stage>.

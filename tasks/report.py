@@ -1,7 +1,7 @@
 """Write OUT/report.html: a finished run's throughput, GPU memory with the autoscaler's decisions,
 stage durations and failures, as PNG plots in OUT/report/.
 
-    python scripts/report.py OUT [--config FILE]      (or: python -m tasks.report OUT)
+    framefleet report OUT [--config FILE]      (or: python -m tasks.report OUT)
 
 Reads OUT/run_summary.json; from Redis, when it answers, the run's stage log (ff:stages) and the
 autoscaler's decisions (ff:autoscale); and OUT/logs/gpu-samples.jsonl (run_local writes it). What
@@ -43,7 +43,7 @@ def load(out: Path, conf: Settings) -> dict[str, Any]:
     saved = json.loads(snapshot.read_text()) if snapshot.exists() else {}
     if saved.get("run_id") != summary["run_id"]:
         saved = {}
-    source = "a snapshot (OUT/report/data.json)" if saved else "nowhere (no stage log in Redis, no snapshot)"
+    source = f"a snapshot ({snapshot})" if saved else "nowhere (no stage log in Redis, no snapshot)"
     stage_log, decisions = saved.get("stage_log", []), saved.get("autoscale", [])
     try:
         r = get_redis(conf.redis_url)
@@ -68,7 +68,17 @@ def load(out: Path, conf: Settings) -> dict[str, Any]:
             if start <= float(sample["time"]) <= end:
                 samples.append(sample)
     return {"summary": summary, "stage_log": stage_log, "autoscale": decisions, "samples": samples,
-            "source": source}
+            "source": source, "samples_path": samples_path}
+
+
+def time_axis(summary: dict[str, Any]) -> tuple[float, str]:
+    """(seconds per unit, axis label) for the run's length: seconds up to 3 min, minutes up to 3 h, then hours."""
+    span = float(summary.get("wall_s") or 0)
+    if span <= 180:
+        return 1.0, "seconds since the run started"
+    if span <= 3 * 3600:
+        return 60.0, "minutes since the run started"
+    return 3600.0, "hours since the run started"
 
 
 def done_times(out: Path, data: dict[str, Any]) -> tuple[list[float], str]:
@@ -85,29 +95,30 @@ def plot_throughput(ax: Any, out: Path, data: dict[str, Any]) -> str | None:
     if not times:
         return "No video was done in this run, so there is no throughput to plot."
     t0 = float(data["summary"].get("started") or times[0])
-    minutes = [(t - t0) / 60 for t in times]
-    ax.step([0.0, *minutes], range(len(times) + 1), where="post")
-    ax.set(xlabel="minutes since the run started", ylabel="videos done", title=f"Throughput (from {source})")
+    unit, label = time_axis(data["summary"])
+    ax.step([0.0, *[(t - t0) / unit for t in times]], range(len(times) + 1), where="post")
+    ax.set(xlabel=label, ylabel="videos done", title=f"Throughput (from {source})")
     return None
 
 
 def plot_gpu_memory(ax: Any, data: dict[str, Any]) -> str | None:
     samples, decisions = data["samples"], data["autoscale"]
     if not samples and not decisions:
-        return ("No GPU memory data for this run: no GPU samples in OUT/logs/gpu-samples.jsonl (run_local writes "
-                "them where it sees a GPU) and no autoscaler decisions in Redis (ff:autoscale).")
+        return (f"No GPU memory data for this run: no GPU samples in {data['samples_path']} (framefleet run "
+                "writes them where it sees a GPU) and no autoscaler decisions in Redis (ff:autoscale).")
     t0 = float(data["summary"].get("started") or 0)
+    unit, label = time_axis(data["summary"])
     for gpu in sorted({int(s["gpu"]) for s in samples}):
         mine = [s for s in samples if int(s["gpu"]) == gpu]
-        ax.plot([(s["time"] - t0) / 60 for s in mine], [s["used_mib"] / 1024 for s in mine], label=f"GPU {gpu}")
+        ax.plot([(s["time"] - t0) / unit for s in mine], [s["used_mib"] / 1024 for s in mine], label=f"GPU {gpu}")
     for action, (marker, color) in MARKERS.items():
         chosen = [d for d in decisions if d.get("action") == action and d.get("used_mib") is not None]
         if chosen:
-            ax.scatter([(d["time"] - t0) / 60 for d in chosen], [d["used_mib"] / 1024 for d in chosen],
+            ax.scatter([(d["time"] - t0) / unit for d in chosen], [d["used_mib"] / 1024 for d in chosen],
                        marker=marker, color=color, s=60, zorder=3, label=f"autoscaler: {action}")
         for d in (d for d in decisions if d.get("action") == action):
-            ax.axvline((d["time"] - t0) / 60, color=color, alpha=0.3, linestyle="--")
-    ax.set(xlabel="minutes since the run started", ylabel="GiB used", title="GPU memory and autoscaler decisions")
+            ax.axvline((d["time"] - t0) / unit, color=color, alpha=0.3, linestyle="--")
+    ax.set(xlabel=label, ylabel="GiB used", title="GPU memory and autoscaler decisions")
     ax.legend(loc="best", fontsize="small")
     return None
 
@@ -178,7 +189,7 @@ def page(data: dict[str, Any], sections: list[str]) -> str:
             ("Wall time", f"{s['wall_s']:.1f} s" if s.get("wall_s") is not None else "unknown"),
             ("Started", _when(s.get("started"))), ("Finished", _when(s.get("finished"))),
             ("Stage log and decisions from", data["source"]),
-            ("GPU samples", f"{len(data['samples'])} from OUT/logs/gpu-samples.jsonl")]
+            ("GPU samples", f"{len(data['samples'])} from {data['samples_path']}")]
     table = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>framefleet run {html.escape(s["run_id"])}</title>
@@ -199,8 +210,8 @@ def _when(epoch: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch)) if epoch else "unknown"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=_cli.HelpFormatter)
     parser.add_argument("out", type=Path, metavar="OUT", help="a run's output folder")
     _cli.add_config_argument(parser)
     args = parser.parse_args(argv)

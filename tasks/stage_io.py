@@ -7,8 +7,10 @@ from typing import Any
 
 from tasks.errors import PathOutsideRoot
 from tasks.stages import dataset_stage, stage_class
-from tasks.storage import confine, load_npz
+from tasks.storage import confine, load_npz, read_marker
 from worker_config.settings import Settings
+
+MARKERS_DIR = "markers"
 
 
 def check_roots(job: dict[str, Any], conf: Settings) -> None:
@@ -40,8 +42,22 @@ def dataset_file(out_root: Path, video_id: str) -> tuple[Path, Path]:
 
 
 def marker_of(out_root: Path, video_id: str, stage: str) -> Path:
-    """The completion marker: beside npz files, in the work folder for the .hdf5."""
+    """The completion marker: beside npz files; for the .hdf5 in OUT/markers/, since it holds the
+    video's partial statistics and must outlive OUT/work/ (``--intermediates drop``)."""
+    if stage_class(stage).writes == "hdf5":
+        return confine(out_root, Path(MARKERS_DIR) / f"{video_id}.hdf5.done.json")
     return work_dir(out_root, video_id) / f"{stage}.done.json"
+
+
+def read_done(out_root: Path, video_id: str, stage: str, check_hash: bool | str = True) -> dict[str, Any] | None:
+    """The marker of a complete ``stage`` output of a video, or None; reads the .hdf5 marker where
+    earlier versions wrote it (OUT/work/<video>/) too."""
+    output = output_path(out_root, video_id, stage)
+    found = read_marker(output, marker_of(out_root, video_id, stage), check_hash=check_hash)
+    if found is None and stage_class(stage).writes == "hdf5":
+        legacy = work_dir(out_root, video_id) / f"{stage}.done.json"
+        found = read_marker(output, legacy, check_hash=check_hash)
+    return found
 
 
 def gather_inputs(stage: str, job: dict[str, Any], enabled: tuple[str, ...]) -> dict[str, Any]:

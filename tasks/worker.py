@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import signals
 
-from tasks import leases
+from tasks import flower_view, leases
 from tasks.celery_app import settings
 from tasks.errors import ModelLoadError
 from tasks.gpu import INDEX_ENV, LEDGER_ENV
@@ -272,16 +272,18 @@ def on_task_start(task_id: str | None = None, task: Any = None, args: Any = None
     job = args[0] if args and isinstance(args[0], dict) else {}
     STATE.update(busy=True, frames=None, current={
         "task": task.name if task else None, "task_id": task_id, "video": job.get("video_id"),
-        "started": time.time()})
+        "run": job.get("run_id"), "started": time.time()})
 
 
 @signals.task_postrun.connect
-def on_task_end(task_id: str | None = None, state: str | None = None, **_: Any) -> None:
+def on_task_end(task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any) -> None:
     """Finish the task's claim (done only if it succeeded, i.e. its continuation was sent), then recycle."""
     from tasks import claims
     from tasks.redis_client import get_redis
 
     STATE.update(busy=False, current=None, frames=None, tasks_done=STATE["tasks_done"] + 1)
+    if task_id and state:
+        flower_view.RECENT_ENDS.note(task_id, state, retval)
     conf = settings()
     if task_id is not None:
         leases.forget(task_id)

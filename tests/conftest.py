@@ -21,7 +21,7 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.make_sample_dataset import make_video  # noqa: E402
+from tasks.cli.sample import make_video  # noqa: E402
 
 
 def free_port() -> int:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
 
-from tests.conftest import run_script, settings_env, wait_until
+from tests.conftest import ROOT, run_script, settings_env, wait_until
 
 LEASE_TTL_S = 6
 SLOW_DEPTH = "stages:\n  depth:\n    params: {matmuls_per_frame: 150}\n"
@@ -23,6 +25,9 @@ def test_sigkilled_worker_task_completes_on_another_within_the_lease_ttl(
     # Only GPU 1 has a worker when the depth task is sent, so it is routed there.
     assert run_script("enqueue_dataset.py", str(raw), "--out", str(out), "--no-wait",
                       env={**pipeline_env, **env}).returncode == 0
+    follower = subprocess.Popen([sys.executable, "-m", "tasks.cli.main", "status", "--watch", "--out", str(out)],
+                                cwd=ROOT, env={**pipeline_env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
     busy = wait_until(lambda: (s := workers.state("gpu1")) and s["busy"]
                       and (s["current"] or {}).get("task") == "framefleet.depth" and s, 120, "gpu1 busy on depth")
     victim = busy["current"]["video"]
@@ -46,5 +51,12 @@ def test_sigkilled_worker_task_completes_on_another_within_the_lease_ttl(
     for vid in summary["done_videos"]:
         names = sorted(p.name for p in (out / "work" / vid).iterdir())
         expected = [f"{s}{ext}" for s in ("preprocess", "depth", "tracks", "hands") for ext in (".npz", ".done.json")]
-        assert names == sorted([*expected, "h5.done.json"])
+        assert names == sorted(expected)
+        assert (out / "markers" / f"{vid}.hdf5.done.json").is_file()  # the partial statistics, outside work/
+    # The requeue is a line of the progress output and an entry of the run summary.
+    (requeued,) = summary["requeued"]
+    assert requeued["stage"] == "depth" and requeued["video_id"] == victim and "worker was lost" in requeued["why"]
+    stdout, stderr = follower.communicate(timeout=60)
+    assert follower.returncode == 0, stdout + stderr
+    assert f"requeued depth of {requeued['video']}: its worker was lost" in stdout, stdout
     print(f"restarted after {restarted_s:.1f} s, depth done after {recovered_s:.1f} s")

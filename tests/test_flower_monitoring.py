@@ -137,6 +137,11 @@ def test_flower_shows_a_busy_gpu_worker_online_with_its_task_and_live_progress(
 
     task = wait_until(depth_task, 10, "Flower to show depth in PROGRESS (task-progress events)")
     assert task["worker"] == "gpu0@test"
+    # The list names the video and run (args) and the frames done so far (result), not the job dict.
+    run_id = json.loads(next((tmp_path / "out" / "runs").glob("*.json")).read_text())["run_id"]
+    assert task["args"] == f"clip 00.mp4 · run {run_id}", task["args"]
+    done, total = task["result"].split(" frames of ")[0].split("/")
+    assert 0 < int(done) < int(total) and task["result"].endswith("clip 00.mp4"), task["result"]
     online = []
     for _ in range(6):  # a busy solo worker sends no heartbeat of its own: ours keeps it online
         online.append(flower.json("/api/workers?status=true").get("gpu0@test"))
@@ -173,4 +178,9 @@ def test_flower_shows_a_busy_gpu_worker_online_with_its_task_and_live_progress(
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=60)
     assert "gpu0@test" in dom.stdout, "the browser (basic auth in the URL) should see the worker"
+    tasks_page = subprocess.run([*common, "--dump-dom", url.replace("/workers", "/tasks")],
+                                capture_output=True, text=True, timeout=60)
+    rows = [row for row in tasks_page.stdout.split("<tr") if "framefleet.depth" in row]
+    assert rows and f"clip 00.mp4 · run {run_id}" in rows[0], tasks_page.stdout[-3000:]
+    assert " frames of clip 00.mp4" in rows[0], rows[0]
     workers.stop("gpu0", signal.SIGKILL)  # no need to wait out the long depth task

@@ -12,7 +12,7 @@ import av
 import numpy as np
 import pytest
 
-from scripts.make_sample_dataset import (
+from tasks.cli.sample import (
     FRAME_RATES,
     RESOLUTIONS,
     main,

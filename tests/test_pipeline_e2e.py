@@ -11,7 +11,7 @@ from pathlib import Path
 import h5py
 import redis
 
-from scripts.make_sample_dataset import make_corrupt_inputs
+from tasks.cli.sample import make_corrupt_inputs
 from tests.conftest import run_script, settings_env, task_result, wait_until
 
 SLOW_GPU = "stages:\n  depth:\n    params: {matmuls_per_frame: 60}\n"

@@ -56,13 +56,17 @@ def test_run_local_writes_a_report_with_plots_and_keeps_flower_password_out_of_s
         assert f'src="report/{name}.png"' in page
         assert_real_plot(out / "report" / f"{name}.png")
     assert "No video failed in this run." in page and summary["run_id"] in page
+    assert f"from {out / 'logs' / 'gpu-samples.jsonl'}" in page and "OUT/" not in page
+    record = json.loads((out / "runs" / f"{summary['run_id']}.json").read_text())
+    assert record["status"] == "finished" and record["finished"] == summary["finished"] and record["done"] == 1
     assert (out / "logs" / "gpu-samples.jsonl").read_text().count("\n") >= 2
 
     # Once Redis has forgotten the run, the report is rebuilt from its snapshot.
     r.flushdb()
     again = run_script("report.py", str(out), env=env, timeout_s=60)
     assert again.returncode == 0, again.stderr
-    assert "a snapshot (OUT/report/data.json)" in (out / "report.html").read_text()
+    rebuilt = (out / "report.html").read_text()
+    assert f"a snapshot ({out / 'report' / 'data.json'})" in rebuilt and "OUT/" not in rebuilt
     for name in PLOTS:
         assert_real_plot(out / "report" / f"{name}.png")
 
@@ -75,6 +79,14 @@ def test_run_local_writes_a_report_with_plots_and_keeps_flower_password_out_of_s
     assert "No GPU memory data for this run" in page and not (out / "report" / "gpu_memory.png").exists()
     assert_real_plot(out / "report" / "throughput.png")  # from the HDF5 files' times
     assert_real_plot(out / "report" / "stage_durations.png")  # from the summary's means
+
+
+@pytest.mark.parametrize(("wall_s", "unit", "word"), [(16.0, 1.0, "seconds"), (600.0, 60.0, "minutes"),
+                                                      (5 * 3600.0, 3600.0, "hours")])
+def test_the_time_axis_unit_follows_the_run_length(wall_s, unit, word):
+    from tasks.report import time_axis
+
+    assert time_axis({"wall_s": wall_s}) == (unit, f"{word} since the run started")
 
 
 def test_report_refuses_a_folder_without_a_finished_run(pipeline_env, tmp_path):

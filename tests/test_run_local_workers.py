@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scripts.run_local import STAND_IN_MIB, stand_in_workers
+from tasks.cli.run import STAND_IN_MIB, stand_in_workers
 
 
 def test_one_stand_in_per_core_when_memory_allows():

@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 KIND = {"depth": base.DepthBackend, "tracks": base.TrackBackend, "tracks2d": base.Track2DBackend,
         "hands": base.HandsBackend, "masks": base.MasksBackend}
 # Names from CONTRACTS.md that are spelled like a stage but name an HDF5 dataset or a statistic.
-CONTRACT_NAMES = {("tasks/stats.py", "depth"), ("scripts/verify_dataset.py", "depth"),
-                  ("scripts/verify_dataset.py", "tracks"), ("scripts/_y2r_strict.py", "tracks"),
+CONTRACT_NAMES = {("tasks/stats.py", "depth"), ("tasks/cli/verify.py", "depth"),
+                  ("tasks/cli/verify.py", "tracks"), ("tasks/cli/y2r_strict.py", "tracks"),
                   ("scripts/preview.py", "tracks")}
 
 

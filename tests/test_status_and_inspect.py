@@ -50,6 +50,7 @@ def test_status_shows_gpus_workers_queues_the_run_and_the_quarantine(workers, pi
     assert run_script("enqueue_dataset.py", str(video_factory(1, seconds=4.0)), "--out", str(out), "--no-wait",
                       env={**pipeline_env, **env}).returncode == 0
     wait_until(lambda: ((workers.state("gpu0") or {}).get("frames") or [0])[0] > 0, 60, "gpu0 midway through depth")
+    run_id = next((out / "runs").glob("*.json")).stem
 
     shown = run_script("status.py", "--out", str(out), env={**pipeline_env, **env}, timeout_s=60)
     assert shown.returncode == 0, shown.stderr
@@ -59,15 +60,15 @@ def test_status_shows_gpus_workers_queues_the_run_and_the_quarantine(workers, pi
     assert "1 (1 busy)" in gpu_row and " depth " in gpu_row and "/40" in gpu_row  # the video, its stage, frames
     assert any(line.startswith("cpu ") and "CPU workers" in line and "1 (0 busy)" in line for line in lines)
     assert any(line.split() == ["gpu0", "0"] for line in lines) and any(line.split() == ["cpu", "0"] for line in lines)
-    assert any(line.startswith("run ") and "1 videos" in line for line in lines)
+    assert any(line.startswith(f"run {run_id} (in {out.resolve()}), 1 video,") for line in lines), lines
     preprocess = next(line.split() for line in lines if line.startswith("preprocess "))
     assert preprocess[1:3] == ["1", "0"] and preprocess[-1] == "done"
     depth = next(line.split() for line in lines if line.startswith("depth "))
     assert depth[1:3] == ["0", "0"]
     assert f"quarantined: 0 (in {out / 'quarantine.jsonl'})" in lines
 
-    # Without a GPU it says so, and still lists the workers; without --out the run's size is unknown.
-    from scripts import status
+    # Without a GPU it says so, and still lists the workers; without --out the run comes from Redis.
+    from tasks.cli import status
     from worker_config.settings import load_settings
 
     monkeypatch.setenv("REDIS_URL", pipeline_env["REDIS_URL"])
@@ -75,5 +76,21 @@ def test_status_shows_gpus_workers_queues_the_run_and_the_quarantine(workers, pi
     text = status.render(load_settings(), None)
     assert "no GPU visible (NVML sees no GPU)" in text
     assert any(line.startswith("0 ") and "1 (1 busy)" in line for line in text.splitlines())
-    assert "size unknown" in text and "quarantined: 0 (in Redis" in text
+    assert f"run {run_id} (in {out.resolve()}), 1 video," in text and "quarantined: 0 (in Redis" in text
     workers.stop("gpu0", signal.SIGKILL)  # no need to wait out the long depth task
+
+
+def test_inspect_gpu_counts_the_tasks_a_prefork_cpu_worker_ran_in_its_children(workers, pipeline_env, video_factory,
+                                                                               tmp_path):
+    workers.start("cpu", pool="prefork", concurrency=1)
+    assert run_script("enqueue_dataset.py", str(video_factory(1)), "--out", str(tmp_path / "out"), "--no-wait",
+                      env=pipeline_env).returncode == 0
+    wait_until(lambda: (tmp_path / "out" / "work").is_dir() and any((tmp_path / "out" / "work").glob(
+        "*/preprocess.done.json")), 120, "preprocess on the prefork worker")
+    argv = [sys.executable, "-m", "celery", "-A", "tasks", "inspect", "gpu", "-t", "10", "-d", "cpu@test", "--json"]
+
+    def counted() -> int:
+        done = subprocess.run(argv, cwd=ROOT, env=pipeline_env, capture_output=True, text=True, timeout=60)
+        return done.returncode == 0 and json.loads(done.stdout)["cpu@test"]["worker"]["tasks_done"]
+
+    assert wait_until(counted, 30, "the preprocess task to be counted") == 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
@@ -15,9 +14,7 @@ from tasks.stages import stage_class
 from tasks.stats import VideoStats, normalization_stats, write_stats_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("verify_dataset", ROOT / "scripts" / "verify_dataset.py")
-vd = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(vd)
+from tasks.cli import verify as vd  # noqa: E402
 
 
 def frames_of(seed: int, T: int) -> np.ndarray:

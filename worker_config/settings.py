@@ -97,7 +97,7 @@ class Settings(BaseSettings):
     lease_ttl_s: float = Field(default=30.0, gt=0)
     heartbeat_interval_s: float = Field(default=2.0, gt=0)
     registry_ttl_s: float = Field(default=10.0, gt=0)
-    stall_after_s: float = Field(default=300.0, gt=0)
+    stall_after_s: float = Field(default=60.0, gt=0)
     result_expires_s: int = Field(default=30 * 24 * 3600, ge=3600)
     max_tasks_per_worker: int = Field(default=0, ge=0)
     max_rss_mib: float = Field(default=0, ge=0)

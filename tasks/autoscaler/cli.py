@@ -29,7 +29,7 @@ from tasks.autoscaler.families import family_argv
 from tasks.autoscaler.policy import AutoscalePolicy
 from tasks.autoscaler.service import Autoscaler
 from tasks.autoscaler.supervisor import Supervisor
-from tasks.cli.common import add_config_argument, fail, parse_gpus, settings_from
+from tasks.cli.common import HelpFormatter, add_config_argument, fail, parse_gpus, settings_from
 from tasks.gpu import INDEX_ENV, LEDGER_ENV, open_probe
 from tasks.metrics import start_exporter
 from worker_config.settings import Settings
@@ -45,9 +45,9 @@ POLICY_FLAGS = {  # AutoscalePolicy field: (type, help)
 }
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Namespace:
     defaults = AutoscalePolicy()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--gpus", type=parse_gpus, help="GPU indices to supervise, e.g. 0,1 (default: all)")
     for name, (kind, text) in POLICY_FLAGS.items():
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
@@ -72,8 +72,8 @@ def policy_from(args: argparse.Namespace, conf: Settings) -> AutoscalePolicy:
     return AutoscalePolicy(**{**conf.autoscale, **flags})
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = parse_args(argv, prog)
     conf = settings_from(args)
     try:
         args.policy = policy_from(args, conf)

@@ -7,7 +7,27 @@ import os
 import sys
 from pathlib import Path
 
-from worker_config.settings import CONFIG_ENV, ConfigError, Settings, exit_on_config_error, load_settings
+import redis
+
+from worker_config.settings import (
+    CONFIG_ENV,
+    ConfigError,
+    Settings,
+    exit_on_config_error,
+    load_settings,
+    redact_url,
+)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's layout and appends each option's default to its help, when it has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.default not in (None, False, argparse.SUPPRESS, [])
+        if shown and "default" not in text and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
@@ -29,8 +49,29 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return conf
 
 
+def plural(n: int, noun: str) -> str:
+    """``1 video``, ``2 videos``: a count with its noun."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts that must be at least 1 (``--limit``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value} (leave the option out for every video)")
+    return value
+
+
+def fail(message: str, code: int = 2) -> int:
+    print(f"framefleet: {message}", file=sys.stderr)
+    return code
+
+
 def parse_gpus(text: str | None) -> list[int] | None:
-    """The GPU indices of a --gpus value such as "0,2" (None for "all" or nothing). Raises ArgumentTypeError."""
+    """An argparse type for ``--gpus``: ``0,2`` gives [0, 2]; ``all`` (or nothing) gives None."""
     if not text or text == "all":
         return None
     try:
@@ -40,6 +81,16 @@ def parse_gpus(text: str | None) -> list[int] | None:
     return gpus or None
 
 
-def fail(message: str, code: int = 2) -> int:
-    print(f"framefleet: {message}", file=sys.stderr)
-    return code
+def check_redis(conf: Settings) -> str | None:
+    """Return why Redis cannot be reached (with how to fix it), or None when it answers."""
+    from tasks.redis_client import get_redis
+
+    try:
+        get_redis(conf.redis_url).ping()
+        return None
+    except redis.RedisError as exc:
+        return (
+            f"cannot reach Redis at {redact_url(conf.redis_url)} ({exc}). Start one "
+            "(`redis-server --port 6379 --daemonize yes`), or point REDIS_URL (or redis_url in "
+            "--config) at the Redis your workers use; `framefleet run` starts its own"
+        )

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from tasks.errors import BadInput
+from tasks.errors import BadInput, FramefleetError
 
 Progress = Callable[[int, int], None]
 Outputs = Mapping[str, Mapping[str, Any]]
@@ -111,10 +111,13 @@ def require(
 
 
 def report(progress: Progress | None, done: int, total: int) -> None:
-    """Call ``progress(done, total)`` if given; a failing callback must not fail the stage."""
+    """Call ``progress(done, total)`` if given; a failing callback must not fail the stage, but a
+    FramefleetError it raises on purpose (the run was cancelled) stops it."""
     if progress is None:
         return
     try:
         progress(int(done), int(total))
+    except FramefleetError:
+        raise
     except Exception:  # progress is cosmetic: log it, keep the work
         log.warning("progress callback failed at %d/%d", done, total, exc_info=True)

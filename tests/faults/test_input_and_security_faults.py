@@ -10,7 +10,7 @@ import subprocess
 import redis
 from kombu import Connection, Exchange, Producer
 
-from scripts.make_sample_dataset import make_corrupt_inputs, make_video
+from tasks.cli.sample import make_corrupt_inputs, make_video
 from tests.conftest import ROOT, Workers, run_script, send_task, task_result, wait_until
 from tests.faults.conftest import RedisServer, _pings, assert_nothing_lost, env_for, free_port, record
 from tests.test_flower_monitoring import Flower

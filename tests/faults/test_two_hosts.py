@@ -15,8 +15,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from tasks.gpu import FakeGpuLedger
 
+from tasks.gpu import FakeGpuLedger
 from tasks.storage import read_marker
 from tests.conftest import PIPELINE_ENV, ROOT, run_script, wait_until
 from tests.faults.conftest import assert_nothing_lost, record

@@ -1,4 +1,4 @@
-"""verify_dataset.py --y2r-strict: the rules by which y2r's own writer differs from a looser reading of the contract.
+"""framefleet verify --y2r-strict: the rules by which y2r's own writer differs from a looser reading of the contract.
 
 Checked on the files alone: a 2D window has at least one point (y2r writes no group for an
 empty one) and its u, v lie in [0, 1) (y2r keeps a pixel x - crop_x < side). Checked where the

@@ -1,0 +1,269 @@
+"""Send a folder of videos to the running workers as one dataset run, and follow it until its statistics exist.
+
+    framefleet enqueue RAW_DIR --out OUT [--limit N] [--gpus 0,2] [--no-wait]
+                       [--continue [--add] | --force | --retry-quarantined] [--intermediates keep|drop]
+                       [--metadata FILE] [--require-text]
+
+Text for each video's root/text (and the noun the masks stage prompts with) comes from
+RAW_DIR/metadata.csv, or --metadata FILE: columns clip_id, noun, text, where clip_id is the
+video's path under RAW_DIR without its extension, or y2r's index of it in sorted order.
+
+Ctrl-C stops watching, not the run: `framefleet status --watch RUN` follows it again and
+`framefleet cancel RUN` stops it. Exit status 0 when every video is done; 1 when some failed
+(they are listed and quarantined); 2 on bad input; 3 when the run's messages vanished from Redis;
+4 when the run was cancelled; 130 after Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from celery.utils import uuid
+
+from tasks import cancel, intermediates, quarantine, registry, runs, stall
+from tasks.cli import common, watch
+from tasks.dataset import DatasetError, build_chord, check_folders, find_videos, incomplete, new_run_id, write_manifest
+from tasks.metadata import MetadataError, texts_for
+from tasks.redis_client import get_redis
+from tasks.storage import write_text_atomic
+from worker_config.settings import Settings, resolved_dict
+
+
+def enqueue(
+    conf: Settings,
+    raw_dir: Path,
+    out_dir: Path,
+    limit: int | None = None,
+    gpus: list[int] | None = None,
+    resume: bool = False,
+    force: bool = False,
+    retry_quarantined: bool = False,
+    add: bool = False,
+    keep: str = intermediates.DEFAULT,
+    metadata: Path | None = None,
+    require_text: bool = False,
+) -> dict[str, Any]:
+    """Send the run's chord; return its record (run_id, callback_id, videos, ...).
+
+    Raises DatasetError or MetadataError.
+    """
+    every_video = find_videos(raw_dir)
+    videos = every_video[: limit or None]
+    check_folders(raw_dir, out_dir, resume or retry_quarantined, force, add)
+    # y2r's numeric clip ids count every video, so the limit applies after reading the file.
+    texts = texts_for(raw_dir, every_video, metadata, require_text, selected=videos)
+    run_id = new_run_id()
+    entries = write_manifest(raw_dir, out_dir, videos, run_id, texts)
+    if retry_quarantined:
+        held = quarantine.read(out_dir)
+        if not held:
+            raise DatasetError(f"no quarantined videos in {out_dir / quarantine.FILE}; nothing to retry")
+        entries, resume = [e for e in entries if e["video_id"] in held], True
+    write_text_atomic(out_dir / "settings.resolved.yaml", yaml.safe_dump(resolved_dict(conf), sort_keys=True))
+    todo = entries if force or not resume else incomplete(entries, out_dir)
+    canvas, run = build_chord(
+        todo,
+        raw_dir,
+        out_dir,
+        run_id,
+        gpus=gpus,
+        force=force,
+        already_complete=len(entries) - len(todo),
+        intermediates=keep,
+    )
+    record = {
+        "run_id": run_id,
+        "videos": len(todo),
+        "already_complete": len(entries) - len(todo),
+        "gpus": gpus,
+        "started": run["started"],
+        "raw_dir": str(raw_dir.resolve()),
+        "output_root": str(out_dir.resolve()),
+        "intermediates": keep,
+        "status": "running",
+    }
+    # The record exists before the first task can finish, so cancel and status find the run at once.
+    record["callback_id"] = uuid()
+    runs.write(out_dir, record)
+    runs.publish(get_redis(conf.redis_url), record, conf.result_expires_s)
+    canvas.apply_async(task_id=record["callback_id"])
+    release_result_subscriptions()
+    return record
+
+
+def release_result_subscriptions() -> None:
+    """Drop the result subscriptions Celery opened while sending (one per chain) while Redis is up.
+
+    The enqueuer polls the callback's state instead; left alone, these would be unsubscribed
+    at interpreter exit, after a private Redis is gone.
+    """
+    from tasks import app
+
+    pending = getattr(app.backend, "_pending_results", None)
+    for mapping in pending or ():
+        for waiters in list(mapping.values()):
+            for result in list(waiters.values()):
+                app.backend.remove_pending_result(result)
+
+
+def gpu_warnings(conf: Settings, gpus: list[int] | None) -> list[str]:
+    """One line per GPU named by ``--gpus`` that no live worker serves: its tasks would wait there."""
+    if not gpus:
+        return []
+    served = {w.get("gpu") for w in registry.live_workers(get_redis(conf.redis_url))}
+    live = ", ".join(f"gpu{g}" for g in sorted(g for g in served if g is not None)) or "none"
+    return [
+        f"--gpus names GPU {g}, but no live worker serves {conf.gpu_queue(g)} (live GPU workers: {live}); "
+        f"tasks routed there wait until one starts: `celery -A tasks worker -Q {conf.gpu_queue(g)} -P solo "
+        f"-c 1 -n {conf.gpu_queue(g)}@%h -E -l INFO`"
+        for g in gpus
+        if g not in served
+    ]
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options `framefleet enqueue` and `framefleet run` share: what to run and into which folder."""
+    parser.add_argument("raw_dir", type=Path, metavar="RAW_DIR", help="the folder of raw videos (any depth)")
+    parser.add_argument("--out", type=Path, required=True, metavar="OUT", help="the output folder")
+    parser.add_argument("--limit", type=common.positive_int, metavar="N", help="only the first N videos (by path)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--continue", dest="resume", action="store_true", help="finish an earlier run in OUT, skipping complete outputs"
+    )
+    mode.add_argument("--force", action="store_true", help="redo every video in OUT")
+    parser.add_argument(
+        "--add",
+        action="store_true",
+        help="with --continue or --force: add RAW_DIR's videos to an OUT made from another folder",
+    )
+    parser.add_argument(
+        "--intermediates",
+        choices=intermediates.MODES,
+        default=intermediates.DEFAULT,
+        help="keep the stages' files in OUT/work/ (a later run redoes only what changed), or drop "
+        "each video's once its HDF5 file is complete (about 0.6 GB per minute of video)",
+    )
+    parser.add_argument(
+        "--metadata",
+        type=Path,
+        metavar="FILE",
+        help="CSV with columns clip_id, noun, text (default: RAW_DIR/metadata.csv if present)",
+    )
+    parser.add_argument(
+        "--require-text",
+        action="store_true",
+        help="refuse to start unless every video has a non-empty text in the metadata",
+    )
+
+
+def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.add and not (args.resume or args.force):
+        parser.error("--add goes with --continue or --force (it adds videos to an earlier run's folder)")
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=common.HelpFormatter)
+    add_run_arguments(parser)
+    parser.add_argument("--gpus", type=common.parse_gpus, help="GPU indices to use, e.g. 0,2 (default: all)")
+    parser.add_argument("--no-wait", action="store_true", help="print the run id and return at once")
+    parser.add_argument("--resume-on-loss", action="store_true",
+                        help="if the run's messages vanish from Redis, enqueue the unfinished videos again "
+                             "(as --continue would) instead of exiting with status 3")
+    parser.add_argument(
+        "--retry-quarantined", action="store_true", help="enqueue again only the videos listed in OUT/quarantine.jsonl"
+    )
+    common.add_config_argument(parser)
+    args = parser.parse_args(argv)
+    check_run_arguments(parser, args)
+    if args.retry_quarantined and (args.resume or args.force):
+        parser.error("--retry-quarantined goes alone (it continues the run for the quarantined videos)")
+    conf = common.settings_from(args)
+    if (why := common.check_redis(conf)) is not None:
+        return common.fail(why)
+    try:
+        record = enqueue(
+            conf,
+            args.raw_dir,
+            args.out,
+            args.limit,
+            args.gpus,
+            args.resume,
+            args.force,
+            args.retry_quarantined,
+            args.add,
+            args.intermediates,
+            args.metadata,
+            args.require_text,
+        )
+    except (DatasetError, MetadataError) as exc:
+        return common.fail(str(exc))
+    except KeyboardInterrupt:
+        return common.fail(
+            f"interrupted while sending the run; `framefleet cancel --out {args.out}` stops what was "
+            "sent, and --continue sends it again",
+            code=130,
+        )
+    try:
+        for line in gpu_warnings(conf, args.gpus):
+            print(f"framefleet: warning: {line}", file=sys.stderr, flush=True)
+        skipped = f" ({record['already_complete']} already complete)" if record["already_complete"] else ""
+        print(
+            f"run {record['run_id']}: {common.plural(record['videos'], 'video')} enqueued{skipped}; "
+            f"outputs in {args.out}",
+            flush=True,
+        )
+        if args.no_wait:
+            print(
+                f"not waiting; `framefleet status --watch {record['run_id']}` follows it, "
+                f"`framefleet cancel {record['run_id']}` stops it"
+            )
+            return 0
+        resend = None
+        if args.resume_on_loss:
+            def resend() -> dict[str, Any]:
+                return enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, resume=True, add=args.add,
+                               keep=args.intermediates, metadata=args.metadata, require_text=args.require_text)
+        return follow(conf, record, args.out, resend=resend)
+    except KeyboardInterrupt:  # before following began
+        watch.detached(record, args.out)
+        return 130
+
+
+def follow(conf: Settings, record: dict[str, Any], out: Path, detachable: bool = True,
+           resend: Callable[[], dict[str, Any]] | None = None) -> int:
+    """Follow the run to its end and print how it ended; Ctrl-C detaches (when the run goes on
+    without this process: ``detachable``, else KeyboardInterrupt propagates). Returns the exit status.
+
+    When the run's messages vanish from Redis, ``resend`` (if given) enqueues its unfinished videos
+    again and following goes on with the new run; without it the exit status is 3.
+    """
+    while True:
+        try:
+            return watch.report(watch.wait_for(conf, record), out)
+        except cancel.RunCancelled:
+            return watch.cancelled(record, out)
+        except stall.RunLost as exc:
+            runs.update(out, record["run_id"], status="lost", lost=time.time())
+            if resend is None:
+                return common.fail(
+                    f"{exc}. Complete outputs are kept: `framefleet enqueue {record['raw_dir']} --out {out} "
+                    "--continue` finishes the run (or pass --resume-on-loss to do it by itself)",
+                    code=3,
+                )
+            record = resend()
+            print(f"{exc}; enqueued the {common.plural(record['videos'], 'unfinished video')} again as run "
+                  f"{record['run_id']}", file=sys.stderr, flush=True)
+        except KeyboardInterrupt:
+            if not detachable:
+                raise
+            watch.detached(record, out)
+            return 130
+
+if __name__ == "__main__":
+    sys.exit(main())

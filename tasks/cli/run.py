@@ -1,0 +1,331 @@
+"""Run a whole framefleet cluster on this machine for one dataset, then tear it down.
+
+    framefleet run RAW_DIR --out OUT [--continue | --force] [--gpus 0,1] [--intermediates keep|drop] [--serve]
+                   [--metadata FILE] [--require-text]
+
+Uses $REDIS_URL when it answers, else a private redis-server on a free port; starts one solo
+worker per visible GPU (or one CPU stand-in for gpu0) and one solo CPU worker per core, all
+supervised (a recycled or crashed worker is replaced), Flower and the metrics exporter on
+127.0.0.1. Flower's basic auth comes from $FLOWER_BASIC_AUTH (user:password); without
+it a random password is made for this run and written to OUT/logs/flower-auth.txt (mode 0600).
+Each run's logs are in OUT/logs/; the previous run's move to OUT/logs/previous/. With --serve,
+Flower and the metrics stay up after the run until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import redis
+
+from tasks import registry
+from tasks.autoscaler.supervisor import CPU_GROUP, Supervisor, cpu_worker_count, worker_argv
+from tasks.cli import common as _cli
+from tasks.cli.common import check_redis, parse_gpus
+from tasks.cli.enqueue import add_run_arguments, check_run_arguments, enqueue, follow
+from tasks.dataset import DatasetError
+from tasks.gpu import open_probe
+from tasks.metadata import MetadataError
+from tasks.metrics import GpuSampler, start_exporter
+from tasks.redis_client import get_redis
+from worker_config.settings import Settings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def visible_gpus() -> int:
+    """Count GPUs through NVML without touching CUDA; 0 when there is no NVML or no GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return 0
+
+
+STAND_IN_MIB = 1024  # host memory a CPU stand-in for a GPU worker may take (synthetic models: ~350 MiB RSS)
+
+
+def host_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def available_mib() -> float:
+    """MemAvailable of /proc/meminfo in MiB (infinity where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("inf")
+
+
+def stand_in_workers(cores: int, free_mib: float) -> int:
+    """How many CPU stand-ins for gpu0 to start: one per core, as far as host memory allows, at least one."""
+    return max(1, min(cores, int(free_mib // STAND_IN_MIB)))
+
+
+class Cluster:
+    """The processes of a local run; ``stop`` ends every one of them, whatever state they are in."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.tmp: Path | None = None
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = open(self.logs / f"{name}.log", "ab")  # appended: a restarted process keeps its history
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append((name, proc))
+        return proc
+
+    def start_redis(self) -> str:
+        if shutil.which("redis-server") is None:
+            raise DatasetError("no reachable Redis and no redis-server to start: install Redis "
+                               "(apt install redis-server) or set REDIS_URL")
+        self.tmp = Path(tempfile.mkdtemp(prefix="framefleet-redis-"))
+        port = free_port()
+        self.start("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no", "--dir", str(self.tmp)], dict(os.environ))
+        client = redis.Redis(port=port)
+        for _ in range(100):
+            try:
+                client.ping()
+                return f"redis://127.0.0.1:{port}/0"
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise DatasetError(f"the private redis-server did not answer; see {self.logs / 'redis.log'}")
+
+    def wait_for_workers(self, conf: Settings, names: list[str], timeout_s: float = 120,
+                         supervisor: Supervisor | None = None) -> None:
+        """Wait until every worker has loaded its models and registered, or one has exited."""
+        r = get_redis(conf.redis_url)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            live = {w["hostname"].split("@")[0] for w in registry.live_workers(r)}
+            if set(names) <= live:
+                return
+            for slot in supervisor.slots if supervisor else []:
+                if slot.last_exit and slot.name not in live:
+                    raise DatasetError(f"worker {slot.name} {slot.last_exit}; see "
+                                       f"{self.logs / (slot.name + '.log')}")
+            for name, proc in self.procs:
+                if proc.poll() is not None:
+                    raise DatasetError(f"the {name} process exited ({proc.returncode}); see "
+                                       f"{self.logs / (name + '.log')}")
+            time.sleep(0.2)
+        raise DatasetError(f"workers {names} did not register within {timeout_s:.0f} s; see {self.logs}")
+
+    def terminate(self) -> None:
+        """Ask every process but Redis to stop (SIGTERM), without waiting."""
+        for name, proc in reversed(self.procs):
+            if proc.poll() is None and name != "redis":
+                os.killpg(proc.pid, signal.SIGTERM)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        # Warm shutdown first (workers finish their task), then make sure nothing is left.
+        self.terminate()
+        deadline = time.monotonic() + grace_s
+        for name, proc in self.procs:
+            if name == "redis":
+                continue
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for _name, proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _keep(supervisor: Supervisor, stopping: threading.Event) -> None:
+    """Replace workers that exit (recycled, crashed, past a deadline) until ``stopping`` is set."""
+    while not stopping.wait(0.5):
+        for what, slot, detail in supervisor.reap():
+            print(f"worker {slot.name}: {what}: {detail}", file=sys.stderr, flush=True)
+
+
+FLOWER_USER = "framefleet"
+
+
+def flower_auth(env: dict[str, str], logs: Path) -> tuple[dict[str, str], str]:
+    """Return Flower's environment with basic auth and a line saying who logs in and where the password is.
+
+    $FLOWER_BASIC_AUTH is passed through; without it a random password is written to
+    ``logs/flower-auth.txt`` (mode 0600). The password itself is never printed.
+    """
+    if env.get("FLOWER_BASIC_AUTH"):
+        user = env["FLOWER_BASIC_AUTH"].split(",")[0].partition(":")[0]
+        return env, f"user {user}, password from $FLOWER_BASIC_AUTH"
+    pair = f"{FLOWER_USER}:{secrets.token_urlsafe(18)}"
+    logs.mkdir(parents=True, exist_ok=True)
+    path = logs / "flower-auth.txt"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), 0o600)  # also when the file was already there
+        fh.write(pair + "\n")
+    return {**env, "FLOWER_BASIC_AUTH": pair}, f"user {FLOWER_USER}, password in {path}"
+
+
+def rotate_logs(logs: Path) -> None:
+    """Move an earlier run's logs to ``logs/previous/`` (replacing older ones), so a log holds one run."""
+    earlier = [p for p in logs.glob("*") if p.is_file() and p.name != "flower-auth.txt"]
+    if not earlier:
+        return
+    previous = logs / "previous"
+    shutil.rmtree(previous, ignore_errors=True)
+    previous.mkdir(parents=True)
+    for path in earlier:
+        path.rename(previous / path.name)
+
+
+def serve(flower_line: str, metrics_url: str) -> None:
+    """Keep Flower and the metrics up until Ctrl-C (or SIGTERM)."""
+    print(f"serving until Ctrl-C: {flower_line}; metrics {metrics_url}", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        while True:
+            time.sleep(3600)
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=_cli.HelpFormatter)
+    add_run_arguments(parser)
+    parser.add_argument("--gpus", type=parse_gpus, help="GPU indices to run workers on (default: all)")
+    parser.add_argument("--cpu-workers", type=int, default=cpu_worker_count(),
+                        help="solo CPU worker processes (default: one per core)")
+    parser.add_argument("--gpu-workers", type=int, default=0,
+                        help="solo workers per GPU queue (default: 1 per GPU; without a GPU, one CPU "
+                             "stand-in for gpu0 per core as memory allows)")
+    parser.add_argument("--flower-port", type=int, default=0, help="default: a free port")
+    parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus exporter; default: a free port")
+    parser.add_argument("--serve", action="store_true",
+                        help="keep Flower and the metrics up after the run, until Ctrl-C")
+    _cli.add_config_argument(parser)
+    args = parser.parse_args(argv)
+    check_run_arguments(parser, args)
+    conf = _cli.settings_from(args)
+    try:
+        from tasks.dataset import check_folders, find_videos
+        from tasks.metadata import texts_for
+
+        videos = find_videos(args.raw_dir)
+        check_folders(args.raw_dir, args.out, args.resume, args.force, args.add)
+        # Before any process starts: a bad metadata file should cost no cluster start-up.
+        texts_for(args.raw_dir, videos, args.metadata, args.require_text, selected=videos[: args.limit or None])
+    except (DatasetError, MetadataError) as exc:
+        return _cli.fail(str(exc))
+
+    rotate_logs(args.out / "logs")
+    cluster = Cluster(args.out / "logs")
+    exporter, sampler, supervisor = None, None, None
+    keeping = threading.Event()
+    previous_sigterm = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        env = dict(os.environ)
+        if not os.environ.get("REDIS_URL") or check_redis(conf) is not None:
+            env["REDIS_URL"] = cluster.start_redis()
+            env.pop("FRAMEFLEET_REDIS_URL", None)
+            os.environ["REDIS_URL"] = env["REDIS_URL"]
+            conf = _cli.settings_from(args)
+            print(f"Redis: a private redis-server at {env['REDIS_URL']}")
+        else:
+            print("Redis: $REDIS_URL")
+        gpus = args.gpus if args.gpus is not None else list(range(visible_gpus()))
+        per_gpu = args.gpu_workers or 1
+        if not gpus:
+            per_gpu = args.gpu_workers or stand_in_workers(host_cores(), available_mib())
+            print(f"no GPU found: {per_gpu} CPU worker(s) stand in for gpu0")
+            gpus = [0]
+        model_workers = len(gpus) * ((per_gpu if conf.hosted_stages() else 0) + len(conf.own_env_stages()))
+        # Each model worker gets its share of the cores, so that together they do not oversubscribe them.
+        env.setdefault("FRAMEFLEET_TORCH_THREADS", str(max(1, host_cores() // max(1, model_workers))))
+        # Supervised solo workers: per_gpu per GPU queue (and one per stage with its own environment), one
+        # per core for the CPU queue; a worker's name is its queue and a sequence number.
+        pythons: dict[str, str | None] = {conf.cpu_queue: None}
+        groups: list[tuple[int, str]] = []
+        for gpu in gpus:
+            if conf.hosted_stages():
+                pythons[conf.gpu_queue(gpu)] = None
+                groups += [(gpu, conf.gpu_queue(gpu))] * per_gpu
+            for stage in conf.own_env_stages():  # a worker per stage with its own environment
+                pythons[conf.stage_queue(stage, gpu)] = conf.stages[stage].python
+                groups.append((gpu, conf.stage_queue(stage, gpu)))
+        groups += [(CPU_GROUP, conf.cpu_queue)] * max(1, args.cpu_workers)
+        supervisor = Supervisor(
+            lambda group, name: worker_argv(queue := name.rsplit("-", 1)[0], name, python=pythons[queue]),
+            lambda group: env, cluster.logs, stop_grace_s=20.0)
+        for group, queue in groups:
+            supervisor.start(group, queue)
+        keeper = threading.Thread(target=_keep, args=(supervisor, keeping), name="supervisor", daemon=True)
+        keeper.start()
+        port = args.flower_port or free_port()
+        flower_env, login = flower_auth(env, cluster.logs)
+        cluster.start("flower", [sys.executable, "-m", "celery", "-A", "tasks", "flower",
+                                 "--address=127.0.0.1", f"--port={port}", "--max_tasks=10000"], flower_env)
+        flower_line = f"Flower: http://127.0.0.1:{port}  ({login}; logs in {cluster.logs})"
+        print(flower_line, flush=True)
+        probe = open_probe()
+        exporter = start_exporter(args.metrics_port, conf, probe=probe)
+        print(f"Metrics: {exporter.url}", flush=True)
+        if probe.mode != "none":
+            sampler = GpuSampler(probe, cluster.logs / "gpu-samples.jsonl")
+            sampler.start()
+        cluster.wait_for_workers(conf, [slot.name for slot in supervisor.slots], supervisor=supervisor)
+        record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force,
+                         add=args.add, keep=args.intermediates, metadata=args.metadata,
+                         require_text=args.require_text)
+        print(f"run {record['run_id']}: {_cli.plural(record['videos'], 'video')}", flush=True)
+        code = follow(conf, record, args.out, detachable=False)  # its workers stop with it
+        print(f"outputs: {args.out.resolve()}")
+        if args.serve:
+            serve(flower_line, exporter.url)
+        else:
+            print("Flower and the metrics stop with this cluster now (--serve keeps them up until Ctrl-C)")
+        return code
+    except (DatasetError, MetadataError) as exc:
+        return _cli.fail(str(exc))
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping the local cluster (complete outputs are kept; "
+              "--continue finishes the run)", file=sys.stderr)
+        return 130
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        if exporter is not None:
+            exporter.stop()
+        keeping.set()
+        cluster.terminate()  # Flower stops while the workers finish; Redis stays up until they have
+        if supervisor is not None:
+            keeper.join(timeout=5)
+            supervisor.stop_all(20.0)
+        cluster.stop()
+        signal.signal(signal.SIGTERM, previous_sigterm)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""Show the cluster at a glance: GPUs and their workers, queues, a run's stages, the quarantine.
+
+    framefleet status [RUN | --out OUT] [--config FILE]
+    framefleet status --watch [RUN | --out OUT]      follow a run until it ends (re-attach)
+
+GPU readings come from NVML (or the fake GPU ledger $FRAMEFLEET_FAKE_GPU); workers, queues and
+progress from Redis. The run shown is RUN, else the newest run of OUT, else the newest run in
+Redis. With --out the quarantine is read from OUT; without it, it is counted from Redis over
+every output root. A machine without a GPU says so. Exit status 0 (with --watch: as the enqueue
+command's); 2 when Redis cannot be reached, the run is unknown or the settings are bad.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tasks import cancel, progress, registry, runs, stall
+from tasks.cli import common as _cli
+from tasks.cli import watch
+from tasks.cli.common import check_redis
+from tasks.gpu import GpuReading, open_probe
+from tasks.metrics import QUARANTINE_PREFIX, STAGE_LOG_KEY
+from tasks.redis_client import get_redis
+from worker_config.settings import Settings, redact_url
+
+STAGE_LOG_SCANNED = 20_000  # newest stage-log entries read for the latest run's rates
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """Left-aligned columns, two spaces apart."""
+    cells = [headers, *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+
+
+def current_of(worker: dict[str, Any]) -> str:
+    current = worker.get("current") or {}
+    if not current.get("task"):
+        return ""
+    text = f"{current.get('video')} {current['task'].rsplit('.', 1)[-1]}"
+    frames = worker.get("frames")
+    return f"{text} {frames[0]}/{frames[1]}" if frames else text
+
+
+def gpu_rows(readings: list[GpuReading], workers: list[dict[str, Any]]) -> list[list[Any]]:
+    by_gpu: dict[str, list[dict[str, Any]]] = {}
+    for w in workers:
+        by_gpu.setdefault("cpu" if w.get("gpu") is None else str(w["gpu"]), []).append(w)
+    rows = []
+    for g in readings:
+        mine = by_gpu.pop(str(g.index), [])
+        memory = f"{g.used_mib / 1024:.1f}/{g.total_mib / 1024:.1f} GiB ({100 * g.used_mib / g.total_mib:.0f}%)"
+        rows.append([g.index, g.name, memory, f"{g.utilization_pct:.0f}%", *_workers_cells(mine)])
+    for key in sorted(by_gpu, key=lambda k: (k == "cpu", k)):  # workers of GPUs the probe cannot read
+        name = "CPU workers" if key == "cpu" else "not read (CPU stand-in or other host)"
+        rows.append([key, name, "-", "-", *_workers_cells(by_gpu[key])])
+    return rows
+
+
+def host_of(worker: dict[str, Any]) -> str:
+    """The host part of a worker's node name (``gpu0-1@hostA`` -> ``hostA``)."""
+    return str(worker.get("hostname", "")).rpartition("@")[2] or "?"
+
+
+def host_rows(workers: list[dict[str, Any]]) -> list[list[Any]]:
+    """One row per host with live workers: its workers, the GPU queues they serve and what they run."""
+    by_host: dict[str, list[dict[str, Any]]] = {}
+    for w in workers:
+        by_host.setdefault(host_of(w), []).append(w)
+    rows = []
+    for host in sorted(by_host):
+        mine = by_host[host]
+        queues = sorted({q for w in mine for q in w.get("gpu_queues", [])})
+        rows.append([host, ",".join(queues) or "-", *_workers_cells(mine)])
+    return rows
+
+
+def _workers_cells(workers: list[dict[str, Any]]) -> list[str]:
+    """The WORKERS cell (with a count per queue when a GPU's workers consume several: gpuN, gpuN.<stage>)
+    and the CURRENT cell."""
+    busy = sum(1 for w in workers if w.get("busy"))
+    current = "; ".join(c for w in workers if (c := current_of(w)))
+    per_queue: dict[str, int] = {}
+    for w in workers:
+        for queue in w.get("gpu_queues") or []:
+            per_queue[queue] = per_queue.get(queue, 0) + 1
+    count = f"{len(workers)} ({busy} busy)"
+    if len(per_queue) > 1:
+        count += ": " + ", ".join(f"{queue} {n}" for queue, n in sorted(per_queue.items()))
+    return [count, current or "-"]
+
+
+def queue_rows(conf: Settings, workers: list[dict[str, Any]]) -> list[list[Any]]:
+    """One row per queue: the cpu queue, every GPU queue seen, and the stage queues of those GPUs."""
+    r = get_redis(conf.redis_url)
+    names = {conf.cpu_queue} | registry.known_gpu_queues(r) | {q for w in workers for q in w.get("queues", [])}
+    gpus = {i for q in names if (i := conf.gpu_index(q)) is not None}
+    names |= {conf.stage_queue(stage, i) for i in gpus for stage in conf.own_env_stages()}
+    pipe = get_redis(conf.broker).pipeline(transaction=False)
+    for name in sorted(names):
+        pipe.llen(name)
+    return [[name, waiting] for name, waiting in zip(sorted(names), pipe.execute(), strict=True)]
+
+
+def latest_run(conf: Settings, out: Path | None,
+               chosen: dict[str, Any] | None = None) -> tuple[str, list[list[Any]], str] | None:
+    """A run's id, one row per stage (done, failed, rate, ETA) and a line about it: ``chosen`` (a run
+    record), else the newest run in Redis."""
+    r = get_redis(conf.redis_url)
+    known = sorted(k.removeprefix(progress.run_key("")) for k in r.scan_iter(match=progress.run_key("*"), count=500))
+    if chosen is None and not known:
+        return None
+    run_id = chosen["run_id"] if chosen else known[-1]  # ids begin with the local start time
+    counts = progress.read(r, run_id)
+    record = chosen or _run_record(out, run_id) or runs.lookup(r, run_id) or {}
+    total = record.get("videos")
+    started = record.get("started") or time.mktime(time.strptime(run_id[:15], "%Y%m%d-%H%M%S"))
+    last_end = _last_ends(r, run_id)
+    rows = []
+    for stage in conf.enabled_stages():
+        done, failed = counts.get(f"{stage}.done", 0), counts.get(f"{stage}.failed", 0)
+        elapsed = (last_end.get(stage) or time.time()) - started
+        rate = done / elapsed * 60 if done and elapsed > 0 else 0.0
+        if total is None or not rate:
+            eta = "?" if total is None else ("done" if done + failed >= total else "-")
+        else:
+            left = max(0, total - done - failed)
+            eta = "done" if not left else time.strftime("%H:%M:%S", time.gmtime(left / rate * 60))
+        rows.append([stage, done, failed, f"{rate:.1f}/min", eta])
+    size = _cli.plural(total, "video") if total is not None else "size unknown (give --out OUT for it and the ETA)"
+    began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+    which = f"in {record['output_root']}" if record.get("output_root") else f"latest of {len(known)} in Redis"
+    ended = f", {record['status']}" if record.get("status") else ""
+    return run_id, rows, f"run {run_id} ({which}), {size}, started {began}{ended}"
+
+
+def _run_record(out: Path | None, run_id: str) -> dict[str, Any]:
+    try:
+        return json.loads((out / "runs" / f"{run_id}.json").read_text()) if out else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _last_ends(r: Any, run_id: str) -> dict[str, float]:
+    ends: dict[str, float] = {}
+    for raw in r.lrange(STAGE_LOG_KEY, -STAGE_LOG_SCANNED, -1):
+        entry = json.loads(raw)
+        if entry.get("run") == run_id and entry.get("ok"):
+            ends[entry["stage"]] = max(ends.get(entry["stage"], 0.0), float(entry["end"]))
+    return ends
+
+
+def quarantine_line(conf: Settings, out: Path | None) -> str:
+    if out is not None:
+        path = out / "quarantine.jsonl"
+        try:
+            count = sum(1 for line in path.read_text().splitlines() if line.strip())
+        except OSError:
+            count = 0
+        return f"quarantined: {count} (in {path})"
+    r = get_redis(conf.redis_url)
+    keys = list(r.scan_iter(match=QUARANTINE_PREFIX + "*", count=500))
+    return f"quarantined: {sum(r.hlen(k) for k in keys)} (in Redis, {len(keys)} output folder(s); --out OUT for one)"
+
+
+def render(conf: Settings, out: Path | None, chosen: dict[str, Any] | None = None) -> str:
+    probe = open_probe()
+    try:
+        readings = probe.gpus()
+        no_gpu = getattr(probe, "reason", "no GPU visible") if probe.mode == "none" else None
+    finally:
+        probe.close()
+    workers = registry.live_workers(get_redis(conf.redis_url))
+    parts = [f"framefleet status at {time.strftime('%Y-%m-%d %H:%M:%S')} ({redact_url(conf.redis_url)})", ""]
+    if no_gpu:
+        parts.append(f"no GPU visible ({no_gpu}); GPU queues are served by CPU stand-ins if any")
+    parts += [table(["GPU", "NAME", "MEMORY", "UTIL", "WORKERS", "CURRENT"], gpu_rows(readings, workers)), ""]
+    # GPU memory is read on this host only; every host's workers are listed here.
+    parts += [table(["HOST", "GPU QUEUES", "WORKERS", "CURRENT"], host_rows(workers)), ""]
+    parts += [table(["QUEUE", "WAITING"], queue_rows(conf, workers)), ""]
+    run = latest_run(conf, out, chosen)
+    if run is None:
+        parts.append("no run in Redis yet")
+    else:
+        parts += [run[2], table(["STAGE", "DONE", "FAILED", "RATE", "ETA"], run[1])]
+    parts += ["", quarantine_line(conf, out)]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=_cli.HelpFormatter)
+    parser.add_argument("run", nargs="?", metavar="RUN", help="a run id (default: the newest of OUT, or in Redis)")
+    parser.add_argument("--out", type=Path, metavar="OUT", help="the run's output folder (its newest run, quarantine)")
+    parser.add_argument("--watch", action="store_true", help="follow the run's progress until it ends, as enqueue does")
+    _cli.add_config_argument(parser)
+    args = parser.parse_args(argv)
+    conf = _cli.settings_from(args)
+    if (why := check_redis(conf)) is not None:
+        return _cli.fail(why)
+    chosen = None
+    if args.run or args.out is not None or args.watch:
+        try:
+            chosen = runs.find(get_redis(conf.redis_url), args.run, args.out)
+        except runs.RunNotFound as exc:
+            return _cli.fail(str(exc))
+    if args.watch:
+        return follow(conf, chosen)
+    print(render(conf, args.out, chosen))
+    return 0
+
+
+def follow(conf: Settings, record: dict[str, Any]) -> int:
+    """Show a run's progress until it ends, as the enqueue command does; return the same exit status."""
+    out = Path(record["output_root"])
+    if record.get("status") == "finished":
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["finished"]))
+        print(f"run {record['run_id']} finished at {when}; summary in {out / 'run_summary.json'}")
+        return 0
+    print(f"following run {record['run_id']} ({_cli.plural(record['videos'], 'video')}, outputs in {out}); "
+          "Ctrl-C stops watching, not the run", flush=True)
+    try:
+        return watch.report(watch.wait_for(conf, record), out)
+    except cancel.RunCancelled:
+        return watch.cancelled(record, out)
+    except stall.RunLost as exc:
+        return _cli.fail(f"{exc}; complete outputs are kept: --continue finishes the run", code=3)
+    except KeyboardInterrupt:
+        watch.detached(record, out)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""A run's record, OUT/runs/<run_id>.json: what was sent, and how the run ended (finished or cancelled)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tasks import keys
+from tasks.storage import write_text_atomic
+
+FOLDER = "runs"
+
+
+def path(out_dir: Path, run_id: str) -> Path:
+    return out_dir / FOLDER / f"{run_id}.json"
+
+
+def write(out_dir: Path, record: dict[str, Any]) -> Path:
+    """Write ``record`` (it holds ``run_id``) atomically; return its path."""
+    where = path(out_dir, record["run_id"])
+    where.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(where, json.dumps(record, indent=1, sort_keys=True))
+    return where
+
+
+def read(out_dir: Path, run_id: str) -> dict[str, Any] | None:
+    """The record of ``run_id`` in ``out_dir``, or None when there is none (or it cannot be read)."""
+    try:
+        return json.loads(path(out_dir, run_id).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def latest(out_dir: Path) -> dict[str, Any] | None:
+    """The record of the newest run in ``out_dir`` (run ids begin with their start time), or None."""
+    for candidate in sorted((out_dir / FOLDER).glob("*.json"), reverse=True):
+        record = read(out_dir, candidate.stem)
+        if record is not None:
+            return record
+    return None
+
+
+def update(out_dir: Path, run_id: str, **fields: Any) -> dict[str, Any]:
+    """Add ``fields`` to the record of ``run_id`` (one is made if missing); return the new record.
+
+    A run already marked cancelled stays cancelled: its callback may still finish afterwards.
+    """
+    record = read(out_dir, run_id) or {"run_id": run_id}
+    if record.get("status") == "cancelled" and fields.get("status") not in (None, "cancelled"):
+        fields = {k: v for k, v in fields.items() if k != "status"}
+    record.update(fields)
+    write(out_dir, record)
+    return record
+
+
+def finished(out_dir: Path, run_id: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """Record that the run's statistics callback ran: its finish time and counts."""
+    return update(
+        out_dir,
+        run_id,
+        status="finished",
+        finished=summary.get("finished", time.time()),
+        done=summary.get("done"),
+        failed=len(summary.get("failed", [])),
+    )
+
+
+def redis_key(run_id: str) -> str:
+    return keys.RUN_INFO_PREFIX + run_id
+
+
+def publish(r: Any, record: dict[str, Any], ttl_s: int) -> None:
+    """Keep the run's record in Redis too, so `framefleet status --watch RUN` and `cancel RUN` find its OUT."""
+    r.set(redis_key(record["run_id"]), json.dumps(record), ex=ttl_s)
+
+
+def lookup(r: Any, run_id: str) -> dict[str, Any] | None:
+    """The record ``publish`` kept for ``run_id``, or None (an unknown or expired run)."""
+    raw = r.get(redis_key(run_id))
+    return json.loads(raw) if raw else None
+
+
+def newest_in_redis(r: Any) -> dict[str, Any] | None:
+    """The record of the newest run Redis knows (ids sort by start time), or None."""
+    ids = sorted(k.removeprefix(redis_key("")) for k in r.scan_iter(match=redis_key("*"), count=500))
+    return lookup(r, ids[-1]) if ids else None
+
+
+class RunNotFound(LookupError):
+    """No record of the run asked for; the message says where it looked and what to give instead."""
+
+
+def find(r: Any, run_id: str | None, out_dir: Path | None) -> dict[str, Any]:
+    """The record of ``run_id`` (from Redis, else OUT/runs/), or of the newest run in ``out_dir``.
+
+    Raises RunNotFound with what was looked at and what to pass instead.
+    """
+    if run_id:
+        record = (read(out_dir, run_id) if out_dir else None) or lookup(r, run_id)
+        if record is None:
+            where = f"{path(out_dir, run_id)} or Redis" if out_dir else "Redis"
+            raise RunNotFound(f"no run {run_id} in {where}; give the run's output folder with --out OUT")
+        return record
+    if out_dir is not None:
+        record = latest(out_dir)
+        if record is None:
+            raise RunNotFound(f"no run record in {out_dir / FOLDER}; is {out_dir} a framefleet output folder?")
+        return record
+    record = newest_in_redis(r)
+    if record is None:
+        raise RunNotFound("Redis knows no run; give a run id or --out OUT")
+    return record

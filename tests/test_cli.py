@@ -1,0 +1,123 @@
+"""The `framefleet` command: its subcommands, the Makefile's install hints, the progress display's ETA."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from tasks.cli.main import COMMANDS
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_the_console_script_points_at_the_command_and_lists_every_subcommand():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, function = scripts["framefleet"].partition(":")
+    assert (module, function) == ("tasks.cli.main", "main")
+    listing = subprocess.run(
+        [sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert listing.returncode == 0, listing.stderr
+    for name in (
+        "run",
+        "enqueue",
+        "status",
+        "verify",
+        "report",
+        "autoscale",
+        "gpu-memory",
+        "sample",
+        "cancel",
+        "clean",
+    ):
+        assert f"\n  {name} " in listing.stdout, name
+    unknown = subprocess.run(
+        [sys.executable, "-m", module, "frobnicate"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert unknown.returncode == 2 and "no command 'frobnicate'" in unknown.stderr
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_subcommand_has_help_under_its_own_name(name, capsys):
+    module = importlib.import_module(COMMANDS[name][0])
+    with pytest.raises(SystemExit) as exited:
+        module.main(["--help"], prog=f"framefleet {name}")
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: framefleet {name}")
+
+
+def test_no_script_imports_another_script():
+    for script in (ROOT / "scripts").glob("*.py"):
+        text = script.read_text()
+        others = [
+            line
+            for line in text.splitlines()
+            if line.startswith(("from scripts", "import scripts")) and "_cli" not in line
+        ]
+        assert others == [], f"{script.name} imports a script: {others}; move what they share into tasks/"
+
+
+@pytest.mark.parametrize("target", ["test", "demo"])
+def test_make_without_redis_server_says_the_command_that_installs_it(target):
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "FRAMEFLEET_TEST_REDIS")}
+    env["PATH"] = "/nonexistent"  # no redis-server to be found; make runs /bin/sh by path
+    done = subprocess.run(
+        ["/usr/bin/make", "-s", "-C", str(ROOT), "need-redis"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert "apt-get install -y redis-server" in done.stderr and "brew install redis" in done.stderr
+    makefile = (ROOT / "Makefile").read_text()
+    assert f"\n{target}: need-redis" in makefile
+
+
+def test_autoscale_help_shows_every_default(capsys):
+    from tasks.autoscaler import cli as autoscale
+
+    with pytest.raises(SystemExit):
+        autoscale.main(["--help"], prog="framefleet autoscale")
+    options = " ".join(capsys.readouterr().out.split("options:", 1)[1].split())
+    for flag, default in (
+        ("--tick-s", "2.0"),
+        ("--stop-grace-s", "600.0"),
+        ("--cpu-workers", "1"),
+        ("--metrics-addr", "127.0.0.1"),
+        ("--headroom-mib", "1024.0"),
+    ):
+        described = options.split(f" {flag} ", 1)[1]
+        start = described.index("(default:")
+        assert default in described[start : described.index(")", start)], (flag, described[:200])
+
+
+def test_the_eta_counts_down_steadily_when_batches_finish_unevenly():
+    from tasks.cli.watch import Eta
+
+    eta = Eta(smoothing_s=20.0)
+    shown = []
+    # 40 stage tasks, finished in bursts of 4 every 8 s (10 s per task on average): the raw estimate jumps.
+    for second in range(1, 80):
+        done = 4 * (second // 8)
+        shown.append(eta.update(done / 40, float(second), float(second)))
+    values = [v for v in shown if v is not None]
+    rises = [b - a for a, b in zip(values, values[1:], strict=False) if b > a]
+    assert max(rises, default=0.0) < 8.0, rises  # the raw estimate rises by up to 40 s at times
+    assert abs(values[-1] - (80 - 79)) < 25  # and it still ends near the real time left
+
+
+def test_a_run_s_logs_hold_that_run_only_and_the_previous_run_s_are_kept_aside(tmp_path):
+    from tasks.cli.run import Cluster, rotate_logs
+
+    logs = tmp_path / "out" / "logs"
+    for run in ("first", "second"):
+        rotate_logs(logs)
+        cluster = Cluster(logs)
+        cluster.start("cpu-1", ["/bin/echo", f"{run} run"], dict(os.environ)).wait()
+        (logs / "flower-auth.txt").write_text("framefleet:secret\n")
+    assert (logs / "cpu-1.log").read_text() == "second run\n"
+    assert (logs / "previous" / "cpu-1.log").read_text() == "first run\n"
+    assert (logs / "flower-auth.txt").exists() and not (logs / "previous" / "flower-auth.txt").exists()
