@@ -18,6 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import av
 import numpy as np
@@ -62,7 +63,7 @@ def make_video(
     path = Path(path)
     scene = _Scene(width, height, fps, n_frames / fps, np.random.default_rng(seed))
     with av.open(str(path), "w") as container:
-        stream = container.add_stream(codec, rate=fps)
+        stream: Any = container.add_stream(codec, rate=fps)
         stream.width = width
         stream.height = height
         stream.pix_fmt = "yuv420p"
@@ -106,7 +107,7 @@ def yuv420p_frame(rgb: np.ndarray) -> av.VideoFrame:
         values += source[..., 2] * b
         values += offset
         np.clip(values, 0, 255, out=values)
-        rows = np.frombuffer(plane, dtype=np.uint8).reshape(-1, plane.line_size)
+        rows = np.frombuffer(memoryview(plane), dtype=np.uint8).reshape(-1, plane.line_size)
         rows[: plane.height, : plane.width] = values
         rows[: plane.height, plane.width :] = rows[: plane.height, plane.width - 1 : plane.width]
         rows[plane.height :] = 0
@@ -189,7 +190,7 @@ class _Shape:
         return cls(
             kind=str(rng.choice(("disc", "box"))),
             size=float(rng.uniform(0.06, 0.16) * min(width, height)),
-            color=tuple(float(c) for c in rng.uniform(0, 255, size=3)),
+            color=cast(tuple[float, float, float], tuple(float(c) for c in rng.uniform(0, 255, size=3))),
             centre=(
                 float(rng.uniform(0.3, 0.7) * width),
                 float(rng.uniform(0.3, 0.7) * height),
@@ -198,8 +199,8 @@ class _Shape:
                 float(rng.uniform(0.1, 0.3) * width),
                 float(rng.uniform(0.1, 0.3) * height),
             ),
-            frequency=tuple(float(f) for f in rng.uniform(0.1, 0.5, size=2)),
-            phase=tuple(float(p) for p in rng.uniform(0, 2 * np.pi, size=2)),
+            frequency=cast(tuple[float, float], tuple(float(f) for f in rng.uniform(0.1, 0.5, size=2))),
+            phase=cast(tuple[float, float], tuple(float(p) for p in rng.uniform(0, 2 * np.pi, size=2))),
         )
 
     def draw(self, image: np.ndarray, t: float) -> None:

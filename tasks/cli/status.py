@@ -209,6 +209,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         except runs.RunNotFound as exc:
             return _cli.fail(str(exc))
     if args.watch:
+        if chosen is None:
+            return _cli.fail("no run to watch: name one (RUN or --out OUT)")
         return follow(conf, chosen)
     print(render(conf, args.out, chosen))
     return 0

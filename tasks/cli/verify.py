@@ -175,7 +175,7 @@ class _Checker:
             return
         if len(present) != len(HAND_KEYS):
             return self.bad(where, f"{side} hand has {present}, want all of {list(HAND_KEYS)}")
-        arrays = {}
+        arrays: dict[str, Any] = {}
         for key, shape in HAND_KEYS.items():
             arrays[key] = self.array(g, f"{side}_{key}", where, tuple(n if s is None else s for s in shape), "float32")
         if any(a is None for a in arrays.values()):

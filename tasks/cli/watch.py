@@ -125,8 +125,8 @@ def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dic
             if now_counts != counts:
                 counts, changed = now_counts, time.monotonic()
             elapsed = time.time() - record["started"]
-            left = eta.update(fraction_done(counts, record["videos"], stages), elapsed, time.monotonic())
-            line = render(counts, record["videos"], elapsed, left, stages)
+            left = eta.update(fraction_done(counts, record["videos"], list(stages)), elapsed, time.monotonic())
+            line = render(counts, record["videos"], elapsed, left, list(stages))
             for entry in requeues.read(r, run_id, seen_requeues):
                 seen_requeues += 1
                 _say(requeues.line(entry), tty)

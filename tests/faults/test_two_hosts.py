@@ -39,7 +39,7 @@ stages:
 """
 GPUS = {"hostA": 2, "hostB": 1}
 STAMP = r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): \w+/\w+\] "
-REQUEUED = re.compile(STAMP + r"requeued message ([0-9a-f-]+): its worker's lease lapsed")
+REQUEUED = re.compile(STAMP + r"requeued message ([0-9a-f-]+)[ :]")
 RECEIVED = re.compile(
     r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/\w+\] Task (framefleet\.\w+)\[([0-9a-f-]+)\] "
     r"received"
