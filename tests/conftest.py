@@ -104,7 +104,9 @@ def redis_url() -> Iterator[str]:
 def pipeline_env(redis_url: str, tmp_path: Path) -> dict[str, str]:
     """Environment for framefleet processes: this test's Redis and fast liveness settings."""
     env = {k: v for k, v in os.environ.items() if k not in PIPELINE_ENV}
-    env.update(REDIS_URL=redis_url, PYTHONPATH=str(ROOT), FRAMEFLEET_HEARTBEAT_INTERVAL_S="0.5",
+    # The project first, then whatever the caller's PYTHONPATH holds (the GPU machine's packages live there).
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env.update(REDIS_URL=redis_url, PYTHONPATH=path, FRAMEFLEET_HEARTBEAT_INTERVAL_S="0.5",
                FRAMEFLEET_REGISTRY_TTL_S="3", PYTHONUNBUFFERED="1")
     return env
 
