@@ -21,8 +21,10 @@ def main(out: Path) -> int:
     for stage in ("preprocess", "depth", "tracks", "hands", "h5"):
         entry = summary["stages"][stage]
         gap = next((v for k, v in entry.items() if k.startswith("overhead_after_")), None)
-        print(f"{stage:<11}{entry.get('mean_s', 0):>11.3f}"
-              f"{gap['mean_s'] if gap else float('nan'):>19.3f}{gap['max_s'] if gap else float('nan'):>11.3f}")
+        print(
+            f"{stage:<11}{entry.get('mean_s', 0):>11.3f}"
+            f"{gap['mean_s'] if gap else float('nan'):>19.3f}{gap['max_s'] if gap else float('nan'):>11.3f}"
+        )
     return 0
 
 

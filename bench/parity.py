@@ -65,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                     if tt == "3d":
                         video_ours = f["root/video"][()]
                         fx = fx or (float(f["root/intrinsics"][0, 0]), float(want["root/intrinsics"][0, 0]))
-                theirs = {
-                    k.split("/")[2]: len(v) for k, v in want.items() if k.endswith("/query_coords")
-                }
+                theirs = {k.split("/")[2]: len(v) for k, v in want.items() if k.endswith("/query_coords")}
                 f2 = fig[tt]
                 f2["windows"] += len(ours)
                 f2["windows_y2r"] += len(theirs)

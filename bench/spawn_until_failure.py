@@ -47,9 +47,14 @@ def main() -> int:
     procs: list[subprocess.Popen[str]] = []
     load_failure = None
     for _ in range(args.max_workers):
-        proc = subprocess.Popen([sys.executable, "-c", WORKER, str(args.hold_mib), str(args.activation_mib),
-                                 str(args.rounds)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(args.hold_mib), str(args.activation_mib), str(args.rounds)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         line = proc.stdout.readline()
         if line.strip() != "loaded":
             proc.wait()
@@ -65,9 +70,14 @@ def main() -> int:
         proc.wait()
         if proc.returncode != 0:
             died.append((proc.stderr.read().strip().splitlines() or ["?"])[-1][:200])
-    result = {"loaded": loaded, "load_failure": load_failure, "died_during_inference": len(died),
-              "finished": loaded - len(died), "first_error": died[0] if died else None,
-              "wall_s": round(time.monotonic() - started, 1)}
+    result = {
+        "loaded": loaded,
+        "load_failure": load_failure,
+        "died_during_inference": len(died),
+        "finished": loaded - len(died),
+        "first_error": died[0] if died else None,
+        "wall_s": round(time.monotonic() - started, 1),
+    }
     print(json.dumps(result))
     return 0
 

@@ -29,8 +29,12 @@ def main(out: Path) -> dict:
                 videos[ran.group(2)][ran.group(1)] = int(m.group(1))
     per_stage = Counter(f"{stage}:gpu{g}" for gpus in videos.values() for stage, g in gpus.items())
     local = sum(1 for gpus in videos.values() if len(set(gpus.values())) == 1)
-    return {"videos": len(videos), "local": local, "per_stage_gpu": dict(sorted(per_stage.items())),
-            "by_video": dict(videos)}
+    return {
+        "videos": len(videos),
+        "local": local,
+        "per_stage_gpu": dict(sorted(per_stage.items())),
+        "by_video": dict(videos),
+    }
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Supervise this host's solo GPU workers (see tasks/autoscaler/cli.py, or --help).
 
-    python scripts/autoscaler.py [--gpus all|0,1] [--max-workers-per-gpu N] [--headroom-mib M]
-                                 [--tick-s S] [--cpu-workers N] [--config FILE] [--fake-gpu LEDGER]
+python scripts/autoscaler.py [--gpus all|0,1] [--max-workers-per-gpu N] [--headroom-mib M]
+                             [--tick-s S] [--cpu-workers N] [--config FILE] [--fake-gpu LEDGER]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write OUT/report.html for a finished run (see tasks/report.py).
 
-    python scripts/report.py OUT [--config FILE]
+python scripts/report.py OUT [--config FILE]
 """
 
 from __future__ import annotations

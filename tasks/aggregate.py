@@ -64,14 +64,20 @@ def stage_timings(results: list[dict[str, Any]]) -> dict[str, Any]:
     for i, stage in enumerate(order):
         spans = [r["timings"][stage] for r in results if stage in r.get("timings", {})]
         ran = [s["end"] - s["start"] for s in spans if not s.get("skipped")]
-        entry: dict[str, Any] = {"tasks": len(spans), "skipped": len(spans) - len(ran),
-                                 "workers": dict(Counter(s["worker"] for s in spans))}
+        entry: dict[str, Any] = {
+            "tasks": len(spans),
+            "skipped": len(spans) - len(ran),
+            "workers": dict(Counter(s["worker"] for s in spans)),
+        }
         if ran:
             entry.update(mean_s=statistics.fmean(ran), max_s=max(ran), total_s=sum(ran))
         if i:
             prev = order[i - 1]
-            gaps = [r["timings"][stage]["start"] - r["timings"][prev]["end"]
-                    for r in results if {stage, prev} <= set(r.get("timings", {}))]
+            gaps = [
+                r["timings"][stage]["start"] - r["timings"][prev]["end"]
+                for r in results
+                if {stage, prev} <= set(r.get("timings", {}))
+            ]
             if gaps:
                 entry["overhead_after_" + prev] = {"mean_s": statistics.fmean(gaps), "max_s": max(gaps)}
         out[stage] = entry
@@ -94,8 +100,13 @@ def write_report(out_root: Path) -> None:
     """
     started = time.monotonic()
     try:
-        done = subprocess.run([sys.executable, "-m", "tasks.report", str(out_root)], capture_output=True,
-                              text=True, timeout=REPORT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [sys.executable, "-m", "tasks.report", str(out_root)],
+            capture_output=True,
+            text=True,
+            timeout=REPORT_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("report not written: %s; run python -m tasks.report %s", exc, out_root)
         return
@@ -112,8 +123,7 @@ def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, A
     track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
     merged = write_statistics(out_root, track_type)
     done = sorted(r["video_id"] for r in results if not r.get("failed"))
-    failed = [{"video_id": r["video_id"], "video": r["video"], **r["failed"]}
-              for r in results if r.get("failed")]
+    failed = [{"video_id": r["video_id"], "video": r["video"], **r["failed"]} for r in results if r.get("failed")]
     try:
         r = get_redis(settings().redis_url)
     except Exception:
@@ -134,13 +144,16 @@ def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, A
         "stages": stage_timings([r for r in results if not r.get("failed")]),
         "notes": {r["video_id"]: r["notes"] for r in results if r.get("notes")},
         "requeued": _requeued(r, run["run_id"]),
-        "outputs": {"statistics": "normalization_stats.yaml", "hdf5": "{video_id}.hdf5",
-                    "quarantine": quarantine.FILE, "report": "report.html"},
+        "outputs": {
+            "statistics": "normalization_stats.yaml",
+            "hdf5": "{video_id}.hdf5",
+            "quarantine": quarantine.FILE,
+            "report": "report.html",
+        },
     }
     write_text_atomic(out_root / "run_summary.json", json.dumps(summary, indent=2, sort_keys=True))
     runs.finished(out_root, run["run_id"], summary)
-    log.info("run %s: %d done, %d failed; statistics over %d videos",
-             run["run_id"], len(done), len(failed), merged)
+    log.info("run %s: %d done, %d failed; statistics over %d videos", run["run_id"], len(done), len(failed), merged)
     write_report(out_root)
     keys = ("run_id", "videos", "done", "failed", "quarantined", "statistics_videos", "wall_s")
     return {k: summary[k] for k in keys}

@@ -43,8 +43,7 @@ def configure(new: Settings) -> Celery:
         broker_connection_max_retries=None,
         # A task that ends while Redis is away waits for it (about 5 minutes at most) to send its
         # next stage and store its result, instead of failing, which would break the run's chord.
-        task_publish_retry_policy={"max_retries": 150, "interval_start": 0, "interval_step": 0.5,
-                                   "interval_max": 2},
+        task_publish_retry_policy={"max_retries": 150, "interval_start": 0, "interval_step": 0.5, "interval_max": 2},
         result_backend_always_retry=True,
         result_backend_max_retries=150,
         result_backend_max_sleep_between_retries_ms=2000,

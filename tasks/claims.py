@@ -173,13 +173,17 @@ def confirm(r: redis.Redis, key: str, ttl_s: float) -> None:
             return  # lapsed (not renewed in time) but free: ours again
         holder = holder if holder is not None else r.get(key)
     except redis.RedisError as exc:
-        raise ClaimUnconfirmed(f"cannot confirm the claim {key} before publishing ({exc}); output discarded, "
-                               "the stage will run again", 10.0) from exc
+        raise ClaimUnconfirmed(
+            f"cannot confirm the claim {key} before publishing ({exc}); output discarded, the stage will run again",
+            10.0,
+        ) from exc
     if holder != owner:
         with _lock:
             HELD.pop(key, None)
-        raise ClaimLost(f"{key} is now held by {holder or 'nobody'} (ours lapsed: this host was cut off from Redis "
-                        "or paused for longer than lease_ttl_s); output discarded")
+        raise ClaimLost(
+            f"{key} is now held by {holder or 'nobody'} (ours lapsed: this host was cut off from Redis "
+            "or paused for longer than lease_ttl_s); output discarded"
+        )
 
 
 def release(r: redis.Redis, key: str) -> None:

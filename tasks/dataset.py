@@ -28,9 +28,7 @@ def find_videos(raw_dir: Path) -> list[Path]:
         raise DatasetError(f"the input folder {raw_dir} does not exist or is not a folder")
     found = sorted(p for p in raw_dir.rglob("*") if p.is_file() and p.suffix.lower() in VIDEO_SUFFIXES)
     if not found:
-        raise DatasetError(
-            f"no videos in {raw_dir} (looked for {', '.join(sorted(VIDEO_SUFFIXES))}, any case)"
-        )
+        raise DatasetError(f"no videos in {raw_dir} (looked for {', '.join(sorted(VIDEO_SUFFIXES))}, any case)")
     return found
 
 
@@ -100,8 +98,13 @@ def write_manifest(
     for video in videos:
         rel = video.relative_to(raw_dir)
         described = (texts or {}).get(clip_id(rel), ClipText())
-        entry = {"video_id": video_id(rel), "path": rel.as_posix(), "bytes": video.stat().st_size,
-                 "text": described.text, "noun": described.noun}
+        entry = {
+            "video_id": video_id(rel),
+            "path": rel.as_posix(),
+            "bytes": video.stat().st_size,
+            "text": described.text,
+            "noun": described.noun,
+        }
         if root != first_root:  # added with --add: this video lives under another folder
             entry["root"] = root
         if entry["video_id"] in known and known[entry["video_id"]].get("root", first_root) != root:
@@ -112,8 +115,12 @@ def write_manifest(
             )
         known[entry["video_id"]] = entry
         entries.append(entry)
-    manifest = {"dataset_root": first_root, "last_run": run_id, "updated": time.time(),
-                "videos": sorted(known.values(), key=lambda v: (v.get("root", ""), v["path"]))}
+    manifest = {
+        "dataset_root": first_root,
+        "last_run": run_id,
+        "updated": time.time(),
+        "videos": sorted(known.values(), key=lambda v: (v.get("root", ""), v["path"])),
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(manifest, indent=1))
     return entries
@@ -139,8 +146,14 @@ def new_run_id() -> str:
 
 
 def build_chord(
-    entries: list[dict[str, Any]], raw_dir: Path, out_dir: Path, run_id: str,
-    gpus: list[int] | None = None, force: bool = False, already_complete: int = 0, intermediates: str = "keep",
+    entries: list[dict[str, Any]],
+    raw_dir: Path,
+    out_dir: Path,
+    run_id: str,
+    gpus: list[int] | None = None,
+    force: bool = False,
+    already_complete: int = 0,
+    intermediates: str = "keep",
 ) -> tuple[Any, dict[str, Any]]:
     """Return (the chord of one chain per video, the run record the callback receives).
 
@@ -150,15 +163,30 @@ def build_chord(
     from tasks.celery_app import settings
     from tasks.pipeline import STAGE_TASKS
 
-    run = {"run_id": run_id, "output_root": str(out_dir.resolve()), "started": time.time(),
-           "videos": len(entries), "already_complete": already_complete}
+    run = {
+        "run_id": run_id,
+        "output_root": str(out_dir.resolve()),
+        "started": time.time(),
+        "videos": len(entries),
+        "already_complete": already_complete,
+    }
     order = settings().enabled_stages()
     chains = []
     for entry in entries:
-        job = {"run_id": run_id, "video_id": entry["video_id"], "video": entry["path"],
-               "dataset_root": str(raw_dir.resolve()), "output_root": run["output_root"],
-               "gpus": gpus, "gpu": None, "force": force, "intermediates": intermediates,
-               "text": entry.get("text", ""), "noun": entry.get("noun", ""), "chain": list(order)}
+        job = {
+            "run_id": run_id,
+            "video_id": entry["video_id"],
+            "video": entry["path"],
+            "dataset_root": str(raw_dir.resolve()),
+            "output_root": run["output_root"],
+            "gpus": gpus,
+            "gpu": None,
+            "force": force,
+            "intermediates": intermediates,
+            "text": entry.get("text", ""),
+            "noun": entry.get("noun", ""),
+            "chain": list(order),
+        }
         first, *rest = (STAGE_TASKS[name] for name in order)
         chains.append(chain(first.s(job), *(t.s() for t in rest)))
     if not chains:

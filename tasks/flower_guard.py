@@ -30,7 +30,7 @@ def flower_args(argv: Sequence[str]) -> list[str] | None:
         if arg in CELERY_VALUE_OPTIONS:
             next(args, None)
         elif not arg.startswith("-"):
-            return list(argv[i + 1:]) if arg == "flower" else None
+            return list(argv[i + 1 :]) if arg == "flower" else None
     return None
 
 

@@ -94,8 +94,10 @@ class Heartbeat(threading.Thread):
         for what, part in (
             ("renewing leases", lambda: leases.renew(get_redis(conf.broker), state["hostname"], conf.lease_ttl_s)),
             ("renewing claims", lambda: claims.renew(get_redis(conf.redis_url), conf.lease_ttl_s)),
-            ("publishing the worker state", lambda: registry.publish(get_redis(conf.redis_url), state,
-                                                                     ttl_s=conf.registry_ttl_s)),
+            (
+                "publishing the worker state",
+                lambda: registry.publish(get_redis(conf.redis_url), state, ttl_s=conf.registry_ttl_s),
+            ),
         ):
             try:
                 part()
@@ -121,9 +123,13 @@ class Heartbeat(threading.Thread):
                 self.app.connection_for_write(), hostname=state["hostname"], enabled=True
             )
         self.dispatcher.send(
-            "worker-heartbeat", freq=interval, sw_ident="py-celery",
-            sw_ver=celery.__version__, sw_sys=platform.system(),
-            active=1 if state.get("busy") else 0, processed=state.get("tasks_done", 0),
+            "worker-heartbeat",
+            freq=interval,
+            sw_ident="py-celery",
+            sw_ver=celery.__version__,
+            sw_sys=platform.system(),
+            active=1 if state.get("busy") else 0,
+            processed=state.get("tasks_done", 0),
             loadavg=[round(x, 2) for x in os.getloadavg()],
         )
 
@@ -136,8 +142,13 @@ class Heartbeat(threading.Thread):
         stage = task.rsplit(".", 1)[-1]
         deadline = conf.stages[stage].deadline_s if stage in conf.stages else None
         if deadline and time.time() - started > deadline:
-            log.critical("%s of %s ran %.1f s, past its %g s deadline: ending this worker; its lease "
-                         "lapses and the task is retried elsewhere", stage, current.get("video"),
-                         time.time() - started, deadline)
+            log.critical(
+                "%s of %s ran %.1f s, past its %g s deadline: ending this worker; its lease "
+                "lapses and the task is retried elsewhere",
+                stage,
+                current.get("video"),
+                time.time() - started,
+                deadline,
+            )
             logging.shutdown()
             os._exit(70)

@@ -130,8 +130,11 @@ def guard_ack(request: Any) -> None:
             DROPPED.discard(request.id)
         QoS.ack(message.channel.qos, message.delivery_tag)  # the channel's bookkeeping, not Redis
         message._state = "ACK"
-        log.info("acknowledged duplicate delivery %s of task %s locally; its holder keeps the message",
-                 message.delivery_tag, request.id)
+        log.info(
+            "acknowledged duplicate delivery %s of task %s locally; its holder keeps the message",
+            message.delivery_tag,
+            request.id,
+        )
         return True
 
     request._on_ack = lambda logger, errors: local_only() or ack(logger, errors)
@@ -158,8 +161,7 @@ def renew(r: redis.Redis, hostname: str, ttl_s: float) -> int:
         with _lock:
             if tag in HELD and h.entry is not None and r.hsetnx(UNACKED, tag, h.entry):
                 r.zadd(UNACKED_INDEX, {tag: time.time()}, nx=True)
-                log.warning("restored the unacked entry of message %s (task %s), held by this worker", tag,
-                            h.task_id)
+                log.warning("restored the unacked entry of message %s (task %s), held by this worker", tag, h.task_id)
     return renewed
 
 
@@ -217,14 +219,20 @@ def _orphaned(r: redis.Redis, workers_r: redis.Redis, tag: str, workers: dict[st
         if tag in state.get("leases", []):
             return False  # alive and holding it: its next heartbeat re-asserts the lease
         if time.time() - float(state.get("updated", 0)) < ttl_s and state.get("leases") is not None:
-            log.warning("requeued message %s (task %s): its worker %s is alive but no longer holds it",
-                        tag, task_id, hostname)
+            log.warning(
+                "requeued message %s (task %s): its worker %s is alive but no longer holds it", tag, task_id, hostname
+            )
             return True
         return False
     absent_s = registry.absent_for_s(workers_r, hostname)
     if absent_s > ttl_s:
-        log.warning("requeued message %s (task %s): its worker %s has been gone %.0f s (worker lost)",
-                    tag, task_id, hostname, absent_s)
+        log.warning(
+            "requeued message %s (task %s): its worker %s has been gone %.0f s (worker lost)",
+            tag,
+            task_id,
+            hostname,
+            absent_s,
+        )
         return True
     return False
 

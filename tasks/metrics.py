@@ -45,11 +45,23 @@ def stage_record(stage: str, job: dict[str, Any]) -> dict[str, Any]:
     entry = {"run": job["run_id"], "video": job["video_id"], "stage": stage, "gpu": job.get("gpu")}
     failed = job.get("failed")
     if failed:
-        return {**entry, "ok": False, "end": failed["time"], "worker": failed["worker"],
-                "error_class": failed["error_class"]}
+        return {
+            **entry,
+            "ok": False,
+            "end": failed["time"],
+            "worker": failed["worker"],
+            "error_class": failed["error_class"],
+        }
     timing = job["timings"][stage]
-    return {**entry, "ok": True, "start": timing["start"], "end": timing["end"],
-            "skipped": timing["skipped"], "worker": timing["worker"], "run_s": timing.get("run_s", 0.0)}
+    return {
+        **entry,
+        "ok": True,
+        "start": timing["start"],
+        "end": timing["end"],
+        "skipped": timing["skipped"],
+        "worker": timing["worker"],
+        "run_s": timing.get("run_s", 0.0),
+    }
 
 
 def record_stage(redis_url: str, stage: str, job: dict[str, Any]) -> None:
@@ -132,8 +144,9 @@ class FramefleetCollector:
         labels = ["gpu", "uuid", "name"]
         used = GaugeMetricFamily("framefleet_gpu_memory_used_bytes", "GPU memory in use", labels=labels)
         total = GaugeMetricFamily("framefleet_gpu_memory_total_bytes", "GPU memory in all", labels=labels)
-        util = GaugeMetricFamily("framefleet_gpu_utilization_ratio",
-                                 "Fraction of the last sample period a kernel ran (0-1)", labels=labels)
+        util = GaugeMetricFamily(
+            "framefleet_gpu_utilization_ratio", "Fraction of the last sample period a kernel ran (0-1)", labels=labels
+        )
         readings = self.probe.gpus()
         for g in readings:
             values = [str(g.index), g.uuid, g.name]
@@ -150,8 +163,9 @@ class FramefleetCollector:
         r, broker = get_redis(self.conf.redis_url), get_redis(self.conf.broker)
         workers = registry.live_workers(r)
         yield from self._workers(workers)
-        queues = sorted({self.conf.cpu_queue} | registry.known_gpu_queues(r)
-                        | {q for w in workers for q in w.get("queues", [])})
+        queues = sorted(
+            {self.conf.cpu_queue} | registry.known_gpu_queues(r) | {q for w in workers for q in w.get("queues", [])}
+        )
         pipe = broker.pipeline(transaction=False)
         for queue in queues:
             pipe.llen(queue)
@@ -162,20 +176,26 @@ class FramefleetCollector:
 
         counts = {k: int(v) for k, v in r.hgetall(COUNTS_KEY).items()}
         durations = {k: float(v) for k, v in r.hgetall(DURATIONS_KEY).items()}
-        hist = HistogramMetricFamily("framefleet_stage_duration_seconds", "Run time of a stage task that did work",
-                                     labels=["stage"])
-        tasks = CounterMetricFamily("framefleet_stage_tasks", "Stage tasks finished, by outcome (failed: for good)",
-                                    labels=["stage", "outcome"])
+        hist = HistogramMetricFamily(
+            "framefleet_stage_duration_seconds", "Run time of a stage task that did work", labels=["stage"]
+        )
+        tasks = CounterMetricFamily(
+            "framefleet_stage_tasks", "Stage tasks finished, by outcome (failed: for good)", labels=["stage", "outcome"]
+        )
         for stage in STAGE_NAMES:
             buckets = [(f"{le:g}", durations.get(f"{stage}|{le:g}", 0.0)) for le in DURATION_BUCKETS_S]
-            hist.add_metric([stage], [*buckets, ("+Inf", durations.get(f"{stage}|inf", 0.0))],
-                            durations.get(f"{stage}|sum", 0.0))
+            hist.add_metric(
+                [stage], [*buckets, ("+Inf", durations.get(f"{stage}|inf", 0.0))], durations.get(f"{stage}|sum", 0.0)
+            )
             for outcome in OUTCOMES:
                 tasks.add_metric([stage, outcome], counts.get(f"stage|{stage}|{outcome}", 0))
         done = CounterMetricFamily("framefleet_videos_done", "Videos whose HDF5 file was written")
         done.add_metric([], counts.get("videos_done", 0))
-        failed = CounterMetricFamily("framefleet_videos_failed", "Videos that failed for good, by stage and class",
-                                     labels=["stage", "error_class"])
+        failed = CounterMetricFamily(
+            "framefleet_videos_failed",
+            "Videos that failed for good, by stage and class",
+            labels=["stage", "error_class"],
+        )
         for key, value in counts.items():
             if key.startswith("videos_failed|"):
                 failed.add_metric(key.split("|")[1:3], value)
@@ -185,8 +205,9 @@ class FramefleetCollector:
         for key in r.scan_iter(match=QUARANTINE_PREFIX + "*", count=500):
             pipe.hlen(key)
         quarantined.add_metric([], sum(pipe.execute()))
-        decisions = CounterMetricFamily("framefleet_autoscale_decisions", "Autoscaler changes seen (ff:autoscale)",
-                                        labels=["gpu", "action"])
+        decisions = CounterMetricFamily(
+            "framefleet_autoscale_decisions", "Autoscaler changes seen (ff:autoscale)", labels=["gpu", "action"]
+        )
         for (gpu, action), value in sorted(self.autoscale.update(r.lrange(AUTOSCALE_KEY, 0, -1)).items()):
             decisions.add_metric([gpu, action], value)
         yield from (hist, tasks, done, failed, quarantined, decisions)
@@ -194,16 +215,24 @@ class FramefleetCollector:
     def _workers(self, workers: list[dict[str, Any]]) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        gpu_mem = GaugeMetricFamily("framefleet_worker_gpu_memory_bytes", "GPU memory a worker process holds",
-                                    labels=["worker", "gpu"])
-        gpu_peak = GaugeMetricFamily("framefleet_worker_gpu_memory_peak_bytes",
-                                     "Peak GPU memory of a worker's stages", labels=["worker", "gpu"])
+        gpu_mem = GaugeMetricFamily(
+            "framefleet_worker_gpu_memory_bytes", "GPU memory a worker process holds", labels=["worker", "gpu"]
+        )
+        gpu_peak = GaugeMetricFamily(
+            "framefleet_worker_gpu_memory_peak_bytes", "Peak GPU memory of a worker's stages", labels=["worker", "gpu"]
+        )
         rss = GaugeMetricFamily("framefleet_worker_rss_bytes", "Resident host memory of a worker", labels=["worker"])
         busy = GaugeMetricFamily("framefleet_worker_busy", "1 while the worker runs a task", labels=["worker"])
-        errors = CounterMetricFamily("framefleet_worker_heartbeat_errors", "Parts of a worker's heartbeat that "
-                                     "failed (logged; the thread goes on)", labels=["worker"])
-        per_stage = GaugeMetricFamily("framefleet_workers", "Live workers by GPU (or cpu) and the stage they run "
-                                      "(idle when none)", labels=["gpu", "stage"])
+        errors = CounterMetricFamily(
+            "framefleet_worker_heartbeat_errors",
+            "Parts of a worker's heartbeat that failed (logged; the thread goes on)",
+            labels=["worker"],
+        )
+        per_stage = GaugeMetricFamily(
+            "framefleet_workers",
+            "Live workers by GPU (or cpu) and the stage they run (idle when none)",
+            labels=["gpu", "stage"],
+        )
         by_pid = {(p.pid, p.gpu): p.used_mib for p in self.probe.processes()}
         tally: Counter[tuple[str, str]] = Counter()
         for w in workers:
@@ -275,8 +304,18 @@ class GpuSampler(threading.Thread):
                 try:
                     now = time.time()
                     for g in self.probe.gpus():
-                        fh.write(json.dumps({"time": now, "gpu": g.index, "used_mib": g.used_mib,
-                                             "total_mib": g.total_mib, "utilization_pct": g.utilization_pct}) + "\n")
+                        fh.write(
+                            json.dumps(
+                                {
+                                    "time": now,
+                                    "gpu": g.index,
+                                    "used_mib": g.used_mib,
+                                    "total_mib": g.total_mib,
+                                    "utilization_pct": g.utilization_pct,
+                                }
+                            )
+                            + "\n"
+                        )
                     fh.flush()
                 except Exception as exc:  # a missed sample is a gap in a plot
                     log.warning("GPU sample not taken: %s", exc)

@@ -48,13 +48,27 @@ def release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def after_oom(r: redis.Redis | None, stage_name: str, stage: Any, job: dict[str, Any],
-              gpu: int | None, hostname: str, message: str = "") -> dict[str, Any]:
+def after_oom(
+    r: redis.Redis | None,
+    stage_name: str,
+    stage: Any,
+    job: dict[str, Any],
+    gpu: int | None,
+    hostname: str,
+    message: str = "",
+) -> dict[str, Any]:
     """Release memory, record the OOM for the autoscaler; return the job fields of the retry."""
     peak = stage_peak_mib(stage, message)
     release_memory()
-    record = {"gpu": gpu, "worker": hostname, "pid": os.getpid(), "stage": stage_name,
-              "video_id": job.get("video_id"), "peak_mib": peak, "time": time.time()}
+    record = {
+        "gpu": gpu,
+        "worker": hostname,
+        "pid": os.getpid(),
+        "stage": stage_name,
+        "video_id": job.get("video_id"),
+        "peak_mib": peak,
+        "time": time.time(),
+    }
     if r is not None:
         try:
             r.lpush(OOM_KEY, json.dumps(record))

@@ -30,7 +30,7 @@ from tasks.redis_client import get_redis
 from tasks.routing import route_task
 from tasks.stage_io import check_roots, gather_inputs, marker_of, output_path, read_done
 from tasks.stages import STAGE_NAMES, stage_class
-from tasks.storage import atomic_write, clear_temporaries, read_marker, save_npz, write_marker
+from tasks.storage import atomic_write, clear_temporaries, save_npz, write_marker
 
 log = logging.getLogger("framefleet.pipeline")
 PROGRESS_EVENT_INTERVAL_S = 0.5  # at most 2 task-progress events a second per task
@@ -43,8 +43,11 @@ def _as_framefleet_error(exc: Exception) -> FramefleetError | Exception:
         return GpuOutOfMemory(str(exc).splitlines()[0] if str(exc) else "CUDA out of memory", 10.0)
     if isinstance(exc, OSError) and not isinstance(exc, FramefleetError):
         where = f" {exc.filename}" if exc.filename else ""
-        return TransientIO(f"cannot read or write{where}: {exc.strerror or exc} (a full disk, a read-only "
-                           "or unmounted output folder, or a file in the way); retrying", 10.0)
+        return TransientIO(
+            f"cannot read or write{where}: {exc.strerror or exc} (a full disk, a read-only "
+            "or unmounted output folder, or a file in the way); retrying",
+            10.0,
+        )
     return exc
 
 
@@ -68,9 +71,12 @@ def _execute(stage_name: str, job: dict[str, Any], fence: Callable[[], None] | N
         if cleared := clear_temporaries(leftover):
             log.warning("removed %d temporary file(s) of %s left by a writer that died", cleared, leftover.name)
 
+    seen = _stamp(marker)  # the marker as this run found it (absent, or a damaged output's)
+
     def fence_output() -> None:
-        # A run that lost its claim for a while may find the stage finished by the run that took over.
-        if not job.get("force") and read_marker(output, marker, check_hash=False) is not None:
+        # A run that lost its claim for a while may find the stage finished by the run that took over:
+        # a marker written since this run looked is another run's completion.
+        if not job.get("force") and _stamp(marker) not in (None, seen):
             raise ClaimLost(f"{stage_name} of {vid} was completed by another run meanwhile; output discarded")
         if fence is not None:
             fence()
@@ -87,11 +93,19 @@ def _execute(stage_name: str, job: dict[str, Any], fence: Callable[[], None] | N
         worker.STATE.update(frames=[done_frames, total_frames])
         if time.monotonic() - last_sent[0] >= PROGRESS_EVENT_INTERVAL_S:
             last_sent[0] = time.monotonic()
-            _announce_progress({"video_id": vid, "video": job["video"], "stage": stage_name,
-                                "done": done_frames, "total": total_frames})
+            _announce_progress(
+                {
+                    "video_id": vid,
+                    "video": job["video"],
+                    "stage": stage_name,
+                    "done": done_frames,
+                    "total": total_frames,
+                }
+            )
 
     ran_s = 0.0
     if stage_class(stage_name).writes == "hdf5":
+
         def write(tmp: Path) -> None:
             nonlocal ran_s
             began = time.perf_counter()
@@ -112,6 +126,15 @@ def _execute(stage_name: str, job: dict[str, Any], fence: Callable[[], None] | N
     # Seconds inside the stage's own run (the model), apart from input loading and atomic writes;
     # added after the marker is written, so a marker stays the same whoever made it.
     return {**report, "run_s": ran_s}
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """A file's (modification time ns, size), or None when there is none."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def chain_of(job: dict[str, Any]) -> tuple[str, ...]:
@@ -163,23 +186,39 @@ def _claim_or_wait(task: Task, key: str, stage_name: str, job: dict[str, Any]) -
     """
     conf = settings()
     try:
-        verdict = claims.decide(get_redis(conf.redis_url), key, task.request.id, task.request.hostname,
-                                conf.lease_ttl_s)
+        verdict = claims.decide(
+            get_redis(conf.redis_url), key, task.request.id, task.request.hostname, conf.lease_ttl_s
+        )
     except redis.RedisError as exc:
-        log.warning("%s of %s: Redis did not answer the claim (%s); retrying in %g s",
-                    stage_name, job["video_id"], exc, conf.lease_ttl_s / 2)
+        log.warning(
+            "%s of %s: Redis did not answer the claim (%s); retrying in %g s",
+            stage_name,
+            job["video_id"],
+            exc,
+            conf.lease_ttl_s / 2,
+        )
         _wait(task, job, conf.lease_ttl_s / 2)
     if verdict.action == "run":
         return
     if verdict.action == "drop":
-        log.warning("dropped a second delivery of task %s (%s of %s): %s", task.request.id, stage_name,
-                    job["video_id"], verdict.why)
+        log.warning(
+            "dropped a second delivery of task %s (%s of %s): %s",
+            task.request.id,
+            stage_name,
+            job["video_id"],
+            verdict.why,
+        )
         leases.dropped_duplicate(task.request.id)
         if not verdict.holder:  # it finished in an earlier delivery, whose end Flower may not have seen
             finished_earlier(task)
         raise Ignore()
-    log.info("%s of %s is being made by %s; looking again in %g s", stage_name, job["video_id"],
-             verdict.holder, conf.lease_ttl_s / 2)
+    log.info(
+        "%s of %s is being made by %s; looking again in %g s",
+        stage_name,
+        job["video_id"],
+        verdict.holder,
+        conf.lease_ttl_s / 2,
+    )
     _wait(task, job, conf.lease_ttl_s / 2)
 
 
@@ -194,12 +233,20 @@ def _failed_tries(task: Task, job: dict[str, Any]) -> int:
     return task.request.retries - job.get(WAITS, 0)
 
 
-def _retry_later(task: Task, job: dict[str, Any], countdown_s: float, max_retries: int | None = None,
-                 exc: Exception | None = None) -> None:
+def _retry_later(
+    task: Task, job: dict[str, Any], countdown_s: float, max_retries: int | None = None, exc: Exception | None = None
+) -> None:
     # Celery sends a retry back to the queue it came from; route it afresh instead.
     queue = route_task(task.name, (job,), {}, {})["queue"]
-    raise task.retry(args=(job,), exc=exc, countdown=countdown_s, max_retries=max_retries, queue=queue,
-                     exchange=queue, routing_key=queue)
+    raise task.retry(
+        args=(job,),
+        exc=exc,
+        countdown=countdown_s,
+        max_retries=max_retries,
+        queue=queue,
+        exchange=queue,
+        routing_key=queue,
+    )
 
 
 def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
@@ -223,9 +270,16 @@ def _run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, An
     try:
         _claim_or_wait(task, key, stage_name, job)
     except Reject as exc:
-        return _failed(task, stage_name, job, RedisUnavailable(
-            f"{stage_name} of {job['video']}: Redis did not answer and the task could not be retried "
-            f"({exc.reason}); enqueue again with --continue once Redis is back"), _failed_tries(task, job) + 1)
+        return _failed(
+            task,
+            stage_name,
+            job,
+            RedisUnavailable(
+                f"{stage_name} of {job['video']}: Redis did not answer and the task could not be retried "
+                f"({exc.reason}); enqueue again with --continue once Redis is back"
+            ),
+            _failed_tries(task, job) + 1,
+        )
     started = time.time()
     attempts = _failed_tries(task, job) + 1
     try:
@@ -246,8 +300,13 @@ def _run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, An
     except Exception as exc:
         job = _after_failure(task, stage_name, job, _as_framefleet_error(exc), attempts)
     else:
-        timing = {"start": started, "end": time.time(), "worker": task.request.hostname,
-                  "skipped": bool(report.get("skipped")), "run_s": report.get("run_s", 0.0)}
+        timing = {
+            "start": started,
+            "end": time.time(),
+            "worker": task.request.hostname,
+            "skipped": bool(report.get("skipped")),
+            "run_s": report.get("run_s", 0.0),
+        }
         job = {**job, "timings": {**job.get("timings", {}), stage_name: timing}}
         if worker.ROLE.gpu is not None:
             job["gpu"] = worker.ROLE.gpu
@@ -261,25 +320,42 @@ def _run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, An
     return job
 
 
-def _after_failure(task: Task, stage_name: str, job: dict[str, Any], failure: Exception,
-                   attempts: int) -> dict[str, Any]:
+def _after_failure(
+    task: Task, stage_name: str, job: dict[str, Any], failure: Exception, attempts: int
+) -> dict[str, Any]:
     """Retry a retryable failure (raises Retry), else return the job with its failure record."""
     conf = settings()
     stage_conf = conf.stages[stage_name]
     retryable = not isinstance(failure, PermanentError)
     if isinstance(failure, GpuOutOfMemory):
         # Retry elsewhere if possible, with smaller chunks; the autoscaler reads the record.
-        job = {**job, **oom.after_oom(_redis_or_none(conf.redis_url), stage_name,
-                                      worker.STAGES.get(stage_name), job, worker.ROLE.gpu,
-                                      task.request.hostname, str(failure))}
-        failure = GpuOutOfMemory(f"{failure} (peak {job['oom_peak_mib']:.0f} MiB; "
-                                 f"chunk scale now {job['chunk_scale']:g})", failure.delay_s)
+        job = {
+            **job,
+            **oom.after_oom(
+                _redis_or_none(conf.redis_url),
+                stage_name,
+                worker.STAGES.get(stage_name),
+                job,
+                worker.ROLE.gpu,
+                task.request.hostname,
+                str(failure),
+            ),
+        }
+        failure = GpuOutOfMemory(
+            f"{failure} (peak {job['oom_peak_mib']:.0f} MiB; chunk scale now {job['chunk_scale']:g})", failure.delay_s
+        )
     failed_tries = _failed_tries(task, job)
     if retryable and failed_tries < stage_conf.max_retries:
         delay = failure.delay_s if isinstance(failure, RetryableError) else 5.0
-        log.warning("%s of %s failed (%s: %s); retry %d of %d",
-                    stage_name, job["video_id"], error_class(failure), failure,
-                    attempts, stage_conf.max_retries)
+        log.warning(
+            "%s of %s failed (%s: %s); retry %d of %d",
+            stage_name,
+            job["video_id"],
+            error_class(failure),
+            failure,
+            attempts,
+            stage_conf.max_retries,
+        )
         try:
             _retry_later(task, job, delay * 2**failed_tries, job.get(WAITS, 0) + stage_conf.max_retries, failure)
         except Reject as exc:
@@ -289,10 +365,17 @@ def _after_failure(task: Task, stage_name: str, job: dict[str, Any], failure: Ex
 
 def _failed(task: Task, stage_name: str, job: dict[str, Any], failure: Exception, attempts: int) -> dict[str, Any]:
     log.error("%s of %s failed for good: %s: %s", stage_name, job["video_id"], error_class(failure), failure)
-    job = {**job, "failed": {
-        "stage": stage_name, "error_class": error_class(failure), "reason": str(failure),
-        "attempts": attempts, "worker": task.request.hostname, "time": time.time(),
-    }}
+    job = {
+        **job,
+        "failed": {
+            "stage": stage_name,
+            "error_class": error_class(failure),
+            "reason": str(failure),
+            "attempts": attempts,
+            "worker": task.request.hostname,
+            "time": time.time(),
+        },
+    }
     _record(stage_name, job, ok=False)
     return job
 

@@ -15,7 +15,10 @@ def get_redis(url: str) -> redis.Redis:
     client = _clients.get(key)
     if client is None:
         client = redis.Redis.from_url(
-            url, decode_responses=True, socket_timeout=5, socket_connect_timeout=5,
+            url,
+            decode_responses=True,
+            socket_timeout=5,
+            socket_connect_timeout=5,
             health_check_interval=10,
         )
         _clients[key] = client

@@ -67,8 +67,14 @@ def load(out: Path, conf: Settings) -> dict[str, Any]:
                 continue  # a line cut short by a killed sampler
             if start <= float(sample["time"]) <= end:
                 samples.append(sample)
-    return {"summary": summary, "stage_log": stage_log, "autoscale": decisions, "samples": samples,
-            "source": source, "samples_path": samples_path}
+    return {
+        "summary": summary,
+        "stage_log": stage_log,
+        "autoscale": decisions,
+        "samples": samples,
+        "source": source,
+        "samples_path": samples_path,
+    }
 
 
 def time_axis(summary: dict[str, Any]) -> tuple[float, str]:
@@ -104,8 +110,10 @@ def plot_throughput(ax: Any, out: Path, data: dict[str, Any]) -> str | None:
 def plot_gpu_memory(ax: Any, data: dict[str, Any]) -> str | None:
     samples, decisions = data["samples"], data["autoscale"]
     if not samples and not decisions:
-        return (f"No GPU memory data for this run: no GPU samples in {data['samples_path']} (framefleet run "
-                "writes them where it sees a GPU) and no autoscaler decisions in Redis (ff:autoscale).")
+        return (
+            f"No GPU memory data for this run: no GPU samples in {data['samples_path']} (framefleet run "
+            "writes them where it sees a GPU) and no autoscaler decisions in Redis (ff:autoscale)."
+        )
     t0 = float(data["summary"].get("started") or 0)
     unit, label = time_axis(data["summary"])
     for gpu in sorted({int(s["gpu"]) for s in samples}):
@@ -114,8 +122,15 @@ def plot_gpu_memory(ax: Any, data: dict[str, Any]) -> str | None:
     for action, (marker, color) in MARKERS.items():
         chosen = [d for d in decisions if d.get("action") == action and d.get("used_mib") is not None]
         if chosen:
-            ax.scatter([(d["time"] - t0) / unit for d in chosen], [d["used_mib"] / 1024 for d in chosen],
-                       marker=marker, color=color, s=60, zorder=3, label=f"autoscaler: {action}")
+            ax.scatter(
+                [(d["time"] - t0) / unit for d in chosen],
+                [d["used_mib"] / 1024 for d in chosen],
+                marker=marker,
+                color=color,
+                s=60,
+                zorder=3,
+                label=f"autoscaler: {action}",
+            )
         for d in (d for d in decisions if d.get("action") == action):
             ax.axvline((d["time"] - t0) / unit, color=color, alpha=0.3, linestyle="--")
     ax.set(xlabel=label, ylabel="GiB used", title="GPU memory and autoscaler decisions")
@@ -124,8 +139,12 @@ def plot_gpu_memory(ax: Any, data: dict[str, Any]) -> str | None:
 
 
 def plot_durations(ax: Any, data: dict[str, Any]) -> str | None:
-    spans = {s: [e["end"] - e["start"] for e in data["stage_log"]
-                 if e["stage"] == s and e.get("ok") and not e.get("skipped")] for s in STAGE_NAMES}
+    spans = {
+        s: [
+            e["end"] - e["start"] for e in data["stage_log"] if e["stage"] == s and e.get("ok") and not e.get("skipped")
+        ]
+        for s in STAGE_NAMES
+    }
     stages = [s for s in STAGE_NAMES if spans[s]]
     if stages:
         ax.boxplot([spans[s] for s in stages], tick_labels=stages)
@@ -158,10 +177,12 @@ def build(out: Path, conf: Settings) -> Path:
     data = load(out, conf)
     folder = out / "report"
     sections = []
-    plots = [("Throughput", "throughput", lambda ax: plot_throughput(ax, out, data)),
-             ("GPU memory", "gpu_memory", lambda ax: plot_gpu_memory(ax, data)),
-             ("Stage durations", "stage_durations", lambda ax: plot_durations(ax, data)),
-             ("Failures", "failures", lambda ax: plot_failures(ax, data))]
+    plots = [
+        ("Throughput", "throughput", lambda ax: plot_throughput(ax, out, data)),
+        ("GPU memory", "gpu_memory", lambda ax: plot_gpu_memory(ax, data)),
+        ("Stage durations", "stage_durations", lambda ax: plot_durations(ax, data)),
+        ("Failures", "failures", lambda ax: plot_failures(ax, data)),
+    ]
     for title, name, draw in plots:
         fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
         try:
@@ -183,13 +204,19 @@ def build(out: Path, conf: Settings) -> Path:
 
 def page(data: dict[str, Any], sections: list[str]) -> str:
     s = data["summary"]
-    rows = [("Run", s["run_id"]), ("Videos", s["videos"]), ("Done", s["done"]),
-            ("Already complete", s.get("already_complete", 0)), ("Failed", len(s.get("failed", []))),
-            ("Quarantined", len(s.get("quarantined", []))),
-            ("Wall time", f"{s['wall_s']:.1f} s" if s.get("wall_s") is not None else "unknown"),
-            ("Started", _when(s.get("started"))), ("Finished", _when(s.get("finished"))),
-            ("Stage log and decisions from", data["source"]),
-            ("GPU samples", f"{len(data['samples'])} from {data['samples_path']}")]
+    rows = [
+        ("Run", s["run_id"]),
+        ("Videos", s["videos"]),
+        ("Done", s["done"]),
+        ("Already complete", s.get("already_complete", 0)),
+        ("Failed", len(s.get("failed", []))),
+        ("Quarantined", len(s.get("quarantined", []))),
+        ("Wall time", f"{s['wall_s']:.1f} s" if s.get("wall_s") is not None else "unknown"),
+        ("Started", _when(s.get("started"))),
+        ("Finished", _when(s.get("finished"))),
+        ("Stage log and decisions from", data["source"]),
+        ("GPU samples", f"{len(data['samples'])} from {data['samples_path']}"),
+    ]
     table = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>framefleet run {html.escape(s["run_id"])}</title>

@@ -44,6 +44,8 @@ def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None
     fallback = previous if previous is not None else min(allowed) if allowed else 0
     log.warning(
         "no live worker hosts %s%s; queued on %s until one registers or the rebalancer moves it",
-        stage, f" on GPUs {allowed}" if allowed else "", conf.stage_queue(stage, fallback),
+        stage,
+        f" on GPUs {allowed}" if allowed else "",
+        conf.stage_queue(stage, fallback),
     )
     return {"queue": conf.stage_queue(stage, fallback)}

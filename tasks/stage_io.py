@@ -20,8 +20,10 @@ def check_roots(job: dict[str, Any], conf: Settings) -> None:
             continue
         root, base = Path(job[key]).resolve(), Path(allowed).resolve()
         if root != base and base not in root.parents:
-            raise PathOutsideRoot(f"{key} {root} is outside {base}, the {key} this worker serves; refused "
-                                  f"(set {key} in the worker's settings to change it)")
+            raise PathOutsideRoot(
+                f"{key} {root} is outside {base}, the {key} this worker serves; refused "
+                f"(set {key} in the worker's settings to change it)"
+            )
 
 
 def work_dir(out_root: Path, video_id: str) -> Path:

@@ -32,8 +32,9 @@ def _decode(raw: str | bytes) -> tuple[str, str, dict[str, Any] | None]:
 
 def queue_names(broker: redis.Redis, r: redis.Redis, conf: Settings) -> list[str]:
     """Every queue a framefleet task may wait in: the CPU queue and each GPU (or per-stage GPU) queue."""
-    found = {q if isinstance(q, str) else q.decode()
-             for q in broker.scan_iter(match=conf.gpu_queue_prefix + "*", count=500)}
+    found = {
+        q if isinstance(q, str) else q.decode() for q in broker.scan_iter(match=conf.gpu_queue_prefix + "*", count=500)
+    }
     found = {q for q in found if broker.type(q) in ("list", b"list")}
     return sorted(found | registry.known_gpu_queues(r) | {conf.cpu_queue})
 
@@ -58,15 +59,20 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
     consumed = {q for w in workers for q in w.get("queues", [])}
     problems = []
     # Queues named by routing exist as lists in the broker even if no worker ever registered.
-    listed = {q for q in broker.scan_iter(match=conf.gpu_queue_prefix + "*", count=500)
-              if conf.gpu_index(q if isinstance(q, str) else q.decode()) is not None}
+    listed = {
+        q
+        for q in broker.scan_iter(match=conf.gpu_queue_prefix + "*", count=500)
+        if conf.gpu_index(q if isinstance(q, str) else q.decode()) is not None
+    }
     listed = {q if isinstance(q, str) else q.decode() for q in listed}
     for queue in sorted(registry.known_gpu_queues(r) | listed | {conf.cpu_queue}):
         waiting = broker.llen(queue)
         if waiting and queue not in consumed:
             pool = "-P solo -c 1 " if queue != conf.cpu_queue else ""
-            problems.append(f"queue {queue}: {waiting} tasks waiting and no live worker; start one with "
-                            f"`celery -A tasks worker -Q {queue} {pool}-n {queue}@%h -E`")
+            problems.append(
+                f"queue {queue}: {waiting} tasks waiting and no live worker; start one with "
+                f"`celery -A tasks worker -Q {queue} {pool}-n {queue}@%h -E`"
+            )
     problems += _held_by_idle_or_gone(broker, r, {w["hostname"]: w for w in workers}, conf)
     now = time.time()
     for w in workers:
@@ -77,8 +83,10 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
         running = now - current["started"]
         deadline = conf.stages[stage].deadline_s if stage in conf.stages else None
         if deadline and running > deadline:
-            problems.append(f"worker {w['hostname']}: {stage} of {current.get('video')} running "
-                            f"{running:.0f} s, past its {deadline:.0f} s deadline")
+            problems.append(
+                f"worker {w['hostname']}: {stage} of {current.get('video')} running "
+                f"{running:.0f} s, past its {deadline:.0f} s deadline"
+            )
     return problems
 
 
@@ -101,14 +109,20 @@ def _held_by_idle_or_gone(broker: redis.Redis, r: redis.Redis, workers: dict[str
         hostname = (owner or "").partition(" ")[0]
         state = workers.get(hostname)
         if not owner:
-            problems.append(f"{what}: in unacked for {held_s:.0f} s with no owner on record; the reaper "
-                            "requeues it once it has stayed unowned a lease TTL")
+            problems.append(
+                f"{what}: in unacked for {held_s:.0f} s with no owner on record; the reaper "
+                "requeues it once it has stayed unowned a lease TTL"
+            )
         elif state is None:
-            problems.append(f"{what}: held in unacked for {held_s:.0f} s by {hostname}, which is gone; the "
-                            f"reaper requeues it {conf.lease_ttl_s:.0f} s after its worker left (a live worker "
-                            "runs the reaper: start one)")
+            problems.append(
+                f"{what}: held in unacked for {held_s:.0f} s by {hostname}, which is gone; the "
+                f"reaper requeues it {conf.lease_ttl_s:.0f} s after its worker left (a live worker "
+                "runs the reaper: start one)"
+            )
         elif tag not in state.get("leases", [tag]):
             idle = "idle" if not state.get("busy") else "busy with another task"
-            problems.append(f"{what}: held in unacked for {held_s:.0f} s by {hostname}, which is {idle} and no "
-                            "longer holds it (its ack was lost); the reaper requeues it once its lease lapses")
+            problems.append(
+                f"{what}: held in unacked for {held_s:.0f} s by {hostname}, which is {idle} and no "
+                "longer holds it (its ack was lost); the reaper requeues it once its lease lapses"
+            )
     return problems

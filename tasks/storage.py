@@ -89,8 +89,9 @@ def marker_path(output: Path) -> Path:
     return output.with_name(output.name + MARKER_SUFFIX)
 
 
-def write_marker(output: Path, digest: str, marker: Path | None = None, fence: Callable[[], None] | None = None,
-                 **extra: Any) -> None:
+def write_marker(
+    output: Path, digest: str, marker: Path | None = None, fence: Callable[[], None] | None = None, **extra: Any
+) -> None:
     """Record that ``output`` is complete, with its hash, size, modification time and any small extra data
     (``fence``: as atomic_write)."""
     st = output.stat()

@@ -163,9 +163,7 @@ def _device_for(role: WorkerRole) -> str:
     if torch.cuda.is_available():
         check_pinning(role.gpu, torch)
         return "cuda:0"
-    log.warning(
-        "no GPU visible (CUDA unavailable): the models of gpu%d run on the CPU", role.gpu
-    )
+    log.warning("no GPU visible (CUDA unavailable): the models of gpu%d run on the CPU", role.gpu)
     print(f"framefleet: no GPU visible: gpu{role.gpu}'s models run on the CPU", file=sys.stderr)
     return "cpu"
 
@@ -270,9 +268,17 @@ def on_task_received(request: Any = None, **_: Any) -> None:
 @signals.task_prerun.connect
 def on_task_start(task_id: str | None = None, task: Any = None, args: Any = None, **_: Any) -> None:
     job = args[0] if args and isinstance(args[0], dict) else {}
-    STATE.update(busy=True, frames=None, current={
-        "task": task.name if task else None, "task_id": task_id, "video": job.get("video_id"),
-        "run": job.get("run_id"), "started": time.time()})
+    STATE.update(
+        busy=True,
+        frames=None,
+        current={
+            "task": task.name if task else None,
+            "task_id": task_id,
+            "video": job.get("video_id"),
+            "run": job.get("run_id"),
+            "started": time.time(),
+        },
+    )
 
 
 @signals.task_postrun.connect
@@ -292,8 +298,11 @@ def on_task_end(task_id: str | None = None, state: str | None = None, retval: An
     if (conf.max_tasks_per_worker and STATE["tasks_done"] >= conf.max_tasks_per_worker) or (
         conf.max_rss_mib and rss > conf.max_rss_mib
     ):
-        log.warning("recycling after %d tasks at %.0f MiB RSS: warm shutdown; the supervisor "
-                    "starts a fresh worker", STATE["tasks_done"], rss)
+        log.warning(
+            "recycling after %d tasks at %.0f MiB RSS: warm shutdown; the supervisor starts a fresh worker",
+            STATE["tasks_done"],
+            rss,
+        )
         os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -37,15 +37,33 @@ def _start_private_redis() -> str:
     beforehand. $FRAMEFLEET_TEST_REDIS (redis://host:port) points the tests at another server.
     """
     if shutil.which("redis-server") is None:
-        raise RuntimeError("the tests start their own redis-server and none is installed: "
-                           "`apt install redis-server` (or `brew install redis`), or set FRAMEFLEET_TEST_REDIS")
+        raise RuntimeError(
+            "the tests start their own redis-server and none is installed: "
+            "`apt install redis-server` (or `brew install redis`), or set FRAMEFLEET_TEST_REDIS"
+        )
     folder = tempfile.mkdtemp(prefix="framefleet-test-redis-")
     for _ in range(5):
         port = free_port()
-        proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                 "--appendonly", "no", "--dir", folder, "--databases", "32"],
-                                stdout=open(Path(folder) / "redis.log", "ab"), stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                folder,
+                "--databases",
+                "32",
+            ],
+            stdout=open(Path(folder) / "redis.log", "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         client = redis.Redis(port=port)
         for _ in range(200):
             if proc.poll() is not None:
@@ -106,8 +124,13 @@ def pipeline_env(redis_url: str, tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in PIPELINE_ENV}
     # The project first, then whatever the caller's PYTHONPATH holds (the GPU machine's packages live there).
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env.update(REDIS_URL=redis_url, PYTHONPATH=path, FRAMEFLEET_HEARTBEAT_INTERVAL_S="0.5",
-               FRAMEFLEET_REGISTRY_TTL_S="3", PYTHONUNBUFFERED="1")
+    env.update(
+        REDIS_URL=redis_url,
+        PYTHONPATH=path,
+        FRAMEFLEET_HEARTBEAT_INTERVAL_S="0.5",
+        FRAMEFLEET_REGISTRY_TTL_S="3",
+        PYTHONUNBUFFERED="1",
+    )
     return env
 
 
@@ -137,18 +160,48 @@ class Workers:
         self.logs = logs
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, queue: str, name: str | None = None, pool: str = "solo", concurrency: int = 1,
-              env: dict[str, str] | None = None, wait: bool = True,
-              python: str | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self,
+        queue: str,
+        name: str | None = None,
+        pool: str = "solo",
+        concurrency: int = 1,
+        env: dict[str, str] | None = None,
+        wait: bool = True,
+        python: str | None = None,
+    ) -> subprocess.Popen[bytes]:
         """Start a worker on ``queue``; ``python`` names another environment's interpreter (default: this one)."""
         name = name or queue
         self.logs.mkdir(parents=True, exist_ok=True)
-        argv = [python or sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-P", pool,
-                "-c", str(concurrency), "-n", f"{name}@test", "-E", "--without-gossip",
-                "--without-mingle", "--loglevel", "INFO"]
-        proc = subprocess.Popen(argv, cwd=ROOT, env={**self.env, **(env or {})},
-                                stdout=open(self.logs / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        argv = [
+            python or sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks",
+            "worker",
+            "-Q",
+            queue,
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{name}@test",
+            "-E",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "INFO",
+        ]
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env={**self.env, **(env or {})},
+            stdout=open(self.logs / f"{name}.log", "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs[name] = proc
         if wait:
             wait_until(lambda: self.state(name) or proc.poll() is not None, 60, f"worker {name} to register")
@@ -213,5 +266,11 @@ def task_result(url: str, task_id: str) -> dict | None:
 
 def run_script(script: str, *args: str, env: dict[str, str], timeout_s: float = 240) -> subprocess.CompletedProcess:
     """Run ``scripts/<script>`` as a user would; return the completed process (text output)."""
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / script), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )

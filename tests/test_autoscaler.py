@@ -27,8 +27,22 @@ from worker_config.settings import load_settings
 # so floor((1000 - 100) / 300) = 3 workers fit.
 TOTAL_MIB, PEAK_MIB = 1000, 300
 DEPTH = "stages:\n  depth:\n    params: {hold_mib: 200, activation_mib: 100, matmuls_per_frame: 10}\n"
-FAST = ["--tick-s", "0.5", "--cooldown-s", "1", "--headroom-mib", "100", "--pressure-free-mib", "20",
-        "--idle-scale-down-s", "600", "--max-workers-per-gpu", "6", "--stop-grace-s", "60"]
+FAST = [
+    "--tick-s",
+    "0.5",
+    "--cooldown-s",
+    "1",
+    "--headroom-mib",
+    "100",
+    "--pressure-free-mib",
+    "20",
+    "--idle-scale-down-s",
+    "600",
+    "--max-workers-per-gpu",
+    "6",
+    "--stop-grace-s",
+    "60",
+]
 
 
 class Autoscaler:
@@ -42,8 +56,13 @@ class Autoscaler:
     def start(self, *args: str) -> subprocess.Popen[bytes]:
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, str(ROOT / "scripts" / "autoscaler.py"), "--log-dir", str(self.tmp / "logs"),
-                 *args], cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                [sys.executable, str(ROOT / "scripts" / "autoscaler.py"), "--log-dir", str(self.tmp / "logs"), *args],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return self.proc
 
     def log(self) -> str:
@@ -106,8 +125,13 @@ def make_ledger(tmp_path: Path) -> Path:
 def enqueue(raw: Path, out: Path, env: dict[str, str], tmp_path: Path) -> subprocess.Popen[bytes]:
     """Send the run and wait for it in a child process (its output in tmp_path/enqueue.log)."""
     with open(tmp_path / "enqueue.log", "wb") as log:
-        return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(raw),
-                                 "--out", str(out)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(raw), "--out", str(out)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def finished_summary(enqueuer: subprocess.Popen[bytes], out: Path, tmp_path: Path, videos: int) -> dict:
@@ -215,8 +239,12 @@ def test_without_a_gpu_it_runs_in_cpu_mode_and_keeps_a_stand_in_alive(pipeline_e
 def test_supervisor_restarts_with_exponential_backoff_and_a_recycled_worker_at_once(tmp_path):
     now = [0.0]
     code = ["1"]
-    sup = Supervisor(lambda gpu, name: [sys.executable, "-c", f"raise SystemExit({code[0]})"],
-                     lambda gpu: dict(os.environ), tmp_path, clock=lambda: now[0])
+    sup = Supervisor(
+        lambda gpu, name: [sys.executable, "-c", f"raise SystemExit({code[0]})"],
+        lambda gpu: dict(os.environ),
+        tmp_path,
+        clock=lambda: now[0],
+    )
     slot = sup.start(0, "gpu0")
     delays = []
     for _ in range(8):
@@ -245,10 +273,17 @@ def test_supervisor_restarts_with_exponential_backoff_and_a_recycled_worker_at_o
 
 def test_supervisor_stops_warm_then_kills_after_the_grace(tmp_path):
     now = [0.0]
-    stubborn = ("import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                "pathlib.Path(sys.argv[1]).touch(); time.sleep(60)")
-    sup = Supervisor(lambda gpu, name: [sys.executable, "-c", stubborn, str(tmp_path / name)],
-                     lambda gpu: dict(os.environ), None, stop_grace_s=30, clock=lambda: now[0])
+    stubborn = (
+        "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "pathlib.Path(sys.argv[1]).touch(); time.sleep(60)"
+    )
+    sup = Supervisor(
+        lambda gpu, name: [sys.executable, "-c", stubborn, str(tmp_path / name)],
+        lambda gpu: dict(os.environ),
+        None,
+        stop_grace_s=30,
+        clock=lambda: now[0],
+    )
     first, second = sup.start(1, "gpu1"), sup.start(1, "gpu1")
     assert (first.name, second.name) == ("gpu1-1", "gpu1-2")
     for name in ("gpu1-1", "gpu1-2"):
@@ -295,8 +330,13 @@ def test_tick_packs_around_other_processes_and_answers_pressure_and_oom(redis_ur
     configure(conf)
     ledger = FakeGpuLedger.create(tmp_path / "ledger.json", [{"total_mib": 10_000, "name": "Fake GPU 10GB"}])
     now = [0.0]
-    sup = Supervisor(lambda gpu, name: [sys.executable, "-c", "import time; time.sleep(120)"],
-                     lambda gpu: dict(os.environ), None, stop_grace_s=5, clock=lambda: now[0])
+    sup = Supervisor(
+        lambda gpu, name: [sys.executable, "-c", "import time; time.sleep(120)"],
+        lambda gpu: dict(os.environ),
+        None,
+        stop_grace_s=5,
+        clock=lambda: now[0],
+    )
     policy = AutoscalePolicy(headroom_mib=1000, cooldown_s=10, max_workers_per_gpu=8)
     wall = lambda: 1_800_000_000 + now[0]  # noqa: E731  (wall time, as OOM records carry it)
     scaler = Scaler(conf, policy, FakeProbe(ledger), sup, clock=lambda: now[0], wall=wall)
@@ -305,8 +345,19 @@ def test_tick_packs_around_other_processes_and_answers_pressure_and_oom(redis_ur
     def tick(seconds: float = 11.0, tasks_done: int = 1):
         now[0] += seconds
         for slot in sup.active(0):  # each worker registers and holds 3000 MiB
-            publish(r, {"hostname": f"{slot.name}@test", "pid": slot.pid, "gpu": 0, "gpu_queues": ["gpu0"],
-                        "busy": True, "tasks_done": tasks_done, "gpu_peak_mib": 3000.0}, ttl_s=60)
+            publish(
+                r,
+                {
+                    "hostname": f"{slot.name}@test",
+                    "pid": slot.pid,
+                    "gpu": 0,
+                    "gpu_queues": ["gpu0"],
+                    "busy": True,
+                    "tasks_done": tasks_done,
+                    "gpu_peak_mib": 3000.0,
+                },
+                ttl_s=60,
+            )
             if slot.pid not in loaded:
                 ledger.allocate(0, 3000, pid=slot.pid)
                 loaded.add(slot.pid)
@@ -341,8 +392,11 @@ def test_tick_packs_around_other_processes_and_answers_pressure_and_oom(redis_ur
         made = decisions(r)
         assert [d["action"] for d in made] == ["up", "up", "up", "down", "down"]
         assert made[3]["reason"].startswith("memory pressure") and made[3]["worker"] == "gpu0-3"
-        sent = wait_until(lambda: events.of("autoscale-") if len(events.of("autoscale-")) == 5 else None, 10,
-                          "the five autoscale events")
+        sent = wait_until(
+            lambda: events.of("autoscale-") if len(events.of("autoscale-")) == 5 else None,
+            10,
+            "the five autoscale events",
+        )
         assert [e["type"] for e in sent] == ["autoscale-up"] * 3 + ["autoscale-down"] * 2
         assert sent[4]["hostname"].startswith("autoscaler@") and sent[4]["capacity"] == 1
     finally:
@@ -395,8 +449,9 @@ def hands_workers(r: redis.Redis) -> list[dict]:
 
 
 @pytest.mark.timeout(300)
-def test_a_stage_with_its_own_python_is_a_family_of_its_own(video_factory, workers, pipeline_env, autoscaler, r,
-                                                           tmp_path):
+def test_a_stage_with_its_own_python_is_a_family_of_its_own(
+    video_factory, workers, pipeline_env, autoscaler, r, tmp_path
+):
     """gpu0 (depth, tracks) and gpu0.hands (from a second venv): separate peaks, backlogs and counts."""
     from tests.test_stage_envs import stage_env
 
@@ -404,8 +459,10 @@ def test_a_stage_with_its_own_python_is_a_family_of_its_own(video_factory, worke
     # Main family: 200 + 100 = a 300 MiB peak; hands: 100 + 50 = 150 MiB. With 900 MiB usable, once
     # both are known: 2 x 300 + 2 x 150 fit, a third main worker does not (3 x 300 + 150 > 900).
     ledger, config = make_ledger(tmp_path), tmp_path / "families.yaml"
-    config.write_text(DEPTH + f"  hands:\n    backend: envonly\n    python: {env_dir / 'bin' / 'python'}\n"
-                      "    params: {hold_mib: 100, activation_mib: 50, matmuls_per_frame: 60}\n")
+    config.write_text(
+        DEPTH + f"  hands:\n    backend: envonly\n    python: {env_dir / 'bin' / 'python'}\n"
+        "    params: {hold_mib: 100, activation_mib: 50, matmuls_per_frame: 60}\n"
+    )
     conf = load_settings(config)
     env = {**pipeline_env, "FRAMEFLEET_CONFIG": str(config)}
     workers.start("cpu", env={"FRAMEFLEET_CONFIG": str(config)})
@@ -428,8 +485,10 @@ def test_a_stage_with_its_own_python_is_a_family_of_its_own(video_factory, worke
 
     main_key = profiles.key_for(conf, "Fake GPU 1GB", conf.hosted_stages())
     hands_key = profiles.key_for(conf, "Fake GPU 1GB", conf.hosted_stages("hands"))
-    assert (main_key, hands_key) == ("Fake GPU 1GB|depth+tracks|synthetic|512x384",
-                                     "Fake GPU 1GB|hands|envonly|512x384")
+    assert (main_key, hands_key) == (
+        "Fake GPU 1GB|depth+tracks|synthetic|512x384",
+        "Fake GPU 1GB|hands|envonly|512x384",
+    )
     assert profiles.load(r, main_key).peak_mib == 300 and profiles.load(r, hands_key).peak_mib == 150
     made = decisions(r)
     assert [d["action"] for d in made] == ["up"] * 4 and r.llen("ff:oom") == 0, autoscaler.log()[-6000:]

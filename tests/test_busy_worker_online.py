@@ -31,10 +31,17 @@ def test_busy_worker_stays_online_through_a_long_task(video_factory, workers, pi
     workers.start("cpu", env=env)
     workers.start("gpu0", env=env)
     out = tmp_path / "out"
-    assert run_script("enqueue_dataset.py", str(video_factory(1)), "--out", str(out), "--no-wait",
-                      env=pipeline_env).returncode == 0
-    wait_until(lambda: (s := workers.state("gpu0")) and (s["current"] or {}).get("task") == "framefleet.depth",
-               120, "gpu0 busy on depth")
+    assert (
+        run_script(
+            "enqueue_dataset.py", str(video_factory(1)), "--out", str(out), "--no-wait", env=pipeline_env
+        ).returncode
+        == 0
+    )
+    wait_until(
+        lambda: (s := workers.state("gpu0")) and (s["current"] or {}).get("task") == "framefleet.depth",
+        120,
+        "gpu0 busy on depth",
+    )
     started = time.monotonic()
     samples = []
     while time.monotonic() - started < 11:

@@ -94,9 +94,14 @@ def test_flower_unit_runs_the_compose_flower_and_insists_on_auth():
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 needs_systemd_analyze = pytest.mark.skipif(
-    SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed here (apt install systemd); units not verified")
-UNIT_NAMES = ["framefleet-worker@0.service", "framefleet-cpu-worker@1.service", "framefleet-flower.service",
-              "framefleet-autoscaler.service"]
+    SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed here (apt install systemd); units not verified"
+)
+UNIT_NAMES = [
+    "framefleet-worker@0.service",
+    "framefleet-cpu-worker@1.service",
+    "framefleet-flower.service",
+    "framefleet-autoscaler.service",
+]
 
 
 def verify_units(folder: Path, texts: dict[str, str]) -> list[str]:
@@ -129,8 +134,11 @@ def test_systemd_accepts_the_units(tmp_path):
 def test_systemd_verify_reports_a_broken_unit(tmp_path):
     # The check above can fail: a misspelt key and a bad value in the GPU unit are reported.
     units = {unit.name: unit.read_text() for unit in SYSTEMD.glob("*.service")}
-    units["framefleet-worker@.service"] = units["framefleet-worker@.service"].replace(
-        "KillMode=mixed", "KillMode=gently").replace("TimeoutStopSec=", "TimeoutStopSecs=")
+    units["framefleet-worker@.service"] = (
+        units["framefleet-worker@.service"]
+        .replace("KillMode=mixed", "KillMode=gently")
+        .replace("TimeoutStopSec=", "TimeoutStopSecs=")
+    )
     complaints = "\n".join(verify_units(tmp_path, units))
     assert "kill mode" in complaints and "TimeoutStopSecs" in complaints, complaints
 
@@ -244,8 +252,15 @@ def recorded(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
 def test_sbatch_workers_get_the_env_file_the_job_id_in_their_names_and_the_jobs_gpus(tmp_path, monkeypatch):
     env_file = tmp_path / "env"
     env_file.write_text("REDIS_URL=redis://:secret@redis.example.internal:6379/0\n")
-    job = run_sbatch(tmp_path, FRAMEFLEET_ENV_FILE=str(env_file), SLURM_JOB_ID="4242", CUDA_VISIBLE_DEVICES="3,5",
-                     SLURM_JOB_GPUS="3,5", SLURM_STEP_GPUS="3,5", SLURM_JOB_NODELIST="node17")
+    job = run_sbatch(
+        tmp_path,
+        FRAMEFLEET_ENV_FILE=str(env_file),
+        SLURM_JOB_ID="4242",
+        CUDA_VISIBLE_DEVICES="3,5",
+        SLURM_JOB_GPUS="3,5",
+        SLURM_STEP_GPUS="3,5",
+        SLURM_JOB_NODELIST="node17",
+    )
     try:
         wait_for(lambda: len(starts(tmp_path)) == 4, 20, "two starts per GPU")
         runs = recorded(tmp_path)

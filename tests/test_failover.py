@@ -23,20 +23,41 @@ def test_sigkilled_worker_task_completes_on_another_within_the_lease_ttl(
     workers.start("gpu1", env=env)
     out = tmp_path / "out"
     # Only GPU 1 has a worker when the depth task is sent, so it is routed there.
-    assert run_script("enqueue_dataset.py", str(raw), "--out", str(out), "--no-wait",
-                      env={**pipeline_env, **env}).returncode == 0
-    follower = subprocess.Popen([sys.executable, "-m", "tasks.cli.main", "status", "--watch", "--out", str(out)],
-                                cwd=ROOT, env={**pipeline_env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-    busy = wait_until(lambda: (s := workers.state("gpu1")) and s["busy"]
-                      and (s["current"] or {}).get("task") == "framefleet.depth" and s, 120, "gpu1 busy on depth")
+    assert (
+        run_script(
+            "enqueue_dataset.py", str(raw), "--out", str(out), "--no-wait", env={**pipeline_env, **env}
+        ).returncode
+        == 0
+    )
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli.main", "status", "--watch", "--out", str(out)],
+        cwd=ROOT,
+        env={**pipeline_env, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    busy = wait_until(
+        lambda: (
+            (s := workers.state("gpu1")) and s["busy"] and (s["current"] or {}).get("task") == "framefleet.depth" and s
+        ),
+        120,
+        "gpu1 busy on depth",
+    )
     victim = busy["current"]["video"]
     workers.start("gpu0", env=env)
     killed_at = time.monotonic()
     workers.stop("gpu1", signal.SIGKILL)
 
-    wait_until(lambda: (s := workers.state("gpu0")) and (s["current"] or {}).get("video") == victim
-               and s["current"]["task"] == "framefleet.depth", LEASE_TTL_S + 30, f"{victim}'s depth restarting")
+    wait_until(
+        lambda: (
+            (s := workers.state("gpu0"))
+            and (s["current"] or {}).get("video") == victim
+            and s["current"]["task"] == "framefleet.depth"
+        ),
+        LEASE_TTL_S + 30,
+        f"{victim}'s depth restarting",
+    )
     restarted_s = time.monotonic() - killed_at
     assert restarted_s < LEASE_TTL_S + 8, restarted_s  # not the visibility timeout (12 h)
     marker = out / "work" / victim / "depth.done.json"

@@ -44,8 +44,12 @@ class Flower:
         self.log = log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={self.port}", *args],
-            cwd=ROOT, env={**env, "FLOWER_BASIC_AUTH": auth}, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-            start_new_session=True)
+            cwd=ROOT,
+            env={**env, "FLOWER_BASIC_AUTH": auth},
+            stdout=open(log, "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def get(self, path: str, auth: str | None = "default") -> tuple[int, str]:
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}")
@@ -82,8 +86,9 @@ class Flower:
 @pytest.fixture
 def flower(pipeline_env: dict[str, str], tmp_path: Path) -> Iterator[Flower]:
     env = {k: v for k, v in pipeline_env.items() if not k.startswith("FLOWER_")}
-    app = Flower(env, tmp_path / "flower.log", f"watcher:{secrets.token_urlsafe(12)}",
-                 "--address=127.0.0.1", "--max_tasks=1000")
+    app = Flower(
+        env, tmp_path / "flower.log", f"watcher:{secrets.token_urlsafe(12)}", "--address=127.0.0.1", "--max_tasks=1000"
+    )
     app.wait_ready()
     yield app
     app.stop()
@@ -92,8 +97,14 @@ def flower(pipeline_env: dict[str, str], tmp_path: Path) -> Iterator[Flower]:
 @pytest.mark.parametrize("address", [["--address=0.0.0.0"], []], ids=["0.0.0.0", "default-address"])
 def test_flower_refuses_to_listen_beyond_loopback_without_auth(pipeline_env, address):
     env = {k: v for k, v in pipeline_env.items() if not k.startswith("FLOWER_")}
-    done = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks", "flower", *address, f"--port={free_port()}"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tasks", "flower", *address, f"--port={free_port()}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert "without authentication" in done.stderr and "FLOWER_BASIC_AUTH=user:password" in done.stderr
     assert "--address=127.0.0.1" in done.stderr
@@ -112,13 +123,23 @@ def test_flower_beyond_loopback_starts_with_auth_from_the_environment(pipeline_e
 
 
 def test_flower_shows_a_busy_gpu_worker_online_with_its_task_and_live_progress(
-        flower, video_factory, workers, pipeline_env, tmp_path):
+    flower, video_factory, workers, pipeline_env, tmp_path
+):
     env = settings_env(tmp_path, LONG_DEPTH)
     workers.start("cpu", env=env, wait=False)
     workers.start("gpu0", env=env, wait=False)
     wait_until(lambda: workers.state("cpu") and workers.state("gpu0"), 60, "both workers to register")
-    assert run_script("enqueue_dataset.py", str(video_factory(1, seconds=4.0)), "--out", str(tmp_path / "out"),
-                      "--no-wait", env=pipeline_env).returncode == 0
+    assert (
+        run_script(
+            "enqueue_dataset.py",
+            str(video_factory(1, seconds=4.0)),
+            "--out",
+            str(tmp_path / "out"),
+            "--no-wait",
+            env=pipeline_env,
+        ).returncode
+        == 0
+    )
 
     def depth_midway() -> bool:
         state = workers.state("gpu0") or {}
@@ -156,9 +177,13 @@ def test_flower_shows_a_busy_gpu_worker_online_with_its_task_and_live_progress(
 
     preprocess = next(t for t in flower.json("/api/tasks").values() if t["name"] == "framefleet.preprocess")
     assert preprocess["state"] == "SUCCESS" and preprocess["worker"] == "cpu@test"
-    sent = {(s.labels["worker"], s.labels["task"]): s.value
-            for f in text_string_to_metric_families(flower.get("/metrics")[1]) if f.name == "flower_events"
-            for s in f.samples if s.name == "flower_events_total" and s.labels["type"] == "task-progress"}
+    sent = {
+        (s.labels["worker"], s.labels["task"]): s.value
+        for f in text_string_to_metric_families(flower.get("/metrics")[1])
+        if f.name == "flower_events"
+        for s in f.samples
+        if s.name == "flower_events_total" and s.labels["type"] == "task-progress"
+    }
     assert sent[("gpu0@test", "framefleet.depth")] >= 1
     # preprocess reports every frame; the events are limited to 2 a second (the first goes at once)
     assert 1 <= sent[("cpu@test", "framefleet.preprocess")] <= 2 * preprocess["runtime"] + 1, sent
@@ -169,17 +194,29 @@ def test_flower_shows_a_busy_gpu_worker_online_with_its_task_and_live_progress(
     assert browser, "install chromium (apt-get install -y chromium); .ci/run does"
     user, password = flower.auth.split(":")
     url = f"http://{user}:{password}@127.0.0.1:{flower.port}/workers"
-    common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-              f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1280,900", "--virtual-time-budget=3000"]
+    common = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+        "--window-size=1280,900",
+        "--virtual-time-budget=3000",
+    ]
     screenshot = tmp_path / "workers.png"
     shot = subprocess.run([*common, f"--screenshot={screenshot}", url], capture_output=True, text=True, timeout=60)
     assert screenshot.exists() and screenshot.stat().st_size > 20_000, shot.stderr[-2000:]
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=60)
     assert "gpu0@test" in dom.stdout, "the browser (basic auth in the URL) should see the worker"
-    tasks_page = subprocess.run([*common, "--dump-dom", url.replace("/workers", "/tasks")],
-                                capture_output=True, text=True, timeout=60)
+    tasks_page = subprocess.run(
+        [*common, "--dump-dom", url.replace("/workers", "/tasks")], capture_output=True, text=True, timeout=60
+    )
     rows = [row for row in tasks_page.stdout.split("<tr") if "framefleet.depth" in row]
     assert rows and f"clip 00.mp4 · run {run_id}" in rows[0], tasks_page.stdout[-3000:]
     assert " frames of clip 00.mp4" in rows[0], rows[0]

@@ -50,10 +50,13 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 @pytest.fixture
 def ledger(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> FakeGpuLedger:
     """Two fake GPUs: this test process holds 14000 MiB of GPU 0 as a worker would, ``sleeper`` 2000 MiB."""
-    ledger = FakeGpuLedger.create(tmp_path / "gpus.json", [
-        {"name": "Fake GPU 24GB", "total_mib": 24576, "utilization_pct": 37},
-        {"name": "Fake GPU 12GB", "total_mib": 12288},
-    ])
+    ledger = FakeGpuLedger.create(
+        tmp_path / "gpus.json",
+        [
+            {"name": "Fake GPU 24GB", "total_mib": 24576, "utilization_pct": 37},
+            {"name": "Fake GPU 12GB", "total_mib": 12288},
+        ],
+    )
     ledger.allocate(0, 14000)
     ledger.allocate(0, 2000, pid=sleeper.pid)
     return ledger
@@ -61,8 +64,19 @@ def ledger(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> FakeGpuLedger:
 
 def register_this_process_as_worker(r: redis.Redis) -> str:
     hostname = f"gpu0@{socket.gethostname()}"
-    publish(r, {"hostname": hostname, "pid": os.getpid(), "gpu": 0, "queues": ["gpu0"], "gpu_queues": ["gpu0"],
-                "stages": ["depth", "tracks", "hands"], "busy": True}, ttl_s=60)
+    publish(
+        r,
+        {
+            "hostname": hostname,
+            "pid": os.getpid(),
+            "gpu": 0,
+            "queues": ["gpu0"],
+            "gpu_queues": ["gpu0"],
+            "stages": ["depth", "tracks", "hands"],
+            "busy": True,
+        },
+        ttl_s=60,
+    )
     return hostname
 
 
@@ -77,8 +91,9 @@ def test_info_splits_each_gpu_between_framefleet_workers_and_other_processes(r, 
     text = out.stdout
     assert "GPU 0  Fake GPU 24GB  (GPU-fake-0)" in text
     assert "memory 16000 / 24576 MiB used, 8576 MiB free; utilisation 37%" in text
-    assert re.search(rf"pid +{os.getpid()} +14000 MiB  framefleet worker {re.escape(hostname)} \(queues gpu0, busy\)",
-                     text), text
+    assert re.search(
+        rf"pid +{os.getpid()} +14000 MiB  framefleet worker {re.escape(hostname)} \(queues gpu0, busy\)", text
+    ), text
     assert re.search(rf"pid +{sleeper.pid} +2000 MiB  other process \(sleep\)", text), text
     assert "GPU 1  Fake GPU 12GB  (GPU-fake-1)" in text and "memory 0 / 12288 MiB used" in text
     assert "no compute processes" in text
@@ -98,19 +113,23 @@ def test_info_without_redis_still_shows_the_gpus(env, ledger, sleeper):
 
 
 def test_monitor_reprints_until_its_time_is_up(r, env, ledger):
-    out = run_script("gpu_memory.py", "monitor", "0.5", "--interval-s", "0.2", "--fake", str(ledger.path),
-                     env=env, timeout_s=60)
+    out = run_script(
+        "gpu_memory.py", "monitor", "0.5", "--interval-s", "0.2", "--fake", str(ledger.path), env=env, timeout_s=60
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("GPU 0  Fake GPU 24GB") == 3  # at 0, 0.2 and 0.4 s
 
 
 def test_suggest_fits_workers_from_learned_or_given_peaks(r, env, ledger):
-    r.hset("ff:profiles", mapping={
-        "Fake GPU 24GB|depth|synthetic|640x480": json.dumps({"peak_mib": 14500}),
-        "Fake GPU 24GB|tracks|synthetic|640x480": json.dumps({"peak_mib": 5000}),
-        "Other GPU|hands|synthetic|640x480": json.dumps({"peak_mib": 10}),
-        "Fake GPU 12GB|depth+tracks+hands|synthetic|512x384": json.dumps({"peak_mib": 5500, "samples": 2}),
-    })
+    r.hset(
+        "ff:profiles",
+        mapping={
+            "Fake GPU 24GB|depth|synthetic|640x480": json.dumps({"peak_mib": 14500}),
+            "Fake GPU 24GB|tracks|synthetic|640x480": json.dumps({"peak_mib": 5000}),
+            "Other GPU|hands|synthetic|640x480": json.dumps({"peak_mib": 10}),
+            "Fake GPU 12GB|depth+tracks+hands|synthetic|512x384": json.dumps({"peak_mib": 5500, "samples": 2}),
+        },
+    )
     out = run_script("gpu_memory.py", "suggest", "--fake", str(ledger.path), env=env, timeout_s=60)
     assert out.returncode == 0, out.stderr
     gpu0, gpu1 = out.stdout.split("\nGPU 1  ")
@@ -119,8 +138,19 @@ def test_suggest_fits_workers_from_learned_or_given_peaks(r, env, ledger):
     assert "hands " not in gpu0 and not re.search(r"peak +10 MiB", out.stdout)  # another model's profile
     assert re.search(r"depth\+tracks\+hands +peak +5500 MiB \(learned, synthetic 512x384\): 2 worker\(s\)", gpu1)
 
-    out = run_script("gpu_memory.py", "suggest", "--fake", str(ledger.path), "--headroom-mib", "4000",
-                     "--stage-peak-mib", "tracks=2000", "hands=3000", env=env, timeout_s=60)
+    out = run_script(
+        "gpu_memory.py",
+        "suggest",
+        "--fake",
+        str(ledger.path),
+        "--headroom-mib",
+        "4000",
+        "--stage-peak-mib",
+        "tracks=2000",
+        "hands=3000",
+        env=env,
+        timeout_s=60,
+    )
     assert out.returncode == 0, out.stderr
     gpu0, gpu1 = out.stdout.split("\nGPU 1  ")
     assert re.search(r"tracks +peak +2000 MiB \(given\): 10 worker\(s\)", gpu0)  # (24576 - 4000) / 2000
@@ -128,8 +158,14 @@ def test_suggest_fits_workers_from_learned_or_given_peaks(r, env, ledger):
     assert re.search(r"depth +peak +14500 MiB \(learned", gpu0) and "14500" not in gpu1
     assert re.search(r"tracks +peak +2000 MiB \(given\): 4 worker\(s\)", gpu1)  # (12288 - 4000) / 2000
 
-    out = run_script("gpu_memory.py", "suggest", "--fake", str(ledger.path), env={**env, "REDIS_URL": "redis://127.0.0.1:1/0"},
-                     timeout_s=60)
+    out = run_script(
+        "gpu_memory.py",
+        "suggest",
+        "--fake",
+        str(ledger.path),
+        env={**env, "REDIS_URL": "redis://127.0.0.1:1/0"},
+        timeout_s=60,
+    )
     assert out.returncode == 0 and "unreachable" in out.stdout
     assert out.stdout.count("no peak known for this GPU model") == 2
 
@@ -152,6 +188,5 @@ def test_without_a_gpu_it_says_so_and_exits_0(env):
 def test_a_missing_ledger_is_a_clear_error(env, tmp_path):
     out = run_script("gpu_memory.py", "info", "--fake", str(tmp_path / "none.json"), env=env, timeout_s=60)
     assert out.returncode == 2 and "no fake GPU ledger at" in out.stderr
-    out = run_script("gpu_memory.py", "info", env={**env, LEDGER_ENV: str(tmp_path / "none.json")},
-                     timeout_s=60)
+    out = run_script("gpu_memory.py", "info", env={**env, LEDGER_ENV: str(tmp_path / "none.json")}, timeout_s=60)
     assert out.returncode == 2 and "no fake GPU ledger at" in out.stderr

@@ -51,8 +51,15 @@ class Holder:
     """A real process that allocates on the ledger, then holds its memory until stopped."""
 
     def __init__(self, ledger: Path, *specs: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(ledger), *specs], cwd=ROOT, env=child_env(),
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(ledger), *specs],
+            cwd=ROOT,
+            env=child_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.pid = self.proc.pid
 
     def ready(self) -> Holder:
@@ -78,10 +85,13 @@ def nvml_works() -> bool:
 
 @pytest.fixture
 def ledger(tmp_path: Path) -> FakeGpuLedger:
-    return FakeGpuLedger.create(tmp_path / "gpus.json", [
-        {"name": "Fake GPU 24GB", "total_mib": 24576, "oom_at_mib": 20000, "utilization_pct": 35},
-        {"uuid": "GPU-fake-other", "total_mib": 12288},
-    ])
+    return FakeGpuLedger.create(
+        tmp_path / "gpus.json",
+        [
+            {"name": "Fake GPU 24GB", "total_mib": 24576, "oom_at_mib": 20000, "utilization_pct": 35},
+            {"uuid": "GPU-fake-other", "total_mib": 12288},
+        ],
+    )
 
 
 def test_allocations_of_two_processes_add_up_and_fail_at_the_scripted_threshold(ledger):
@@ -93,7 +103,10 @@ def test_allocations_of_two_processes_add_up_and_fail_at_the_scripted_threshold(
         assert gpus[0] == GpuReading(0, "GPU-fake-0", "Fake GPU 24GB", 24576, 4000, 20576, 35)
         assert gpus[1] == GpuReading(1, "GPU-fake-other", "Fake GPU", 12288, 500, 11788, 0)
         assert sorted(procs, key=lambda p: (p.gpu, p.used_mib)) == [
-            ProcessReading(a.pid, 0, 1000), ProcessReading(b.pid, 0, 3000), ProcessReading(a.pid, 1, 500)]
+            ProcessReading(a.pid, 0, 1000),
+            ProcessReading(b.pid, 0, 3000),
+            ProcessReading(a.pid, 1, 500),
+        ]
 
         assert ledger.allocate(0, 16000) == 16000  # exactly up to oom_at_mib (20000) still fits
         with pytest.raises(fake.OutOfMemoryError) as caught:
@@ -101,15 +114,23 @@ def test_allocations_of_two_processes_add_up_and_fail_at_the_scripted_threshold(
         assert type(caught.value).__name__ == "OutOfMemoryError" and isinstance(caught.value, RuntimeError)
         assert fake.FakeCudaOutOfMemory is fake.OutOfMemoryError
         message = str(caught.value)
-        assert message.startswith("CUDA out of memory. Tried to allocate 1.00 MiB. "
-                                  "GPU 0 has a total capacity of 24.00 GiB")
+        assert message.startswith(
+            "CUDA out of memory. Tried to allocate 1.00 MiB. GPU 0 has a total capacity of 24.00 GiB"
+        )
         assert f"Process {os.getpid()} has 16000.00 MiB memory in use" in message
         assert ledger.readings()[0][0].used_mib == 20000  # the failed allocation left nothing behind
         ledger.free(0, 16000)
 
         ledger.set_oom_at(1, 1000)  # GPU 1 holds 500 of process a
-        third = subprocess.run([sys.executable, "-c", HOLDER, str(ledger.path), "1:600:1"], cwd=ROOT, input="",
-                               env=child_env(), capture_output=True, text=True, timeout=30)
+        third = subprocess.run(
+            [sys.executable, "-c", HOLDER, str(ledger.path), "1:600:1"],
+            cwd=ROOT,
+            input="",
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert third.returncode != 0
         assert "fake.OutOfMemoryError: CUDA out of memory. Tried to allocate 600.00 MiB. GPU 1" in third.stderr
     finally:
@@ -223,9 +244,13 @@ def test_open_probe_without_a_fake_reads_nvml_or_reports_no_gpu(monkeypatch):
 def stub_nvml(monkeypatch, count: int = 2, v3: bool = True) -> None:
     """Replace the NVML calls with a two-GPU stand-in answering as nvidia-ml-py does (bytes included)."""
     memory = types.SimpleNamespace(total=80 << 30, used=3 << 30, free=77 << 30)
-    procs = {0: [types.SimpleNamespace(pid=11, usedGpuMemory=2 << 30),
-                 types.SimpleNamespace(pid=12, usedGpuMemory=None)],  # None: the driver cannot tell
-             1: []}
+    procs = {
+        0: [
+            types.SimpleNamespace(pid=11, usedGpuMemory=2 << 30),
+            types.SimpleNamespace(pid=12, usedGpuMemory=None),
+        ],  # None: the driver cannot tell
+        1: [],
+    }
 
     def running(handle):
         if not v3:
@@ -238,8 +263,11 @@ def stub_nvml(monkeypatch, count: int = 2, v3: bool = True) -> None:
         return types.SimpleNamespace(gpu=42, memory=7)
 
     calls = {
-        "nvmlInit": lambda: None, "nvmlShutdown": lambda: None, "nvmlDeviceGetCount": lambda: count,
-        "nvmlDeviceGetHandleByIndex": lambda i: i, "nvmlDeviceGetMemoryInfo": lambda h: memory,
+        "nvmlInit": lambda: None,
+        "nvmlShutdown": lambda: None,
+        "nvmlDeviceGetCount": lambda: count,
+        "nvmlDeviceGetHandleByIndex": lambda i: i,
+        "nvmlDeviceGetMemoryInfo": lambda h: memory,
         "nvmlDeviceGetUtilizationRates": utilization,
         "nvmlDeviceGetName": lambda h: b"NVIDIA H100 80GB HBM3" if h == 0 else "NVIDIA H100 80GB HBM3",
         "nvmlDeviceGetUUID": lambda h: [b"GPU-aaaa1111-0000", "GPU-bbbb2222-0000"][h],
@@ -262,11 +290,21 @@ def test_nvml_probe_converts_what_nvml_answers(monkeypatch, v3):
     probe.close()
 
 
-@pytest.mark.parametrize(("visible", "uuid"), [
-    (None, "GPU-aaaa1111-0000"), ("1", "GPU-bbbb2222-0000"), ("1,0", "GPU-bbbb2222-0000"),
-    ("GPU-bbbb2222-0000", "GPU-bbbb2222-0000"), ("GPU-aaaa", "GPU-aaaa1111-0000"), ("GPU-", None),
-    ("2", None), ("", None), ("-1", None), ("MIG-GPU-aaaa1111-0000/1/0", None),
-])
+@pytest.mark.parametrize(
+    ("visible", "uuid"),
+    [
+        (None, "GPU-aaaa1111-0000"),
+        ("1", "GPU-bbbb2222-0000"),
+        ("1,0", "GPU-bbbb2222-0000"),
+        ("GPU-bbbb2222-0000", "GPU-bbbb2222-0000"),
+        ("GPU-aaaa", "GPU-aaaa1111-0000"),
+        ("GPU-", None),
+        ("2", None),
+        ("", None),
+        ("-1", None),
+        ("MIG-GPU-aaaa1111-0000/1/0", None),
+    ],
+)
 def test_the_visible_device_resolves_to_its_nvml_uuid(monkeypatch, visible, uuid):
     stub_nvml(monkeypatch)
     if visible is None:
@@ -295,8 +333,9 @@ sys.stdin.read()
 @pytest.mark.gpu
 def test_nvml_probe_on_a_real_gpu(monkeypatch):
     probe = NvmlProbe()
-    child = subprocess.Popen([sys.executable, "-c", ALLOCATE_1GIB], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", ALLOCATE_1GIB], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         gpus = probe.gpus()
         assert gpus and all(g.total_mib > 0 and g.uuid.startswith("GPU-") for g in gpus)
@@ -304,8 +343,11 @@ def test_nvml_probe_on_a_real_gpu(monkeypatch):
         mine = uuid_of_visible_device()  # the child inherited this CUDA_VISIBLE_DEVICES
         assert mine == "GPU-" + torch_uuid.removeprefix("GPU-"), (mine, torch_uuid)
         gpu = next(g.index for g in gpus if g.uuid == mine)
-        wait_until(lambda: any(p.pid == child.pid and p.gpu == gpu and p.used_mib >= 1000
-                               for p in probe.processes()), 30, "the 1 GiB process in NVML's list")
+        wait_until(
+            lambda: any(p.pid == child.pid and p.gpu == gpu and p.used_mib >= 1000 for p in probe.processes()),
+            30,
+            "the 1 GiB process in NVML's list",
+        )
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
         assert uuid_of_visible_device() == gpus[0].uuid
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpus[0].uuid)

@@ -35,8 +35,9 @@ def exporter(pipeline_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.M
     from tasks.metrics import start_exporter
     from worker_config.settings import load_settings
 
-    ledger = FakeGpuLedger.create(tmp_path / "gpu.json", [{"total_mib": 24576, "name": "Fake GPU 24GB",
-                                                            "utilization_pct": 35}])
+    ledger = FakeGpuLedger.create(
+        tmp_path / "gpu.json", [{"total_mib": 24576, "name": "Fake GPU 24GB", "utilization_pct": 35}]
+    )
     monkeypatch.setenv("REDIS_URL", pipeline_env["REDIS_URL"])
     conf = load_settings()
     configure(conf)
@@ -47,8 +48,11 @@ def exporter(pipeline_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.M
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
     text = urllib.request.urlopen(url, timeout=10).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def exported_names(text: str) -> set[str]:
@@ -61,23 +65,39 @@ def exported_names(text: str) -> set[str]:
     return names
 
 
-def test_exporter_reads_gpus_workers_queues_stages_and_decisions(exporter, video_factory, workers, pipeline_env,
-                                                                  tmp_path):
+def test_exporter_reads_gpus_workers_queues_stages_and_decisions(
+    exporter, video_factory, workers, pipeline_env, tmp_path
+):
     running, ledger = exporter
     env = settings_env(tmp_path, "stages:\n  depth: {params: {hold_mib: 3000}}\n", FRAMEFLEET_FAKE_GPU=str(ledger.path))
     workers.start("cpu", env=env, wait=False)
     workers.start("gpu0", env=env, wait=False)
     wait_until(lambda: workers.state("cpu") and workers.state("gpu0"), 60, "both workers to register")
-    done = run_script("enqueue_dataset.py", str(video_factory(1)), "--out", str(tmp_path / "out"),
-                      env={**pipeline_env, **env}, timeout_s=80)
+    done = run_script(
+        "enqueue_dataset.py",
+        str(video_factory(1)),
+        "--out",
+        str(tmp_path / "out"),
+        env={**pipeline_env, **env},
+        timeout_s=80,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     # The workers publish their state on their next heartbeat after the last task.
     wait_until(lambda: not workers.state("cpu")["busy"] and not workers.state("gpu0")["busy"], 10, "idle workers")
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
     r.sadd("ff:gpu-queues", "gpu7")  # a GPU queue with waiting messages and no worker
     r.rpush("gpu7", "a", "b", "c")
-    decision = {"gpu": 0, "action": "up", "reason": "backlog", "time": time.time(), "used_mib": 3000.0,
-                "total_mib": 24576.0, "host": "test", "worker": "gpu0-1", "worker_pid": 1}
+    decision = {
+        "gpu": 0,
+        "action": "up",
+        "reason": "backlog",
+        "time": time.time(),
+        "used_mib": 3000.0,
+        "total_mib": 24576.0,
+        "host": "test",
+        "worker": "gpu0-1",
+        "worker_pid": 1,
+    }
     r.rpush("ff:autoscale", json.dumps(decision))
 
     got = scrape(running.url)
@@ -114,15 +134,34 @@ def test_the_autoscaler_serves_metrics_with_its_own_decisions_and_workers(pipeli
     ledger = FakeGpuLedger.create(tmp_path / "gpu.json", [{"total_mib": 24576, "name": "Fake GPU 24GB"}])
     config = tmp_path / "gpu.yaml"
     config.write_text("stages:\n  depth: {params: {hold_mib: 2048}}\n")
-    argv = [sys.executable, str(ROOT / "scripts" / "autoscaler.py"), "--fake-gpu", str(ledger.path),
-            "--config", str(config), "--tick-s", "0.5", "--max-workers-per-gpu", "1", "--stop-grace-s", "20",
-            "--log-dir", str(tmp_path / "logs"), "--metrics-port", "0"]
+    argv = [
+        sys.executable,
+        str(ROOT / "scripts" / "autoscaler.py"),
+        "--fake-gpu",
+        str(ledger.path),
+        "--config",
+        str(config),
+        "--tick-s",
+        "0.5",
+        "--max-workers-per-gpu",
+        "1",
+        "--stop-grace-s",
+        "20",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--metrics-port",
+        "0",
+    ]
     log = tmp_path / "autoscaler.log"
-    proc = subprocess.Popen(argv, cwd=ROOT, env=pipeline_env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=pipeline_env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
-        url = wait_until(lambda: re.search(r"metrics at (http://\S+)", log.read_text()) or proc.poll() is not None,
-                         30, "the autoscaler's metrics address")
+        url = wait_until(
+            lambda: re.search(r"metrics at (http://\S+)", log.read_text()) or proc.poll() is not None,
+            30,
+            "the autoscaler's metrics address",
+        )
         assert proc.poll() is None, log.read_text()
         url = url.group(1)
 
@@ -135,8 +174,10 @@ def test_the_autoscaler_serves_metrics_with_its_own_decisions_and_workers(pipeli
         got = wait_until(worker_on_gpu, 60, "the autoscaler's worker on GPU 0, as its metrics show it")
         assert got[("framefleet_autoscale_decisions_total", (("action", "up"), ("gpu", "0")))] == 1
         assert got[("framefleet_workers", (("gpu", "0"), ("stage", "idle")))] == 1
-        assert got[("framefleet_gpu_memory_used_bytes", (("gpu", "0"), ("name", "Fake GPU 24GB"),
-                                                         ("uuid", "GPU-fake-0")))] == 2048 * MIB
+        assert (
+            got[("framefleet_gpu_memory_used_bytes", (("gpu", "0"), ("name", "Fake GPU 24GB"), ("uuid", "GPU-fake-0")))]
+            == 2048 * MIB
+        )
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -158,5 +199,9 @@ def test_grafana_dashboard_uses_only_metrics_that_exist(exporter):
     assert exprs and all(t["datasource"]["uid"] == "${DS_PROMETHEUS}" for p in panels for t in p["targets"])
     used = {name for e in exprs for name in re.findall(r"\b(?:framefleet|flower)_[a-zA-Z0-9_]+", e)}
     assert used - known == set(), f"the dashboard uses metrics nothing exports: {sorted(used - known)}"
-    assert {"framefleet_gpu_memory_used_bytes", "framefleet_stage_duration_seconds_bucket",
-            "framefleet_autoscale_decisions_total", "flower_worker_online"} <= used
+    assert {
+        "framefleet_gpu_memory_used_bytes",
+        "framefleet_stage_duration_seconds_bucket",
+        "framefleet_autoscale_decisions_total",
+        "flower_worker_online",
+    } <= used

@@ -74,8 +74,9 @@ def _windows(path: Path) -> int:
 
 def _wait_for_run(out: Path, redis_url: str, timeout_s: float = 240) -> dict:
     record = json.loads(next((out / "runs").glob("*.json")).read_text())
-    meta = wait_until(lambda: task_result(redis_url, record["callback_id"]), timeout_s, "the statistics callback",
-                      poll_s=0.5)
+    meta = wait_until(
+        lambda: task_result(redis_url, record["callback_id"]), timeout_s, "the statistics callback", poll_s=0.5
+    )
     assert meta["status"] == "SUCCESS", meta
     return json.loads((out / "run_summary.json").read_text())
 
@@ -145,15 +146,25 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(video_factory, pipelin
         ([str(tmp_path / "missing"), "--out", str(out)], {}, "does not exist"),
         ([str(empty), "--out", str(out)], {}, "no videos in"),
         ([str(raw), "--out", str(raw / "out")], {}, "inside the input folder"),
-        ([str(raw), "--out", str(out)], {"REDIS_URL": "redis://127.0.0.1:1/0"},
-         "cannot reach Redis at redis://127.0.0.1:1/0"),
-        ([str(raw), "--out", str(out)], {"FRAMEFLEET_STAGES__DEPTH__BACKEND": "vipe9"},
-         "unknown backend 'vipe9'"),
+        (
+            [str(raw), "--out", str(out)],
+            {"REDIS_URL": "redis://127.0.0.1:1/0"},
+            "cannot reach Redis at redis://127.0.0.1:1/0",
+        ),
+        ([str(raw), "--out", str(out)], {"FRAMEFLEET_STAGES__DEPTH__BACKEND": "vipe9"}, "unknown backend 'vipe9'"),
     ]
     for args, extra, message in cases:
         result = run_script("enqueue_dataset.py", *args, env={**pipeline_env, **extra}, timeout_s=60)
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert message in result.stderr, (message, result.stderr)
         assert not out.exists() and not (raw / "out").exists()
-    assert "redis-server" in run_script("enqueue_dataset.py", str(raw), "--out", str(out),
-                                        env={**pipeline_env, "REDIS_URL": "redis://127.0.0.1:1/0"}).stderr
+    assert (
+        "redis-server"
+        in run_script(
+            "enqueue_dataset.py",
+            str(raw),
+            "--out",
+            str(out),
+            env={**pipeline_env, "REDIS_URL": "redis://127.0.0.1:1/0"},
+        ).stderr
+    )

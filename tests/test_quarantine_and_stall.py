@@ -32,7 +32,8 @@ def test_failures_are_quarantined_and_can_be_retried_after_a_fix(video_factory, 
     mirrored = redis.Redis.from_url(pipeline_env["REDIS_URL"]).hgetall(redis_key(out))
     assert len(mirrored) == len(records)
     assert sorted(json.loads((out / "run_summary.json").read_text())["quarantined"]) == sorted(
-        r["video_id"] for r in records)
+        r["video_id"] for r in records
+    )
 
     bad["not_video"].unlink()  # the user replaces the text file with the real video
     make_video(bad["not_video"], 320, 240, 15, 1.5, seed=7)
@@ -49,9 +50,14 @@ def test_a_stalled_run_says_which_queue_is_stuck_and_why(video_factory, workers,
     workers.start("cpu")  # no GPU worker at all
     out = tmp_path / "out"
     # The default settings: the cause is named within 60 s of no progress.
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(video_factory(1)),
-                             "--out", str(out)], cwd=ROOT, env=pipeline_env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(video_factory(1)), "--out", str(out)],
+        cwd=ROOT,
+        env=pipeline_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline, seen = time.monotonic() + 150, ""
         while time.monotonic() < deadline and "no live worker" not in seen:

@@ -25,20 +25,30 @@ def assert_real_plot(path) -> None:
     assert pixels.ndim == 3 and np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0).shape[0] > 10, path
 
 
-def test_run_local_writes_a_report_with_plots_and_keeps_flower_password_out_of_sight(video_factory, pipeline_env,
-                                                                                     tmp_path):
+def test_run_local_writes_a_report_with_plots_and_keeps_flower_password_out_of_sight(
+    video_factory, pipeline_env, tmp_path
+):
     ledger = FakeGpuLedger.create(tmp_path / "gpu.json", [{"total_mib": 24576, "name": "Fake GPU 24GB"}])
     config = tmp_path / "gpu.yaml"
     config.write_text("stages:\n  depth: {params: {hold_mib: 4096, activation_mib: 1024}}\n")
     env = {k: v for k, v in pipeline_env.items() if not k.startswith("FLOWER_")}
     env.update(FRAMEFLEET_FAKE_GPU=str(ledger.path), FRAMEFLEET_CONFIG=str(config))
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
-    decision = {"gpu": 0, "action": "up", "reason": "backlog 1, room for 5", "time": time.time(), "used_mib": 0.0,
-                "total_mib": 24576.0, "host": "test", "worker": "gpu0-1"}  # as scripts/autoscaler.py records it
+    decision = {
+        "gpu": 0,
+        "action": "up",
+        "reason": "backlog 1, room for 5",
+        "time": time.time(),
+        "used_mib": 0.0,
+        "total_mib": 24576.0,
+        "host": "test",
+        "worker": "gpu0-1",
+    }  # as scripts/autoscaler.py records it
     r.rpush("ff:autoscale", json.dumps(decision))
     out = tmp_path / "out"
-    done = run_script("run_local.py", str(video_factory(1)), "--out", str(out), "--cpu-workers", "1", env=env,
-                      timeout_s=110)
+    done = run_script(
+        "run_local.py", str(video_factory(1)), "--out", str(out), "--cpu-workers", "1", env=env, timeout_s=110
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
     auth = out / "logs" / "flower-auth.txt"
@@ -81,8 +91,9 @@ def test_run_local_writes_a_report_with_plots_and_keeps_flower_password_out_of_s
     assert_real_plot(out / "report" / "stage_durations.png")  # from the summary's means
 
 
-@pytest.mark.parametrize(("wall_s", "unit", "word"), [(16.0, 1.0, "seconds"), (600.0, 60.0, "minutes"),
-                                                      (5 * 3600.0, 3600.0, "hours")])
+@pytest.mark.parametrize(
+    ("wall_s", "unit", "word"), [(16.0, 1.0, "seconds"), (600.0, 60.0, "minutes"), (5 * 3600.0, 3600.0, "hours")]
+)
 def test_the_time_axis_unit_follows_the_run_length(wall_s, unit, word):
     from tasks.report import time_axis
 

@@ -25,8 +25,19 @@ def app_on_test_redis(redis_url, monkeypatch):
 
 
 def register(r, name: str, gpu: int, busy: bool = False) -> None:
-    registry.publish(r, {"hostname": name, "gpu": gpu, "gpu_queues": [f"gpu{gpu}"], "queues": [f"gpu{gpu}"],
-                         "stages": ["depth", "tracks", "hands"], "busy": busy, "updated": time.time()}, ttl_s=30)
+    registry.publish(
+        r,
+        {
+            "hostname": name,
+            "gpu": gpu,
+            "gpu_queues": [f"gpu{gpu}"],
+            "queues": [f"gpu{gpu}"],
+            "stages": ["depth", "tracks", "hands"],
+            "busy": busy,
+            "updated": time.time(),
+        },
+        ttl_s=30,
+    )
 
 
 def job(**extra):
@@ -84,9 +95,7 @@ def test_rebalancer_evens_out_live_queues_respecting_gpu_restrictions(app_on_tes
     assert rebalance(r, conf) == 0  # balanced: nothing moves back and forth
 
 
-def test_routing_and_the_rebalancer_read_queue_lengths_on_the_broker_when_it_is_another_redis(
-    redis_url, monkeypatch
-):
+def test_routing_and_the_rebalancer_read_queue_lengths_on_the_broker_when_it_is_another_redis(redis_url, monkeypatch):
     """broker_url names another database: the queues are there, the registry on redis_url."""
     broker_url = redis_url.rsplit("/", 1)[0] + "/12"
     monkeypatch.setenv("REDIS_URL", redis_url)

@@ -42,15 +42,33 @@ def stage_env() -> Path:
     shutil.rmtree(building, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(building)], check=True)
     purelib = sysconfig.get_paths()["purelib"]
-    site = Path(subprocess.run([str(building / "bin" / "python"), "-c",
-                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(building / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     (site / "_framefleet_main_env.pth").write_text(f"import site; site.addsitedir({purelib!r})\n")
     build_dir = cache / f"pkg-{os.getpid()}"
     shutil.rmtree(build_dir, ignore_errors=True)
     shutil.copytree(PACKAGE, build_dir, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
-    subprocess.run([str(building / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-build-isolation", "--no-index", str(build_dir)], check=True, cwd=cache)
+    subprocess.run(
+        [
+            str(building / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            str(build_dir),
+        ],
+        check=True,
+        cwd=cache,
+    )
     shutil.rmtree(build_dir, ignore_errors=True)
     # venv scripts name their own folder: keep the interpreter path valid after the rename
     try:
@@ -87,14 +105,26 @@ def test_a_stage_with_its_own_python_runs_from_that_environment(video_factory, p
 
 def test_a_worker_refuses_a_stage_queue_it_cannot_host(pipeline_env, tmp_path):
     # hands has no python of its own here, so gpu0.hands is nobody's queue
-    done = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", "gpu0.hands", "-P", "solo"],
-                          cwd=ROOT, env=pipeline_env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", "gpu0.hands", "-P", "solo"],
+        cwd=ROOT,
+        env=pipeline_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0
     assert "stages.hands.python is not set" in done.stderr + done.stdout
 
 
 @pytest.mark.parametrize("queue", ["gpu0.preprocess", "gpu0.nosuch"])
 def test_a_worker_refuses_a_queue_of_a_non_gpu_stage(pipeline_env, queue):
-    done = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-P", "solo"],
-                          cwd=ROOT, env=pipeline_env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-P", "solo"],
+        cwd=ROOT,
+        env=pipeline_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0 and "which is not a GPU stage" in done.stderr + done.stdout

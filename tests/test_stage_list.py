@@ -16,12 +16,21 @@ from tasks.stages import ALL, CPU_STAGES, GPU_STAGES, STAGE_NAMES, ModelStage, c
 from worker_config.settings import ConfigError, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
-KIND = {"depth": base.DepthBackend, "tracks": base.TrackBackend, "tracks2d": base.Track2DBackend,
-        "hands": base.HandsBackend, "masks": base.MasksBackend}
+KIND = {
+    "depth": base.DepthBackend,
+    "tracks": base.TrackBackend,
+    "tracks2d": base.Track2DBackend,
+    "hands": base.HandsBackend,
+    "masks": base.MasksBackend,
+}
 # Names from CONTRACTS.md that are spelled like a stage but name an HDF5 dataset or a statistic.
-CONTRACT_NAMES = {("tasks/stats.py", "depth"), ("tasks/cli/verify.py", "depth"),
-                  ("tasks/cli/verify.py", "tracks"), ("tasks/cli/y2r_strict.py", "tracks"),
-                  ("scripts/preview.py", "tracks")}
+CONTRACT_NAMES = {
+    ("tasks/stats.py", "depth"),
+    ("tasks/cli/verify.py", "depth"),
+    ("tasks/cli/verify.py", "tracks"),
+    ("tasks/cli/y2r_strict.py", "tracks"),
+    ("scripts/preview.py", "tracks"),
+}
 
 
 def test_every_stage_has_one_task_one_settings_entry_and_a_default_backend_that_exists():

@@ -15,8 +15,10 @@ from tests.conftest import ROOT, run_script, settings_env, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
-TWO_GPUS = [{"total_mib": 16384, "name": "Fake GPU 16GB", "utilization_pct": 5},
-            {"total_mib": 24576, "name": "Fake GPU 24GB", "utilization_pct": 12}]
+TWO_GPUS = [
+    {"total_mib": 16384, "name": "Fake GPU 16GB", "utilization_pct": 5},
+    {"total_mib": 24576, "name": "Fake GPU 24GB", "utilization_pct": 12},
+]
 
 
 def test_inspect_gpu_answers_with_the_worker_state_and_its_own_gpu(workers, pipeline_env, tmp_path):
@@ -24,8 +26,9 @@ def test_inspect_gpu_answers_with_the_worker_state_and_its_own_gpu(workers, pipe
     env = settings_env(tmp_path, "stages:\n  depth: {params: {hold_mib: 2000}}\n", FRAMEFLEET_FAKE_GPU=str(ledger.path))
     workers.start("gpu1", env=env)
     argv = [sys.executable, "-m", "celery", "-A", "tasks", "inspect", "gpu", "-t", "10", "-d", "gpu1@test"]
-    done = subprocess.run([*argv, "--json"], cwd=ROOT, env={**pipeline_env, **env}, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [*argv, "--json"], cwd=ROOT, env={**pipeline_env, **env}, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     reply = json.loads(done.stdout)["gpu1@test"]
     assert reply["probe"] == "fake"
@@ -38,17 +41,30 @@ def test_inspect_gpu_answers_with_the_worker_state_and_its_own_gpu(workers, pipe
     assert human.returncode == 0 and "gpu1@test: OK" in human.stdout and "1 node online" in human.stdout
 
 
-def test_status_shows_gpus_workers_queues_the_run_and_the_quarantine(workers, pipeline_env, video_factory, tmp_path,
-                                                                    monkeypatch):
+def test_status_shows_gpus_workers_queues_the_run_and_the_quarantine(
+    workers, pipeline_env, video_factory, tmp_path, monkeypatch
+):
     ledger = FakeGpuLedger.create(tmp_path / "gpu.json", TWO_GPUS[1:])
-    env = settings_env(tmp_path, "stages:\n  depth: {params: {hold_mib: 3072, matmuls_per_frame: 5000}}\n",
-                       FRAMEFLEET_FAKE_GPU=str(ledger.path))
+    env = settings_env(
+        tmp_path,
+        "stages:\n  depth: {params: {hold_mib: 3072, matmuls_per_frame: 5000}}\n",
+        FRAMEFLEET_FAKE_GPU=str(ledger.path),
+    )
     workers.start("cpu", env=env, wait=False)
     workers.start("gpu0", env=env, wait=False)
     wait_until(lambda: workers.state("cpu") and workers.state("gpu0"), 60, "both workers to register")
     out = tmp_path / "out"
-    assert run_script("enqueue_dataset.py", str(video_factory(1, seconds=4.0)), "--out", str(out), "--no-wait",
-                      env={**pipeline_env, **env}).returncode == 0
+    assert (
+        run_script(
+            "enqueue_dataset.py",
+            str(video_factory(1, seconds=4.0)),
+            "--out",
+            str(out),
+            "--no-wait",
+            env={**pipeline_env, **env},
+        ).returncode
+        == 0
+    )
     wait_until(lambda: ((workers.state("gpu0") or {}).get("frames") or [0])[0] > 0, 60, "gpu0 midway through depth")
     run_id = next((out / "runs").glob("*.json")).stem
 
@@ -80,13 +96,23 @@ def test_status_shows_gpus_workers_queues_the_run_and_the_quarantine(workers, pi
     workers.stop("gpu0", signal.SIGKILL)  # no need to wait out the long depth task
 
 
-def test_inspect_gpu_counts_the_tasks_a_prefork_cpu_worker_ran_in_its_children(workers, pipeline_env, video_factory,
-                                                                               tmp_path):
+def test_inspect_gpu_counts_the_tasks_a_prefork_cpu_worker_ran_in_its_children(
+    workers, pipeline_env, video_factory, tmp_path
+):
     workers.start("cpu", pool="prefork", concurrency=1)
-    assert run_script("enqueue_dataset.py", str(video_factory(1)), "--out", str(tmp_path / "out"), "--no-wait",
-                      env=pipeline_env).returncode == 0
-    wait_until(lambda: (tmp_path / "out" / "work").is_dir() and any((tmp_path / "out" / "work").glob(
-        "*/preprocess.done.json")), 120, "preprocess on the prefork worker")
+    assert (
+        run_script(
+            "enqueue_dataset.py", str(video_factory(1)), "--out", str(tmp_path / "out"), "--no-wait", env=pipeline_env
+        ).returncode
+        == 0
+    )
+    wait_until(
+        lambda: (
+            (tmp_path / "out" / "work").is_dir() and any((tmp_path / "out" / "work").glob("*/preprocess.done.json"))
+        ),
+        120,
+        "preprocess on the prefork worker",
+    )
     argv = [sys.executable, "-m", "celery", "-A", "tasks", "inspect", "gpu", "-t", "10", "-d", "cpu@test", "--json"]
 
     def counted() -> int:

@@ -11,11 +11,14 @@ from tests.conftest import ROOT, send_task, wait_until
 
 
 def test_importing_tasks_touches_no_cuda_and_loads_no_model(pipeline_env):
-    code = ("import sys, tasks, tasks.worker as w; "
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')), "
-            "dict(w.MODEL_LOADS), len(w.STAGES))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=pipeline_env,
-                         capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys, tasks, tasks.worker as w; "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')), "
+        "dict(w.MODEL_LOADS), len(w.STAGES))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=pipeline_env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[]", "{}", "0"]
 
@@ -56,8 +59,12 @@ def test_a_worker_recycles_itself_after_n_tasks(workers, video_factory, pipeline
     workers.start("cpu")
     proc = workers.start("gpu0", env={"FRAMEFLEET_MAX_TASKS_PER_WORKER": "2"})
     out = tmp_path / "out"
-    assert run_script("enqueue_dataset.py", str(video_factory(1)), "--out", str(out), "--no-wait",
-                      env=pipeline_env).returncode == 0
+    assert (
+        run_script(
+            "enqueue_dataset.py", str(video_factory(1)), "--out", str(out), "--no-wait", env=pipeline_env
+        ).returncode
+        == 0
+    )
     assert proc.wait(timeout=120) == 0  # finished its second task, then a clean warm shutdown
     assert "recycling after 2 tasks" in workers.log("gpu0")
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"])

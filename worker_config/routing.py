@@ -29,7 +29,9 @@ STICKY_TASKS_PER_WORKER = 1.0
 
 
 def choose_gpu_queue(
-    loads: Iterable[QueueLoad], allowed: Iterable[int] | None = None, previous: int | None = None,
+    loads: Iterable[QueueLoad],
+    allowed: Iterable[int] | None = None,
+    previous: int | None = None,
     avoid: int | None = None,
 ) -> QueueLoad | None:
     """Return the live queue with the least work per worker, or ``previous``'s when it is within

@@ -40,8 +40,12 @@ def _default_stages() -> dict[str, StageSettings]:
     from tasks.stages import ALL
 
     return {
-        cls.name: StageSettings(enabled=not cls.optional, backend=cls.default_backend,
-                                params=dict(cls.default_params), deadline_s=cls.default_deadline_s)
+        cls.name: StageSettings(
+            enabled=not cls.optional,
+            backend=cls.default_backend,
+            params=dict(cls.default_params),
+            deadline_s=cls.default_deadline_s,
+        )
         for cls in ALL
     }
 
@@ -68,20 +72,22 @@ def _check_stages(stages: dict[str, Any]) -> None:
                 f"${'FRAMEFLEET_STAGES__' + name.upper() + '__BACKEND'}); available: {', '.join(choices)}"
             )
         if stage.get("python") and cls.device != "gpu":
-            raise ValueError(f"stages.{name}.python: {name} runs on the cpu queue, in the main environment; "
-                             "only GPU stages can have an interpreter of their own")
+            raise ValueError(
+                f"stages.{name}.python: {name} runs on the cpu queue, in the main environment; "
+                "only GPU stages can have an interpreter of their own"
+            )
         if stage.get("python") and not Path(stage["python"]).is_absolute():
-            raise ValueError(f"stages.{name}.python must be an absolute path to an interpreter, "
-                             f"got {stage['python']!r} (e.g. /opt/envs/{name}/bin/python)")
+            raise ValueError(
+                f"stages.{name}.python must be an absolute path to an interpreter, "
+                f"got {stage['python']!r} (e.g. /opt/envs/{name}/bin/python)"
+            )
     chain_order({name: bool(stage["enabled"]) for name, stage in stages.items()})
 
 
 class Settings(BaseSettings):
     """Everything a framefleet program needs; environment variables are FRAMEFLEET_<NAME>."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="FRAMEFLEET_", env_nested_delimiter="__", frozen=True, extra="forbid"
-    )
+    model_config = SettingsConfigDict(env_prefix="FRAMEFLEET_", env_nested_delimiter="__", frozen=True, extra="forbid")
 
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",
@@ -238,9 +244,7 @@ def _explain(exc: ValidationError, path: str | os.PathLike[str] | None) -> str:
         loc = ".".join(str(part) for part in err["loc"])
         env = "FRAMEFLEET_" + "__".join(str(part).upper() for part in err["loc"])
         where = f"`{loc}:` in {path}" if path else "the settings file (--config)"
-        lines.append(
-            f"  {loc} = {err.get('input')!r}: {err['msg']}. Fix it in {where} or with ${env}."
-        )
+        lines.append(f"  {loc} = {err.get('input')!r}: {err['msg']}. Fix it in {where} or with ${env}.")
     return "\n".join(lines)
 
 

@@ -50,8 +50,12 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--gpus", type=parse_gpus, help="GPU indices to supervise, e.g. 0,1 (default: all)")
     for name, (kind, text) in POLICY_FLAGS.items():
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
-                       help=f"{text} (default: `autoscale: {{{name}: …}}` in --config, else {getattr(defaults, name)})")
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind,
+            default=None,
+            help=f"{text} (default: `autoscale: {{{name}: …}}` in --config, else {getattr(defaults, name)})",
+        )
     p.add_argument("--tick-s", type=float, default=2.0, help="seconds between readings")
     p.add_argument("--stop-grace-s", type=float, default=600.0, help="SIGTERM to SIGKILL, for stopping workers")
     p.add_argument("--cpu-workers", type=int, default=1, help="stand-in gpu0 workers when there is no GPU")
@@ -82,8 +86,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     logging.basicConfig(level=conf.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     fake = args.fake_gpu or os.environ.get(LEDGER_ENV)
     if fake and not Path(fake).is_file():
-        return fail(f"no fake GPU ledger at {fake}; create one with tasks.gpu.FakeGpuLedger.create "
-                         f"or drop --fake-gpu / ${LEDGER_ENV}")
+        return fail(
+            f"no fake GPU ledger at {fake}; create one with tasks.gpu.FakeGpuLedger.create "
+            f"or drop --fake-gpu / ${LEDGER_ENV}"
+        )
     probe = open_probe(fake)
     base_env = {k: v for k, v in os.environ.items() if k not in (LEDGER_ENV, INDEX_ENV)}
 
@@ -91,8 +97,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return {**base_env, LEDGER_ENV: str(Path(fake).resolve()), INDEX_ENV: str(gpu)} if fake else base_env
 
     if probe.mode == "none":
-        print(f"framefleet autoscaler: CPU mode ({getattr(probe, 'reason', 'no GPU')}): keeping "
-              f"{args.cpu_workers} stand-in worker(s) for {conf.gpu_queue(0)} alive; no packing", flush=True)
+        print(
+            f"framefleet autoscaler: CPU mode ({getattr(probe, 'reason', 'no GPU')}): keeping "
+            f"{args.cpu_workers} stand-in worker(s) for {conf.gpu_queue(0)} alive; no packing",
+            flush=True,
+        )
     else:
         found = [g.index for g in probe.gpus()]
         missing = sorted(set(args.gpus or []) - set(found))
@@ -107,8 +116,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    supervisor = Supervisor(lambda gpu, name: family_argv(conf, gpu, name), env_for, args.log_dir,
-                            args.stop_grace_s)
+    supervisor = Supervisor(lambda gpu, name: family_argv(conf, gpu, name), env_for, args.log_dir, args.stop_grace_s)
     autoscaler = Autoscaler(conf, args.policy, probe, supervisor, args.gpus, args.cpu_workers)
     exporter = None
     if args.metrics_port is not None:
@@ -120,8 +128,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             next_tick = time.monotonic() + args.tick_s
             while not signals and time.monotonic() < next_tick:
                 time.sleep(min(0.1, args.tick_s))
-        print("framefleet autoscaler: stopping every worker (warm shutdown; a second signal kills them)",
-              flush=True)
+        print("framefleet autoscaler: stopping every worker (warm shutdown; a second signal kills them)", flush=True)
     finally:
         supervisor.stop_all(args.stop_grace_s, lambda: len(signals) > 1)
         autoscaler.shutdown()

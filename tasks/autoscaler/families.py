@@ -24,8 +24,10 @@ def families(conf: Settings, gpu: int) -> list[Family]:
     """The worker families of GPU ``gpu`` under ``conf``: ``gpuN`` (when a GPU stage shares the main
     environment), then ``gpuN.<stage>`` for each stage with its own python."""
     found = [Family(gpu, conf.gpu_queue(gpu), conf.hosted_stages())] if conf.hosted_stages() else []
-    return found + [Family(gpu, conf.stage_queue(stage, gpu), conf.hosted_stages(stage), conf.stages[stage].python)
-                    for stage in conf.own_env_stages()]
+    return found + [
+        Family(gpu, conf.stage_queue(stage, gpu), conf.hosted_stages(stage), conf.stages[stage].python)
+        for stage in conf.own_env_stages()
+    ]
 
 
 def family_argv(conf: Settings, gpu: int, name: str) -> list[str]:

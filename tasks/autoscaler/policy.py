@@ -104,11 +104,18 @@ def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -
     """
     have = view.workers + view.starting
     budget = view.total_mib - policy.headroom_mib - view.other_used_mib
-    fits = None if view.peak_mib is None else capacity(
-        view.total_mib, policy.headroom_mib, view.peak_mib, view.other_used_mib)
+    fits = (
+        None
+        if view.peak_mib is None
+        else capacity(view.total_mib, policy.headroom_mib, view.peak_mib, view.other_used_mib)
+    )
     readings = {k: _rounded(v) for k, v in asdict(view).items()}
-    readings.update(gpu=readings.pop("index"), capacity=fits, headroom_mib=policy.headroom_mib,
-                    since_last_change_s=_rounded(since_last_change_s))
+    readings.update(
+        gpu=readings.pop("index"),
+        capacity=fits,
+        headroom_mib=policy.headroom_mib,
+        since_last_change_s=_rounded(since_last_change_s),
+    )
 
     def verdict(action: Action, reason: str) -> Decision:
         return Decision(action, reason, readings)
@@ -121,18 +128,22 @@ def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -
         return verdict("down", f"{have} workers, above the maximum of {policy.max_workers_per_gpu}")
     if have > policy.min_workers_per_gpu:
         if view.free_mib < policy.pressure_free_mib:
-            return verdict("down", f"memory pressure: {view.free_mib:.0f} MiB free, below "
-                                   f"{policy.pressure_free_mib:.0f} MiB")
+            return verdict(
+                "down", f"memory pressure: {view.free_mib:.0f} MiB free, below {policy.pressure_free_mib:.0f} MiB"
+            )
         if view.recent_oom and view.peak_mib is not None and have * view.peak_mib > budget:
-            return verdict("down", f"out of memory: {have} x {view.peak_mib:.0f} MiB peak + "
-                                   f"{view.other_used_mib:.0f} MiB others > {view.total_mib:.0f} MiB - "
-                                   f"{policy.headroom_mib:.0f} MiB headroom")
+            return verdict(
+                "down",
+                f"out of memory: {have} x {view.peak_mib:.0f} MiB peak + "
+                f"{view.other_used_mib:.0f} MiB others > {view.total_mib:.0f} MiB - "
+                f"{policy.headroom_mib:.0f} MiB headroom",
+            )
         if view.backlog_empty_for_s >= policy.idle_scale_down_s and since_last_change_s >= policy.cooldown_s:
-            return verdict("down", f"idle for {view.backlog_empty_for_s:.0f} s: down towards "
-                                   f"{policy.min_workers_per_gpu}")
+            return verdict(
+                "down", f"idle for {view.backlog_empty_for_s:.0f} s: down towards {policy.min_workers_per_gpu}"
+            )
     if since_last_change_s < policy.cooldown_s:
-        return verdict("hold", f"cooldown: last change {since_last_change_s:.1f} s ago, "
-                               f"under {policy.cooldown_s:g} s")
+        return verdict("hold", f"cooldown: last change {since_last_change_s:.1f} s ago, under {policy.cooldown_s:g} s")
     if view.backlog <= have:
         return verdict("hold", f"backlog {view.backlog} <= {have} worker(s)")
     if view.peak_mib is None:
@@ -144,21 +155,29 @@ def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -
     if view.recent_oom:
         return verdict("hold", "out of memory recently: not adding")
     if (have + 1) * view.peak_mib > budget:
-        return verdict("hold", f"another worker does not fit: {have + 1} x {view.peak_mib:.0f} MiB peak + "
-                               f"{view.other_used_mib:.0f} MiB others > {view.total_mib:.0f} MiB - "
-                               f"{policy.headroom_mib:.0f} MiB headroom (capacity {fits})")
+        return verdict(
+            "hold",
+            f"another worker does not fit: {have + 1} x {view.peak_mib:.0f} MiB peak + "
+            f"{view.other_used_mib:.0f} MiB others > {view.total_mib:.0f} MiB - "
+            f"{policy.headroom_mib:.0f} MiB headroom (capacity {fits})",
+        )
     if view.free_mib < policy.headroom_mib:
-        return verdict("hold", f"only {view.free_mib:.0f} MiB free, below the {policy.headroom_mib:.0f} MiB "
-                               "headroom")
+        return verdict("hold", f"only {view.free_mib:.0f} MiB free, below the {policy.headroom_mib:.0f} MiB headroom")
     if view.host_free_mib < view.worker_rss_mib + policy.host_margin_mib:
-        return verdict("hold", f"host RAM: {view.host_free_mib:.0f} MiB available < {view.worker_rss_mib:.0f} "
-                               f"MiB per worker + {policy.host_margin_mib:.0f} MiB margin")
-    return verdict("up", f"backlog {view.backlog} > {have} worker(s) and {have + 1} x "
-                         f"{view.peak_mib:.0f} MiB fit (capacity {fits})")
+        return verdict(
+            "hold",
+            f"host RAM: {view.host_free_mib:.0f} MiB available < {view.worker_rss_mib:.0f} "
+            f"MiB per worker + {policy.host_margin_mib:.0f} MiB margin",
+        )
+    return verdict(
+        "up",
+        f"backlog {view.backlog} > {have} worker(s) and {have + 1} x {view.peak_mib:.0f} MiB fit (capacity {fits})",
+    )
 
 
-def one_change(views: list[GpuView], decisions: list[Decision], policy: AutoscalePolicy,
-               oomed_queue: str | None = None) -> int | None:
+def one_change(
+    views: list[GpuView], decisions: list[Decision], policy: AutoscalePolicy, oomed_queue: str | None = None
+) -> int | None:
     """Which of one GPU's families changes this tick (an index into ``decisions``), or None: all hold.
 
     A GPU changes by at most one worker per tick, so that the next reading shows its effect. A
@@ -166,6 +185,7 @@ def one_change(views: list[GpuView], decisions: list[Decision], policy: Autoscal
     else from the family with the most workers above the minimum. Else a scale-up: a family below its
     minimum first, else the one with the most tasks waiting per worker.
     """
+
     def have(view: GpuView) -> int:
         return view.workers + view.starting
 
@@ -174,8 +194,10 @@ def one_change(views: list[GpuView], decisions: list[Decision], policy: Autoscal
         return min(downs, key=lambda i: (views[i].queue != oomed_queue, -have(views[i]), i))
     ups = [i for i, d in enumerate(decisions) if d.action == "up"]
     if ups:
-        return min(ups, key=lambda i: (have(views[i]) >= policy.min_workers_per_gpu,
-                                       -views[i].backlog / (have(views[i]) + 1), i))
+        return min(
+            ups,
+            key=lambda i: (have(views[i]) >= policy.min_workers_per_gpu, -views[i].backlog / (have(views[i]) + 1), i),
+        )
     return None
 
 

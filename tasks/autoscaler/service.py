@@ -55,9 +55,17 @@ class Autoscaler:
     backlog and its own learned peak; the cooldown and the one change per tick are per GPU.
     """
 
-    def __init__(self, conf: Settings, policy: AutoscalePolicy, probe: GpuProbe, supervisor: Supervisor,
-                 gpus: list[int] | None = None, cpu_workers: int = 1,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        conf: Settings,
+        policy: AutoscalePolicy,
+        probe: GpuProbe,
+        supervisor: Supervisor,
+        gpus: list[int] | None = None,
+        cpu_workers: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.conf, self.policy, self.probe, self.supervisor = conf, policy, probe, supervisor
         self.gpus, self.cpu_workers, self.clock, self.wall = gpus, cpu_workers, clock, wall
         self.r = get_redis(conf.redis_url)
@@ -119,8 +127,10 @@ class Autoscaler:
                 continue
             try:
                 record = json.loads(raw)
-                mine = int(record.get("pid", -1)) in self.supervisor.started_pids or \
-                    str(record.get("worker", "")).rpartition("@")[2] == self.host
+                mine = (
+                    int(record.get("pid", -1)) in self.supervisor.started_pids
+                    or str(record.get("worker", "")).rpartition("@")[2] == self.host
+                )
                 if mine and float(record.get("time", 0)) >= self.started_wall:
                     fresh.append(record)
             except (ValueError, TypeError, AttributeError):
@@ -147,8 +157,11 @@ class Autoscaler:
         for i, (family, decision) in enumerate(zip(fams, decisions, strict=True)):
             if decision.action != "hold" and i != chosen:
                 # one change per GPU per tick: the others are decided afresh next tick
-                decisions[i] = Decision("hold", f"{fams[chosen or 0].queue} changes first this tick; "
-                                                f"then: {decision.reason}", decision.readings)
+                decisions[i] = Decision(
+                    "hold",
+                    f"{fams[chosen or 0].queue} changes first this tick; then: {decision.reason}",
+                    decision.readings,
+                )
             self._act(family, decisions[i])
         return decisions
 
@@ -157,8 +170,9 @@ class Autoscaler:
         now, idx = self.clock(), gpu.index
         active = {f.queue: self.supervisor.active(idx, f.queue) for f in fams}
         stopping = {f.queue: self.supervisor.stopping(idx, f.queue) for f in fams}
-        measured = {q: sum(self._memory_of(s, snap) for s in active[q] + stopping[q] if s.pid is not None)
-                    for q in active}
+        measured = {
+            q: sum(self._memory_of(s, snap) for s in active[q] + stopping[q] if s.pid is not None) for q in active
+        }
         peaks = {q: (p.peak_mib if (p := profiles.load(self.r, keys[q])) else None) for q in active}
         # Another family's workers may sit below their peak right now (between tasks, or loading):
         # reserve at least their learned peaks, so that this family does not take their activations.
@@ -175,13 +189,26 @@ class Autoscaler:
             else:
                 self.idle_since.pop(q, None)
             rss = [rss_mib(s.pid) for s in registered if s.pid is not None]
-            views.append(GpuView(
-                index=idx, name=gpu.name, total_mib=gpu.total_mib, used_mib=gpu.used_mib, free_mib=gpu.free_mib,
-                other_used_mib=foreign + sum(reserved[o] for o in reserved if o != q), workers=len(registered),
-                starting=len(active[q]) - len(registered), backlog=snap.backlog[q], peak_mib=peaks[q],
-                host_free_mib=snap.host_free_mib, worker_rss_mib=max(rss, default=0.0), recent_oom=recent_oom,
-                backlog_empty_for_s=now - self.idle_since.get(q, now), stopping=len(stopping[q]), queue=q,
-            ))
+            views.append(
+                GpuView(
+                    index=idx,
+                    name=gpu.name,
+                    total_mib=gpu.total_mib,
+                    used_mib=gpu.used_mib,
+                    free_mib=gpu.free_mib,
+                    other_used_mib=foreign + sum(reserved[o] for o in reserved if o != q),
+                    workers=len(registered),
+                    starting=len(active[q]) - len(registered),
+                    backlog=snap.backlog[q],
+                    peak_mib=peaks[q],
+                    host_free_mib=snap.host_free_mib,
+                    worker_rss_mib=max(rss, default=0.0),
+                    recent_oom=recent_oom,
+                    backlog_empty_for_s=now - self.idle_since.get(q, now),
+                    stopping=len(stopping[q]),
+                    queue=q,
+                )
+            )
         return views
 
     def _family_of(self, record: dict[str, Any], fams: list[Family]) -> Family:
@@ -215,8 +242,9 @@ class Autoscaler:
         if peak > slot.learned_mib:
             slot.learned_mib = peak
             stored = profiles.learn(self.r, key, peak)
-            log.info("GPU %d: %s peaked at %.0f MiB; profile %r: %.0f MiB", slot.gpu, slot.name, peak, key,
-                     stored.peak_mib)
+            log.info(
+                "GPU %d: %s peaked at %.0f MiB; profile %r: %.0f MiB", slot.gpu, slot.name, peak, key, stored.peak_mib
+            )
 
     def _on_oom(self, idx: int, queue: str, record: dict[str, Any], key: str, stopping: bool) -> None:
         now = self.clock()
@@ -228,13 +256,25 @@ class Autoscaler:
         settled = self.last_stop_wall.get(idx, -float("inf")) + self.policy.cooldown_s
         stale = stopping or float(record.get("time", 0)) <= settled
         if stale or now - self.last_raise.get(queue, -float("inf")) < self.policy.cooldown_s:
-            log.warning("GPU %d: OOM in %s (%s, %.0f MiB); profile already raised", idx,
-                        record.get("worker"), record.get("stage"), observed)
+            log.warning(
+                "GPU %d: OOM in %s (%s, %.0f MiB); profile already raised",
+                idx,
+                record.get("worker"),
+                record.get("stage"),
+                observed,
+            )
             return
         self.last_raise[queue] = now
         stored = profiles.raise_after_oom(self.r, key, observed)
-        log.warning("GPU %d: OOM in %s (%s, %.0f MiB): profile %r raised to %.0f MiB", idx,
-                    record.get("worker"), record.get("stage"), observed, key, stored.peak_mib)
+        log.warning(
+            "GPU %d: OOM in %s (%s, %.0f MiB): profile %r raised to %.0f MiB",
+            idx,
+            record.get("worker"),
+            record.get("stage"),
+            observed,
+            key,
+            stored.peak_mib,
+        )
 
     def _act(self, family: Family, decision: Decision) -> None:
         idx, queue = family.gpu, family.queue
@@ -257,10 +297,11 @@ class Autoscaler:
         for family in families(self.conf, 0):
             while len(self.supervisor.active(0, family.queue)) < self.cpu_workers:
                 have = len(self.supervisor.active(0, family.queue))
-                decision = Decision("up", f"CPU mode: {have} of {self.cpu_workers} stand-in worker(s) for "
-                                          f"{family.queue}",
-                                    {"gpu": 0, "queue": family.queue, "mode": "cpu", "workers": have,
-                                     "cpu_workers": self.cpu_workers})
+                decision = Decision(
+                    "up",
+                    f"CPU mode: {have} of {self.cpu_workers} stand-in worker(s) for {family.queue}",
+                    {"gpu": 0, "queue": family.queue, "mode": "cpu", "workers": have, "cpu_workers": self.cpu_workers},
+                )
                 slot = self.supervisor.start(0, family.queue)
                 self._announce("up", 0, decision.reason, decision.readings, slot)
                 decisions.append(decision)
@@ -273,14 +314,26 @@ class Autoscaler:
             self.last_stop_wall[slot.gpu] = self.wall()
             log.info("GPU %d: worker %s stopped (%s)", slot.gpu, slot.name, detail)
         else:
-            self._announce("restart", slot.gpu, f"{slot.name} {slot.last_exit.split(';')[0]}; restarted",
-                           {"gpu": slot.gpu, "failures": slot.failures}, slot)
+            self._announce(
+                "restart",
+                slot.gpu,
+                f"{slot.name} {slot.last_exit.split(';')[0]}; restarted",
+                {"gpu": slot.gpu, "failures": slot.failures},
+                slot,
+            )
 
     def _announce(self, action: str, idx: int, reason: str, readings: dict[str, Any], slot: Slot | None) -> None:
         """Log a change, append it to ff:autoscale and send it as the event autoscale-<action>."""
-        record = {**readings, "gpu": idx, "action": action, "reason": reason, "time": self.wall(),
-                  "host": self.host, "worker": slot.name if slot else None,
-                  "worker_pid": slot.pid if slot else None}
+        record = {
+            **readings,
+            "gpu": idx,
+            "action": action,
+            "reason": reason,
+            "time": self.wall(),
+            "host": self.host,
+            "worker": slot.name if slot else None,
+            "worker_pid": slot.pid if slot else None,
+        }
         log.info("GPU %d: %s (%s): %s %s", idx, action, record["worker"], reason, json.dumps(readings))
         try:
             pipe = self.r.pipeline()
@@ -293,10 +346,10 @@ class Autoscaler:
             if self._dispatcher is None:
                 from tasks import app
 
-                self._dispatcher = app.events.Dispatcher(app.connection_for_write(),
-                                                         hostname=f"autoscaler@{self.host}", enabled=True)
-            self._dispatcher.send(f"autoscale-{action}",
-                                  **{k: v for k, v in record.items() if k not in EVENT_RESERVED})
+                self._dispatcher = app.events.Dispatcher(
+                    app.connection_for_write(), hostname=f"autoscaler@{self.host}", enabled=True
+                )
+            self._dispatcher.send(f"autoscale-{action}", **{k: v for k, v in record.items() if k not in EVENT_RESERVED})
         except Exception as exc:
             log.warning("autoscale-%s event not sent: %s", action, exc)
             self._dispatcher = None

@@ -38,15 +38,34 @@ def cpu_worker_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def worker_argv(queue: str, name: str, pool: str = "solo", concurrency: int = 1,
-                python: str | None = None) -> list[str]:
+def worker_argv(
+    queue: str, name: str, pool: str = "solo", concurrency: int = 1, python: str | None = None
+) -> list[str]:
     """The command of one framefleet worker: ``celery -A tasks worker -Q queue -n name@%h`` and our flags.
 
     ``python``: the interpreter of a stage's own environment (default: this one).
     """
-    return [python or sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-P", pool,
-            "-c", str(concurrency), "-n", f"{name}@%h", "-E", "--without-gossip", "--without-mingle",
-            "--loglevel", "INFO"]
+    return [
+        python or sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tasks",
+        "worker",
+        "-Q",
+        queue,
+        "-P",
+        pool,
+        "-c",
+        str(concurrency),
+        "-n",
+        f"{name}@%h",
+        "-E",
+        "--without-gossip",
+        "--without-mingle",
+        "--loglevel",
+        "INFO",
+    ]
 
 
 @dataclass
@@ -83,9 +102,14 @@ class Supervisor:
     ``stop_grace_s``: seconds between SIGTERM (warm shutdown) and SIGKILL.
     """
 
-    def __init__(self, argv_for: Callable[[int, str], list[str]], env_for: Callable[[int], dict[str, str]],
-                 log_dir: Path | None = None, stop_grace_s: float = 600.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        argv_for: Callable[[int, str], list[str]],
+        env_for: Callable[[int], dict[str, str]],
+        log_dir: Path | None = None,
+        stop_grace_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.argv_for, self.env_for, self.log_dir = argv_for, env_for, log_dir
         self.stop_grace_s, self.clock = stop_grace_s, clock
         self.slots: list[Slot] = []
@@ -175,9 +199,15 @@ class Supervisor:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{slot.name}.log", "ab")  # noqa: SIM115 (the child keeps its own copy)
         try:
-            slot.proc = subprocess.Popen(self.argv_for(slot.gpu, slot.name), env=self.env_for(slot.gpu),
-                                         cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT if out else None, start_new_session=True)
+            slot.proc = subprocess.Popen(
+                self.argv_for(slot.gpu, slot.name),
+                env=self.env_for(slot.gpu),
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT if out else None,
+                start_new_session=True,
+            )
         finally:
             if out is not None:
                 out.close()

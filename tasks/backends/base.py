@@ -101,9 +101,7 @@ class Track2DBackend(Backend):
 
     stage = "tracks2d"
 
-    def track2d(
-        self, frames: np.ndarray, query_pixels: np.ndarray, masks: np.ndarray | None = None
-    ) -> Tracks2DOutput:
+    def track2d(self, frames: np.ndarray, query_pixels: np.ndarray, masks: np.ndarray | None = None) -> Tracks2DOutput:
         """Track ``query_pixels`` (N, 2) of step 0 through ``frames`` (L, H, W, 3) uint8."""
         raise NotImplementedError
 

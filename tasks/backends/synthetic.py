@@ -32,7 +32,11 @@ class SyntheticModel:
     """
 
     def __init__(
-        self, hold_mib: float = 0, activation_mib: float = 0, matmuls_per_frame: int = 2, matmul_size: int = 256,
+        self,
+        hold_mib: float = 0,
+        activation_mib: float = 0,
+        matmuls_per_frame: int = 2,
+        matmul_size: int = 256,
         **unknown: Any,
     ) -> None:
         if unknown:

@@ -172,9 +172,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     add_run_arguments(parser)
     parser.add_argument("--gpus", type=common.parse_gpus, help="GPU indices to use, e.g. 0,2 (default: all)")
     parser.add_argument("--no-wait", action="store_true", help="print the run id and return at once")
-    parser.add_argument("--resume-on-loss", action="store_true",
-                        help="if the run's messages vanish from Redis, enqueue the unfinished videos again "
-                             "(as --continue would) instead of exiting with status 3")
+    parser.add_argument(
+        "--resume-on-loss",
+        action="store_true",
+        help="if the run's messages vanish from Redis, enqueue the unfinished videos again "
+        "(as --continue would) instead of exiting with status 3",
+    )
     parser.add_argument(
         "--retry-quarantined", action="store_true", help="enqueue again only the videos listed in OUT/quarantine.jsonl"
     )
@@ -226,17 +229,34 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             return 0
         resend = None
         if args.resume_on_loss:
+
             def resend() -> dict[str, Any]:
-                return enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, resume=True, add=args.add,
-                               keep=args.intermediates, metadata=args.metadata, require_text=args.require_text)
+                return enqueue(
+                    conf,
+                    args.raw_dir,
+                    args.out,
+                    args.limit,
+                    args.gpus,
+                    resume=True,
+                    add=args.add,
+                    keep=args.intermediates,
+                    metadata=args.metadata,
+                    require_text=args.require_text,
+                )
+
         return follow(conf, record, args.out, resend=resend)
     except KeyboardInterrupt:  # before following began
         watch.detached(record, args.out)
         return 130
 
 
-def follow(conf: Settings, record: dict[str, Any], out: Path, detachable: bool = True,
-           resend: Callable[[], dict[str, Any]] | None = None) -> int:
+def follow(
+    conf: Settings,
+    record: dict[str, Any],
+    out: Path,
+    detachable: bool = True,
+    resend: Callable[[], dict[str, Any]] | None = None,
+) -> int:
     """Follow the run to its end and print how it ended; Ctrl-C detaches (when the run goes on
     without this process: ``detachable``, else KeyboardInterrupt propagates). Returns the exit status.
 
@@ -257,13 +277,18 @@ def follow(conf: Settings, record: dict[str, Any], out: Path, detachable: bool =
                     code=3,
                 )
             record = resend()
-            print(f"{exc}; enqueued the {common.plural(record['videos'], 'unfinished video')} again as run "
-                  f"{record['run_id']}", file=sys.stderr, flush=True)
+            print(
+                f"{exc}; enqueued the {common.plural(record['videos'], 'unfinished video')} again as run "
+                f"{record['run_id']}",
+                file=sys.stderr,
+                flush=True,
+            )
         except KeyboardInterrupt:
             if not detachable:
                 raise
             watch.detached(record, out)
             return 130
+
 
 if __name__ == "__main__":
     sys.exit(main())

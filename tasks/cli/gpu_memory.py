@@ -53,8 +53,13 @@ def read_cluster(conf: Settings) -> Cluster:
         workers = live_workers(r)
         stored = profiles.load_all(r)
     except redis.RedisError as exc:
-        return Cluster({}, 0, [], f"Redis at {redact_url(conf.redis_url)} is unreachable ({exc}); "
-                                  "framefleet workers and learned profiles are not shown")
+        return Cluster(
+            {},
+            0,
+            [],
+            f"Redis at {redact_url(conf.redis_url)} is unreachable ({exc}); "
+            "framefleet workers and learned profiles are not shown",
+        )
     # A pid means something only on its own host.
     local = {int(w["pid"]): w for w in workers if w.get("pid") is not None and _on_this_host(w.get("hostname", ""))}
     return Cluster(local, len(workers) - len(local), learned(stored))
@@ -81,8 +86,10 @@ def render_info(gpus: list[GpuReading], processes: list[ProcessReading], cluster
     seen_workers = set()
     for gpu in gpus:
         lines.append(f"GPU {gpu.index}  {gpu.name}  ({gpu.uuid})")
-        lines.append(f"  memory {gpu.used_mib:.0f} / {gpu.total_mib:.0f} MiB used, {gpu.free_mib:.0f} MiB free; "
-                     f"utilisation {gpu.utilization_pct:.0f}%")
+        lines.append(
+            f"  memory {gpu.used_mib:.0f} / {gpu.total_mib:.0f} MiB used, {gpu.free_mib:.0f} MiB free; "
+            f"utilisation {gpu.utilization_pct:.0f}%"
+        )
         on_gpu = [p for p in processes if p.gpu == gpu.index]
         if not on_gpu:
             lines.append("  no compute processes")
@@ -103,8 +110,10 @@ def render_info(gpus: list[GpuReading], processes: list[ProcessReading], cluster
     if not cluster.problem:
         if cluster.profiles:
             lines.append(f"learned profiles ({PROFILES_KEY}):")
-            lines += [f"  {k.gpu_name} | {k.stages} | {k.backend} | {k.resolution}: peak {p.peak_mib:.0f} MiB"
-                      for k, p in cluster.profiles]
+            lines += [
+                f"  {k.gpu_name} | {k.stages} | {k.backend} | {k.resolution}: peak {p.peak_mib:.0f} MiB"
+                for k, p in cluster.profiles
+            ]
         else:
             lines.append(f"no learned profiles yet ({PROFILES_KEY} is empty)")
     return "\n".join(lines)
@@ -116,11 +125,16 @@ def render_suggest(gpus: list[GpuReading], cluster: Cluster, given: dict[str, fl
     for gpu in gpus:
         lines.append(f"GPU {gpu.index}  {gpu.name}  {gpu.total_mib:.0f} MiB")
         rows = [(stage, "given", peak) for stage, peak in given.items()]
-        rows += [(k.stages, f"learned, {k.backend} {k.resolution}", p.peak_mib)
-                 for k, p in cluster.profiles if k.gpu_name == gpu.name and k.stages not in given]
+        rows += [
+            (k.stages, f"learned, {k.backend} {k.resolution}", p.peak_mib)
+            for k, p in cluster.profiles
+            if k.gpu_name == gpu.name and k.stages not in given
+        ]
         if not rows:
-            lines.append(f"  no peak known for this GPU model; pass --stage-peak-mib STAGE=MIB "
-                         f"(stages: {', '.join(GPU_STAGES)}) or let the workers learn some")
+            lines.append(
+                f"  no peak known for this GPU model; pass --stage-peak-mib STAGE=MIB "
+                f"(stages: {', '.join(GPU_STAGES)}) or let the workers learn some"
+            )
         width = max((len(row[0]) for row in rows), default=0)
         for stage, source, peak in sorted(rows, key=lambda row: (_stage_order(row[0]), row[1])):
             fit = workers_that_fit(gpu.total_mib, peak, headroom_mib)
@@ -164,10 +178,18 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("command", choices=("info", "monitor", "suggest"), nargs="?", default="info")
     parser.add_argument("seconds", nargs="?", type=float, help="monitor: how long (default: until Ctrl-C)")
     parser.add_argument("--interval-s", type=float, default=2.0, help="monitor: seconds between readings")
-    parser.add_argument("--stage-peak-mib", type=parse_stage_peak, action="append", nargs="+", default=[],
-                        metavar="STAGE=MIB", help="suggest: a stage's peak memory, overriding learned ones")
-    parser.add_argument("--headroom-mib", type=float, default=DEFAULT_HEADROOM_MIB,
-                        help="suggest: memory kept free on each GPU")
+    parser.add_argument(
+        "--stage-peak-mib",
+        type=parse_stage_peak,
+        action="append",
+        nargs="+",
+        default=[],
+        metavar="STAGE=MIB",
+        help="suggest: a stage's peak memory, overriding learned ones",
+    )
+    parser.add_argument(
+        "--headroom-mib", type=float, default=DEFAULT_HEADROOM_MIB, help="suggest: memory kept free on each GPU"
+    )
     parser.add_argument("--fake", metavar="LEDGER", help="read a fake GPU ledger (tasks.gpu.fake) instead of NVML")
     _cli.add_config_argument(parser)
     args = parser.parse_intermixed_args(argv)

@@ -98,19 +98,37 @@ class Cluster:
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{name}.log", "ab")  # appended: a restarted process keeps its history
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         self.procs.append((name, proc))
         return proc
 
     def start_redis(self) -> str:
         if shutil.which("redis-server") is None:
-            raise DatasetError("no reachable Redis and no redis-server to start: install Redis "
-                               "(apt install redis-server) or set REDIS_URL")
+            raise DatasetError(
+                "no reachable Redis and no redis-server to start: install Redis "
+                "(apt install redis-server) or set REDIS_URL"
+            )
         self.tmp = Path(tempfile.mkdtemp(prefix="framefleet-redis-"))
         port = free_port()
-        self.start("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no", "--dir", str(self.tmp)], dict(os.environ))
+        self.start(
+            "redis",
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.tmp),
+            ],
+            dict(os.environ),
+        )
         client = redis.Redis(port=port)
         for _ in range(100):
             try:
@@ -120,8 +138,9 @@ class Cluster:
                 time.sleep(0.05)
         raise DatasetError(f"the private redis-server did not answer; see {self.logs / 'redis.log'}")
 
-    def wait_for_workers(self, conf: Settings, names: list[str], timeout_s: float = 120,
-                         supervisor: Supervisor | None = None) -> None:
+    def wait_for_workers(
+        self, conf: Settings, names: list[str], timeout_s: float = 120, supervisor: Supervisor | None = None
+    ) -> None:
         """Wait until every worker has loaded its models and registered, or one has exited."""
         r = get_redis(conf.redis_url)
         deadline = time.monotonic() + timeout_s
@@ -131,12 +150,12 @@ class Cluster:
                 return
             for slot in supervisor.slots if supervisor else []:
                 if slot.last_exit and slot.name not in live:
-                    raise DatasetError(f"worker {slot.name} {slot.last_exit}; see "
-                                       f"{self.logs / (slot.name + '.log')}")
+                    raise DatasetError(f"worker {slot.name} {slot.last_exit}; see {self.logs / (slot.name + '.log')}")
             for name, proc in self.procs:
                 if proc.poll() is not None:
-                    raise DatasetError(f"the {name} process exited ({proc.returncode}); see "
-                                       f"{self.logs / (name + '.log')}")
+                    raise DatasetError(
+                        f"the {name} process exited ({proc.returncode}); see {self.logs / (name + '.log')}"
+                    )
             time.sleep(0.2)
         raise DatasetError(f"workers {names} did not register within {timeout_s:.0f} s; see {self.logs}")
 
@@ -216,15 +235,21 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=_cli.HelpFormatter)
     add_run_arguments(parser)
     parser.add_argument("--gpus", type=parse_gpus, help="GPU indices to run workers on (default: all)")
-    parser.add_argument("--cpu-workers", type=int, default=cpu_worker_count(),
-                        help="solo CPU worker processes (default: one per core)")
-    parser.add_argument("--gpu-workers", type=int, default=0,
-                        help="solo workers per GPU queue (default: 1 per GPU; without a GPU, one CPU "
-                             "stand-in for gpu0 per core as memory allows)")
+    parser.add_argument(
+        "--cpu-workers", type=int, default=cpu_worker_count(), help="solo CPU worker processes (default: one per core)"
+    )
+    parser.add_argument(
+        "--gpu-workers",
+        type=int,
+        default=0,
+        help="solo workers per GPU queue (default: 1 per GPU; without a GPU, one CPU "
+        "stand-in for gpu0 per core as memory allows)",
+    )
     parser.add_argument("--flower-port", type=int, default=0, help="default: a free port")
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus exporter; default: a free port")
-    parser.add_argument("--serve", action="store_true",
-                        help="keep Flower and the metrics up after the run, until Ctrl-C")
+    parser.add_argument(
+        "--serve", action="store_true", help="keep Flower and the metrics up after the run, until Ctrl-C"
+    )
     _cli.add_config_argument(parser)
     args = parser.parse_args(argv)
     check_run_arguments(parser, args)
@@ -278,15 +303,31 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         groups += [(CPU_GROUP, conf.cpu_queue)] * max(1, args.cpu_workers)
         supervisor = Supervisor(
             lambda group, name: worker_argv(queue := name.rsplit("-", 1)[0], name, python=pythons[queue]),
-            lambda group: env, cluster.logs, stop_grace_s=20.0)
+            lambda group: env,
+            cluster.logs,
+            stop_grace_s=20.0,
+        )
         for group, queue in groups:
             supervisor.start(group, queue)
         keeper = threading.Thread(target=_keep, args=(supervisor, keeping), name="supervisor", daemon=True)
         keeper.start()
         port = args.flower_port or free_port()
         flower_env, login = flower_auth(env, cluster.logs)
-        cluster.start("flower", [sys.executable, "-m", "celery", "-A", "tasks", "flower",
-                                 "--address=127.0.0.1", f"--port={port}", "--max_tasks=10000"], flower_env)
+        cluster.start(
+            "flower",
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tasks",
+                "flower",
+                "--address=127.0.0.1",
+                f"--port={port}",
+                "--max_tasks=10000",
+            ],
+            flower_env,
+        )
         flower_line = f"Flower: http://127.0.0.1:{port}  ({login}; logs in {cluster.logs})"
         print(flower_line, flush=True)
         probe = open_probe()
@@ -296,9 +337,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             sampler = GpuSampler(probe, cluster.logs / "gpu-samples.jsonl")
             sampler.start()
         cluster.wait_for_workers(conf, [slot.name for slot in supervisor.slots], supervisor=supervisor)
-        record = enqueue(conf, args.raw_dir, args.out, args.limit, args.gpus, args.resume, args.force,
-                         add=args.add, keep=args.intermediates, metadata=args.metadata,
-                         require_text=args.require_text)
+        record = enqueue(
+            conf,
+            args.raw_dir,
+            args.out,
+            args.limit,
+            args.gpus,
+            args.resume,
+            args.force,
+            add=args.add,
+            keep=args.intermediates,
+            metadata=args.metadata,
+            require_text=args.require_text,
+        )
         print(f"run {record['run_id']}: {_cli.plural(record['videos'], 'video')}", flush=True)
         code = follow(conf, record, args.out, detachable=False)  # its workers stop with it
         print(f"outputs: {args.out.resolve()}")
@@ -310,8 +361,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except (DatasetError, MetadataError) as exc:
         return _cli.fail(str(exc))
     except KeyboardInterrupt:
-        print("\ninterrupted: stopping the local cluster (complete outputs are kept; "
-              "--continue finishes the run)", file=sys.stderr)
+        print(
+            "\ninterrupted: stopping the local cluster (complete outputs are kept; --continue finishes the run)",
+            file=sys.stderr,
+        )
         return 130
     finally:
         if sampler is not None:

@@ -107,8 +107,9 @@ def queue_rows(conf: Settings, workers: list[dict[str, Any]]) -> list[list[Any]]
     return [[name, waiting] for name, waiting in zip(sorted(names), pipe.execute(), strict=True)]
 
 
-def latest_run(conf: Settings, out: Path | None,
-               chosen: dict[str, Any] | None = None) -> tuple[str, list[list[Any]], str] | None:
+def latest_run(
+    conf: Settings, out: Path | None, chosen: dict[str, Any] | None = None
+) -> tuple[str, list[list[Any]], str] | None:
     """A run's id, one row per stage (done, failed, rate, ETA) and a line about it: ``chosen`` (a run
     record), else the newest run in Redis."""
     r = get_redis(conf.redis_url)
@@ -223,8 +224,11 @@ def follow(conf: Settings, record: dict[str, Any]) -> int:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["finished"]))
         print(f"run {record['run_id']} finished at {when}; summary in {out / 'run_summary.json'}")
         return 0
-    print(f"following run {record['run_id']} ({_cli.plural(record['videos'], 'video')}, outputs in {out}); "
-          "Ctrl-C stops watching, not the run", flush=True)
+    print(
+        f"following run {record['run_id']} ({_cli.plural(record['videos'], 'video')}, outputs in {out}); "
+        "Ctrl-C stops watching, not the run",
+        flush=True,
+    )
     try:
         return watch.report(watch.wait_for(conf, record), out)
     except cancel.RunCancelled:

@@ -254,8 +254,10 @@ def check_mode(stats_path: Path, files: list[Path]) -> list[str]:
     if len(modes) != 1 or mode in modes:
         return []
     want = modes.pop()
-    return [f"{stats_path.name}: mode {mode:04o}, but the HDF5 files are {want:04o}: whoever can read the files "
-            f"must be able to read their statistics; `chmod {want:04o} {stats_path}`"]
+    return [
+        f"{stats_path.name}: mode {mode:04o}, but the HDF5 files are {want:04o}: whoever can read the files "
+        f"must be able to read their statistics; `chmod {want:04o} {stats_path}`"
+    ]
 
 
 def verify(
@@ -305,8 +307,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--stats", help="statistics file (default OUT/normalization_stats.yaml)")
     parser.add_argument("--depth-min", type=float, default=0.1, help="metres (default 0.1)")
     parser.add_argument("--depth-max", type=float, default=2.5, help="metres (default 2.5)")
-    parser.add_argument("--y2r-strict", action="store_true",
-                        help="also check y2r's writer's rules (2D windows, float32 K, OpenCV pixels, point counts)")
+    parser.add_argument(
+        "--y2r-strict",
+        action="store_true",
+        help="also check y2r's writer's rules (2D windows, float32 K, OpenCV pixels, point counts)",
+    )
     args = parser.parse_args(argv)
     summary: list[str] = []
     problems = verify(args.out, args.stats, args.depth_min, args.depth_max, summary, args.y2r_strict)

@@ -23,7 +23,13 @@ from tasks.stages.tracks2d import Tracks2DStage
 
 # In pipeline order; a stage comes after every stage it reads or uses.
 ALL: tuple[type[Stage], ...] = (
-    PreprocessStage, MasksStage, DepthStage, TracksStage, Tracks2DStage, HandsStage, H5Stage,
+    PreprocessStage,
+    MasksStage,
+    DepthStage,
+    TracksStage,
+    Tracks2DStage,
+    HandsStage,
+    H5Stage,
 )
 BY_NAME: dict[str, type[Stage]] = {cls.name: cls for cls in ALL}
 STAGE_NAMES = tuple(BY_NAME)
@@ -31,8 +37,21 @@ GPU_STAGES = tuple(cls.name for cls in ALL if cls.device == "gpu")
 CPU_STAGES = tuple(cls.name for cls in ALL if cls.device == "cpu")
 
 __all__ = [
-    "ALL", "CPU_STAGES", "GPU_STAGES", "STAGE_NAMES", "ModelStage", "Progress", "Stage", "build", "chain_order",
-    "dataset_stage", "source_stage", "stage_class", "report", "require", *(cls.__name__ for cls in ALL),
+    "ALL",
+    "CPU_STAGES",
+    "GPU_STAGES",
+    "STAGE_NAMES",
+    "ModelStage",
+    "Progress",
+    "Stage",
+    "build",
+    "chain_order",
+    "dataset_stage",
+    "source_stage",
+    "stage_class",
+    "report",
+    "require",
+    *(cls.__name__ for cls in ALL),
 ]
 
 

@@ -55,8 +55,13 @@ class H5Stage(Stage):
 
     @classmethod
     def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
-        inputs = {"frames": outputs["preprocess"]["frames"], "depths": outputs["depth"]["depths"],
-                  "tracks": dict(outputs["tracks"]), "hands": dict(outputs["hands"]), "text": job.get("text", "")}
+        inputs = {
+            "frames": outputs["preprocess"]["frames"],
+            "depths": outputs["depth"]["depths"],
+            "tracks": dict(outputs["tracks"]),
+            "hands": dict(outputs["hands"]),
+            "text": job.get("text", ""),
+        }
         if "tracks2d" in outputs:
             inputs["tracks2d"] = dict(outputs["tracks2d"])
         return inputs

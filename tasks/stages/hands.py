@@ -69,8 +69,12 @@ class HandsStage(ModelStage):
     @classmethod
     def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
         depth = outputs["depth"]
-        return {"frames": outputs["preprocess"]["frames"], "intrinsics": depth["intrinsics"][0],
-                "depths": depth["depths"], "fps": float(outputs["preprocess"]["fps"])}
+        return {
+            "frames": outputs["preprocess"]["frames"],
+            "intrinsics": depth["intrinsics"][0],
+            "depths": depth["depths"],
+            "fps": float(outputs["preprocess"]["fps"]),
+        }
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
         frames = require(inputs, "frames", self.name, (None, None, None, 3), "u")
@@ -81,8 +85,12 @@ class HandsStage(ModelStage):
         fps = float(require(inputs, "fps", self.name, ()))
         T = frames.shape[0]
         depths = inputs.get("depths")
-        detections = self.model.detect(frames, K, depths=None if depths is None else np.asarray(depths),
-                                       progress=lambda done, total: report(progress, done, total))
+        detections = self.model.detect(
+            frames,
+            K,
+            depths=None if depths is None else np.asarray(depths),
+            progress=lambda done, total: report(progress, done, total),
+        )
         out: dict[str, Any] = {"intrinsics": K}
         if detections.get("notes"):  # a backend's facts for the run summary, as the depth stage passes them on
             out["notes"] = dict(detections["notes"])

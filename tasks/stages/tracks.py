@@ -35,7 +35,11 @@ def sample_pixels(
 
 
 def sample_queries(
-    depth: np.ndarray, K: np.ndarray, target_points: int, seed: int, mask: np.ndarray | None = None,
+    depth: np.ndarray,
+    K: np.ndarray,
+    target_points: int,
+    seed: int,
+    mask: np.ndarray | None = None,
     erosion_px: int = 0,
 ) -> np.ndarray:
     """Return up to ``target_points`` points (N, 3) float64 unprojected from the pixels of ``sample_pixels``."""

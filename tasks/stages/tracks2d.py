@@ -74,8 +74,9 @@ class Tracks2DStage(ModelStage):
                 on = np.ones(frames.shape[1:3], dtype=bool) if mask is None else erode(mask, self.mask_erosion_pixels)
                 pixels = grid_on_mask(on, self.grid_size)
             else:
-                pixels = sample_pixels(depths[s], P, content_seed(np.int64(s), video_seed), mask,
-                                       self.mask_erosion_pixels)
+                pixels = sample_pixels(
+                    depths[s], P, content_seed(np.int64(s), video_seed), mask, self.mask_erosion_pixels
+                )
             if len(pixels):
                 out = self.model.track2d(
                     frames[window], pixels, None if masks is None else np.asarray(masks[window], dtype=bool)

@@ -11,8 +11,14 @@ from hypothesis import strategies as st
 
 from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, capacity, decide, one_change
 
-POLICY = AutoscalePolicy(headroom_mib=1000, max_workers_per_gpu=16, cooldown_s=5, idle_scale_down_s=60,
-                         pressure_free_mib=200, host_margin_mib=2048)
+POLICY = AutoscalePolicy(
+    headroom_mib=1000,
+    max_workers_per_gpu=16,
+    cooldown_s=5,
+    idle_scale_down_s=60,
+    pressure_free_mib=200,
+    host_margin_mib=2048,
+)
 
 
 @dataclass
@@ -35,11 +41,22 @@ class SimGpu:
 
     def view(self) -> GpuView:
         used = self.other_mib + self.workers * (self.used_per_worker_mib or self.peak_mib or 500.0)
-        return GpuView(index=0, name="Sim GPU", total_mib=self.total_mib, used_mib=used,
-                       free_mib=self.total_mib - used, other_used_mib=self.other_mib, workers=self.workers,
-                       starting=self.starting, backlog=self.backlog, peak_mib=self.peak_mib,
-                       host_free_mib=self.host_mib - self.workers * self.rss_mib, worker_rss_mib=self.rss_mib,
-                       recent_oom=self.recent_oom, backlog_empty_for_s=self.empty_for_s)
+        return GpuView(
+            index=0,
+            name="Sim GPU",
+            total_mib=self.total_mib,
+            used_mib=used,
+            free_mib=self.total_mib - used,
+            other_used_mib=self.other_mib,
+            workers=self.workers,
+            starting=self.starting,
+            backlog=self.backlog,
+            peak_mib=self.peak_mib,
+            host_free_mib=self.host_mib - self.workers * self.rss_mib,
+            worker_rss_mib=self.rss_mib,
+            recent_oom=self.recent_oom,
+            backlog_empty_for_s=self.empty_for_s,
+        )
 
     def tick(self, policy: AutoscalePolicy, tick_s: float = 1.0) -> str:
         self.since_change_s += tick_s
@@ -71,8 +88,9 @@ def test_capacity_is_the_floor_of_what_fits():
         capacity(10_000, 1000, 0)
 
 
-@pytest.mark.parametrize(("total", "peak", "expected"), [(10_000, 3000, 3), (24_576, 5000, 4),
-                                                         (81_920, 14_500, 5), (10_000, 9000, 1)])
+@pytest.mark.parametrize(
+    ("total", "peak", "expected"), [(10_000, 3000, 3), (24_576, 5000, 4), (81_920, 14_500, 5), (10_000, 9000, 1)]
+)
 def test_packing_converges_to_capacity_and_never_passes_it(total, peak, expected):
     gpu = SimGpu(total, peak)
     counts = gpu.run(POLICY, 200)
@@ -82,8 +100,13 @@ def test_packing_converges_to_capacity_and_never_passes_it(total, peak, expected
 
 
 @settings(max_examples=60, deadline=None)
-@given(total=st.floats(4000, 200_000), peak=st.floats(500, 40_000), headroom=st.floats(0, 4000),
-       other=st.floats(0, 8000), max_workers=st.integers(1, 8))
+@given(
+    total=st.floats(4000, 200_000),
+    peak=st.floats(500, 40_000),
+    headroom=st.floats(0, 4000),
+    other=st.floats(0, 8000),
+    max_workers=st.integers(1, 8),
+)
 def test_packing_converges_for_any_gpu(total, peak, headroom, other, max_workers):
     policy = replace(POLICY, headroom_mib=headroom, max_workers_per_gpu=max_workers, pressure_free_mib=0)
     gpu = SimGpu(total, peak, other_mib=other)
@@ -212,11 +235,14 @@ def test_readings_say_what_the_decision_saw():
     assert decide(SimGpu(10_000, None).view(), POLICY, math.inf).readings["since_last_change_s"] is None
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"headroom_mib": -1}, "headroom_mib = -1 must be >= 0"),
-    ({"max_workers_per_gpu": 0}, "max_workers_per_gpu = 0 must be >= 1"),
-    ({"min_workers_per_gpu": 3, "max_workers_per_gpu": 2}, "raise --max-workers-per-gpu"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"headroom_mib": -1}, "headroom_mib = -1 must be >= 0"),
+        ({"max_workers_per_gpu": 0}, "max_workers_per_gpu = 0 must be >= 1"),
+        ({"min_workers_per_gpu": 3, "max_workers_per_gpu": 2}, "raise --max-workers-per-gpu"),
+    ],
+)
 def test_a_bad_policy_is_refused_with_the_field_named(change, message):
     with pytest.raises(ValueError, match=message):
         AutoscalePolicy(**change)

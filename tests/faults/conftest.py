@@ -41,8 +41,21 @@ class RedisServer:
         self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
-                "--appendonly", "yes" if self.persistent else "no", "--appendfsync", "always", "--save", ""]
+        argv = [
+            "redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.folder),
+            "--appendonly",
+            "yes" if self.persistent else "no",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+        ]
         if self.password:
             argv += ["--requirepass", self.password]
         self.proc = subprocess.Popen(argv, stdout=open(self.folder / "redis.log", "ab"), stderr=subprocess.STDOUT)
@@ -143,8 +156,15 @@ def env_for(url: str, **extra: str) -> dict[str, str]:
     import os
 
     env = {k: v for k, v in os.environ.items() if k not in PIPELINE_ENV}
-    env.update(REDIS_URL=url, PYTHONPATH=str(ROOT), FRAMEFLEET_HEARTBEAT_INTERVAL_S="0.5",
-               FRAMEFLEET_REGISTRY_TTL_S="3", FRAMEFLEET_LEASE_TTL_S="6", PYTHONUNBUFFERED="1", **extra)
+    env.update(
+        REDIS_URL=url,
+        PYTHONPATH=str(ROOT),
+        FRAMEFLEET_HEARTBEAT_INTERVAL_S="0.5",
+        FRAMEFLEET_REGISTRY_TTL_S="3",
+        FRAMEFLEET_LEASE_TTL_S="6",
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
     return env
 
 
@@ -185,6 +205,7 @@ def reference_stats(fault_raw: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 def wait_for_summary(out: Path, run_index: int = 1, timeout_s: float = 300) -> dict:
     """Wait until ``run_index`` runs have written their summaries; return the newest."""
+
     def written() -> dict | None:
         path = out / "run_summary.json"
         if not path.exists():
@@ -195,8 +216,9 @@ def wait_for_summary(out: Path, run_index: int = 1, timeout_s: float = 300) -> d
     return wait_until(written, timeout_s, "the run summary", poll_s=0.5)
 
 
-def record(scenario: str, faults: str, out: Path, reference: dict | None, recovered_s: float | None,
-           logs: Path | None = None) -> None:
+def record(
+    scenario: str, faults: str, out: Path, reference: dict | None, recovered_s: float | None, logs: Path | None = None
+) -> None:
     """Append one row of the fault table to $FRAMEFLEET_FAULT_REPORT (bench/faults.sh reads it).
 
     With ``logs``, the row also counts the stage runs in the workers' logs and how many ran twice.
@@ -217,10 +239,18 @@ def record(scenario: str, faults: str, out: Path, reference: dict | None, recove
     if reference is not None and (out / "normalization_stats.yaml").exists():
         stats = yaml.safe_load((out / "normalization_stats.yaml").read_text())
         diff = max(_rel(a, b) for key in reference for a, b in _pairs(stats.get(key), reference[key]))
-    row = {"scenario": scenario, "faults": faults, "videos": len(manifest), "complete": len(complete),
-           "quarantined": len(quarantined), "lost": len(manifest - complete - quarantined),
-           "duplicated": len(extra),
-           "temporary": len(list(out.rglob("*.tmp"))), "stats_rel_diff": diff, "recovered_s": recovered_s}
+    row = {
+        "scenario": scenario,
+        "faults": faults,
+        "videos": len(manifest),
+        "complete": len(complete),
+        "quarantined": len(quarantined),
+        "lost": len(manifest - complete - quarantined),
+        "duplicated": len(extra),
+        "temporary": len(list(out.rglob("*.tmp"))),
+        "stats_rel_diff": diff,
+        "recovered_s": recovered_s,
+    }
     if logs is not None:
         runs = stage_runs(logs)
         row.update(stage_runs=sum(runs.values()), double_runs=sum(1 for n in runs.values() if n > 1))
@@ -245,7 +275,7 @@ def assert_nothing_lost(out: Path, reference: dict | None = None) -> dict:
     quarantined = set()
     if (out / "quarantine.jsonl").exists():
         quarantined = {json.loads(x)["video_id"] for x in (out / "quarantine.jsonl").read_text().splitlines()}
-    assert manifest == complete | quarantined, (manifest - complete - quarantined)
+    assert manifest == complete | quarantined, manifest - complete - quarantined
     assert not complete & quarantined
     assert [p.name for p in out.rglob("*.tmp")] == []
     if complete:

@@ -17,13 +17,20 @@ SLOW = "stages:\n  depth:\n    params: {matmuls_per_frame: 150}\n"
 
 def _enqueue_and_watch(raw, out, env):
     """The enqueue script, waiting: it must ride out the broker fault itself."""
-    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(raw), "--out",
-                             str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(raw), "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 @pytest.mark.parametrize("down_s", [0, pytest.param(30, marks=pytest.mark.slow)])
-def test_redis_restarted_or_away_mid_run(down_s, fault_raw, fault_workers, fault_env, redis_server,
-                                         reference_stats, tmp_path):
+def test_redis_restarted_or_away_mid_run(
+    down_s, fault_raw, fault_workers, fault_env, redis_server, reference_stats, tmp_path
+):
     env = settings_env(tmp_path, SLOW)
     fault_workers.start("cpu", env=env)
     fault_workers.start("gpu0", env=env)
@@ -43,8 +50,14 @@ def test_redis_restarted_or_away_mid_run(down_s, fault_raw, fault_workers, fault
     assert summary["done"] == 4, summary
     assert twice(fault_workers.logs) == {} and len(stage_runs(fault_workers.logs)) == 4 * 5
     assert_nothing_lost(out, reference_stats)
-    record(f"Redis {'restarted' if not down_s else f'stopped {down_s} s'} mid-run", "Redis stopped and started (AOF)",
-           out, reference_stats, summary["finished"] - back_at, fault_workers.logs)
+    record(
+        f"Redis {'restarted' if not down_s else f'stopped {down_s} s'} mid-run",
+        "Redis stopped and started (AOF)",
+        out,
+        reference_stats,
+        summary["finished"] - back_at,
+        fault_workers.logs,
+    )
 
 
 @pytest.mark.slow
@@ -53,10 +66,24 @@ def test_a_task_longer_than_the_visibility_timeout_runs_once(fault_raw, fault_wo
     fault_workers.start("cpu", env=env)
     fault_workers.start("gpu0", env=env)
     out = tmp_path / "out"
-    assert run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--limit", "1", "--no-wait",
-                      env={**fault_env, **env}).returncode == 0
-    wait_until(lambda: (s := fault_workers.state("gpu0")) and (s["current"] or {}).get("task") == "framefleet.depth",
-               120, "depth under way")
+    assert (
+        run_script(
+            "enqueue_dataset.py",
+            str(fault_raw),
+            "--out",
+            str(out),
+            "--limit",
+            "1",
+            "--no-wait",
+            env={**fault_env, **env},
+        ).returncode
+        == 0
+    )
+    wait_until(
+        lambda: (s := fault_workers.state("gpu0")) and (s["current"] or {}).get("task") == "framefleet.depth",
+        120,
+        "depth under way",
+    )
     time.sleep(7)  # past the visibility timeout: a new worker restores the message on start
     fault_workers.start("gpu1", env=env)
     wait_for_summary(out)
@@ -66,14 +93,16 @@ def test_a_task_longer_than_the_visibility_timeout_runs_once(fault_raw, fault_wo
     record("task longer than the visibility timeout", "redelivery to a second worker", out, None, None)
 
 
-def test_an_unwritable_output_gives_a_clear_error_retries_and_no_torn_file(fault_raw, fault_workers, fault_env,
-                                                                          tmp_path):
+def test_an_unwritable_output_gives_a_clear_error_retries_and_no_torn_file(
+    fault_raw, fault_workers, fault_env, tmp_path
+):
     env = settings_env(tmp_path, "stages:\n  depth:\n    max_retries: 2\n")
     fault_workers.start("cpu", env=env)
     fault_workers.start("gpu0", env=env)
     out = tmp_path / "out"
-    first = run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--limit", "1", "--no-wait",
-                       env={**fault_env, **env})
+    first = run_script(
+        "enqueue_dataset.py", str(fault_raw), "--out", str(out), "--limit", "1", "--no-wait", env={**fault_env, **env}
+    )
     assert first.returncode == 0
     vid = json.loads((out / "manifest.json").read_text())["videos"][0]["video_id"]
     (out / "work" / vid).mkdir(parents=True, exist_ok=True)

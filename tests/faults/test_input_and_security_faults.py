@@ -41,8 +41,9 @@ def test_corrupt_and_odd_inputs_each_end_processed_or_quarantined(fault_raw, fau
         assert one["reason"]
     assert summary["done"] == len(list(raw.iterdir())) - len(failed)
     assert_nothing_lost(out)
-    record("corrupt and odd inputs", "truncated, empty, text, zero-frame, 1-frame, 4K, non-ASCII names", out,
-           None, None)
+    record(
+        "corrupt and odd inputs", "truncated, empty, text, zero-frame, 1-frame, 4K, non-ASCII names", out, None, None
+    )
 
 
 class _LeavesATrace:
@@ -59,11 +60,14 @@ def test_pickled_messages_are_rejected_and_logged(fault_workers, fault_env, tmp_
     marker = tmp_path / "pwned"
     fault_workers.start("cpu")
     with Connection(fault_env["REDIS_URL"]) as conn:
-        producer = Producer(conn.channel(), exchange=Exchange("cpu", type="direct"), routing_key="cpu",
-                            serializer="pickle")
-        producer.publish(((_LeavesATrace(str(marker)),), {}, {}),
-                         headers={"task": "framefleet.preprocess", "id": "p1", "lang": "py", "argsrepr": "",
-                                  "kwargsrepr": ""}, declare=[])
+        producer = Producer(
+            conn.channel(), exchange=Exchange("cpu", type="direct"), routing_key="cpu", serializer="pickle"
+        )
+        producer.publish(
+            ((_LeavesATrace(str(marker)),), {}, {}),
+            headers={"task": "framefleet.preprocess", "id": "p1", "lang": "py", "argsrepr": "", "kwargsrepr": ""},
+            declare=[],
+        )
     wait_until(lambda: "pickle" in fault_workers.log("cpu").lower(), 30, "the refusal in the log")
     r = redis.Redis.from_url(fault_env["REDIS_URL"])
     wait_until(lambda: r.llen("cpu") == 0, 10, "the message to be consumed")
@@ -77,18 +81,30 @@ def test_paths_outside_the_roots_are_refused_without_reading(fault_raw, fault_wo
     (raw / "escape.mp4").symlink_to("/etc/hostname")
     fault_workers.start("cpu", env={"FRAMEFLEET_DATASET_ROOT": str(raw)})
     out = tmp_path / "out"
-    jobs = {"../../etc/passwd": "leaves the root", "/etc/passwd": "absolute path",
-            "escape.mp4": "leaves the root", "clip 00.mp4": "outside"}
+    jobs = {
+        "../../etc/passwd": "leaves the root",
+        "/etc/passwd": "absolute path",
+        "escape.mp4": "leaves the root",
+        "clip 00.mp4": "outside",
+    }
     results = {}
     for rel in jobs:
         # The last names a real video, but of a dataset root the worker does not serve.
         root = fault_raw if rel == "clip 00.mp4" else raw
-        job = {"run_id": "r", "video_id": "v" + str(len(results)), "video": rel, "dataset_root": str(root),
-               "output_root": str(out), "gpus": None, "gpu": None}
+        job = {
+            "run_id": "r",
+            "video_id": "v" + str(len(results)),
+            "video": rel,
+            "dataset_root": str(root),
+            "output_root": str(out),
+            "gpus": None,
+            "gpu": None,
+        }
         results[rel] = send_task(fault_env["REDIS_URL"], "framefleet.preprocess", (job,), "cpu")
     for rel, why in jobs.items():
-        value = wait_until(lambda rel=rel: task_result(fault_env["REDIS_URL"], results[rel]), 60,
-                           f"the result for {rel}")["result"]
+        value = wait_until(
+            lambda rel=rel: task_result(fault_env["REDIS_URL"], results[rel]), 60, f"the result for {rel}"
+        )["result"]
         assert value["failed"]["error_class"] == "PathOutsideRoot" and why in value["failed"]["reason"], value
     assert not list(out.rglob("*.npz"))
 
@@ -116,8 +132,10 @@ def test_a_redis_password_works_and_never_shows(fault_raw, tmp_path):
         try:
             flower.wait_ready()
             wait_until(lambda: "gpu0@test" in flower.get("/api/workers")[1], 30, "Flower to see the worker")
-            pages = {path: flower.get(path) for path in ("/", "/workers", "/broker", "/tasks", "/api/workers",
-                                                          "/api/tasks", "/worker/gpu0@test")}
+            pages = {
+                path: flower.get(path)
+                for path in ("/", "/workers", "/broker", "/tasks", "/api/workers", "/api/tasks", "/worker/gpu0@test")
+            }
             assert all(status == 200 for status, _ in pages.values()), {p: s for p, (s, _) in pages.items()}
             assert not [path for path, (_, body) in pages.items() if "s3cr3t-pw" in body]
             assert "s3cr3t-pw" not in flower.log.read_text()
@@ -137,16 +155,46 @@ def test_processes_are_started_with_argument_lists_never_a_shell():
 
 def _certificates(folder):
     """A throw-away CA and a server certificate for 127.0.0.1, made with openssl."""
+
     def openssl(*args):
         subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-            "-subj", "/CN=framefleet-test-ca")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-            "-subj", "/CN=127.0.0.1")
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=framefleet-test-ca",
+    )
+    openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"
+    )
     (folder / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", "server.crt", "-days", "2", "-extfile", "ext.cnf")
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    )
 
 
 def test_tls_with_a_password_works_and_the_password_never_shows(fault_raw, tmp_path):
@@ -154,11 +202,34 @@ def test_tls_with_a_password_works_and_the_password_never_shows(fault_raw, tmp_p
     folder.mkdir()
     _certificates(folder)
     port = free_port()
-    server = subprocess.Popen(["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
-                               "--tls-cert-file", "server.crt", "--tls-key-file", "server.key",
-                               "--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no",
-                               "--requirepass", "tls-s3cret", "--save", "", "--dir", str(folder)],
-                              cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            "0",
+            "--tls-port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--tls-cert-file",
+            "server.crt",
+            "--tls-key-file",
+            "server.key",
+            "--tls-ca-cert-file",
+            "ca.crt",
+            "--tls-auth-clients",
+            "no",
+            "--requirepass",
+            "tls-s3cret",
+            "--save",
+            "",
+            "--dir",
+            str(folder),
+        ],
+        cwd=folder,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"rediss://:tls-s3cret@127.0.0.1:{port}/0?ssl_cert_reqs=required&ssl_ca_certs={folder / 'ca.crt'}"
     client = redis.Redis.from_url(url)
     wait_until(lambda: _pings(client), 20, "the TLS redis-server")

@@ -19,8 +19,9 @@ def test_sigkill_a_gpu_worker_several_times_at_random_moments(
     fault_workers.start("cpu", env=env)
     fault_workers.start("gpu0", env=env)
     out = tmp_path / "out"
-    assert run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--no-wait",
-                      env=fault_env).returncode == 0
+    assert (
+        run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--no-wait", env=fault_env).returncode == 0
+    )
     rng = random.Random(7)
     kills = 0
     for attempt in range(3):
@@ -34,8 +35,13 @@ def test_sigkill_a_gpu_worker_several_times_at_random_moments(
     summary = wait_for_summary(out)
     assert kills == 3 and summary["done"] == 4 and summary["failed"] == []
     assert_nothing_lost(out, reference_stats)
-    record("SIGKILL a GPU worker mid-task", "3 SIGKILLs at random moments", out, reference_stats,
-           summary["finished"] - killed_at)
+    record(
+        "SIGKILL a GPU worker mid-task",
+        "3 SIGKILLs at random moments",
+        out,
+        reference_stats,
+        summary["finished"] - killed_at,
+    )
 
 
 def test_sigterm_finishes_the_task_in_hand_and_takes_no_new_one(fault_raw, fault_workers, fault_env, tmp_path):
@@ -43,10 +49,14 @@ def test_sigterm_finishes_the_task_in_hand_and_takes_no_new_one(fault_raw, fault
     fault_workers.start("cpu", env=env)
     fault_workers.start("gpu0", env=env)
     out = tmp_path / "out"
-    assert run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--no-wait",
-                      env=fault_env).returncode == 0
-    busy = wait_until(lambda: (s := fault_workers.state("gpu0")) and s["busy"] and s["current"]["task"]
-                      == "framefleet.depth" and s, 120, "gpu0 busy on depth")
+    assert (
+        run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--no-wait", env=fault_env).returncode == 0
+    )
+    busy = wait_until(
+        lambda: (s := fault_workers.state("gpu0")) and s["busy"] and s["current"]["task"] == "framefleet.depth" and s,
+        120,
+        "gpu0 busy on depth",
+    )
     video = busy["current"]["video"]
     assert fault_workers.stop("gpu0", signal.SIGTERM, timeout_s=120) == 0
     log = fault_workers.log("gpu0")
@@ -67,8 +77,9 @@ def test_the_same_dataset_enqueued_twice_at_once_processes_each_video_once(
     fault_workers.start("gpu1")
     out = tmp_path / "out"
     first = run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--no-wait", env=fault_env)
-    second = run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), "--continue", "--no-wait",
-                        env=fault_env)
+    second = run_script(
+        "enqueue_dataset.py", str(fault_raw), "--out", str(out), "--continue", "--no-wait", env=fault_env
+    )
     assert first.returncode == 0 and second.returncode == 0
     wait_for_summary(out, run_index=2)
     wait_until(lambda: all(v == 0 for v in _waiting(fault_env)), 120, "the queues to drain")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import subprocess
 import sys
@@ -14,13 +13,11 @@ import numpy as np
 import pytest
 import yaml
 
+from tasks.cli import verify as verify_dataset
 from tasks.stages import stage_class
 from tasks.stats import VideoStats, normalization_stats, write_stats_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("verify_dataset", ROOT / "scripts" / "verify_dataset.py")
-verify_dataset = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(verify_dataset)
 
 
 def encode(path: Path, n: int = 90, fps: int = 30, w: int = 640, h: int = 360) -> None:
