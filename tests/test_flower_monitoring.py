@@ -8,7 +8,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,18 +20,12 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ROOT, run_script, settings_env, wait_until
+from tests.conftest import ROOT, free_port, run_script, settings_env, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
 # About a minute of depth for a 4 s clip (40 frames, progress every 8): the test watches its middle.
 LONG_DEPTH = "stages:\n  depth:\n    params: {matmuls_per_frame: 5000}\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Flower:

@@ -16,15 +16,9 @@ import pytest
 import redis
 import yaml
 
-from tests.conftest import PIPELINE_ENV, ROOT, Workers, run_script, wait_until
+from tests.conftest import PIPELINE_ENV, ROOT, Workers, free_port, run_script, wait_until
 
 VIDEOS = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RedisServer:
