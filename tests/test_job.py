@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from tasks.errors import BadJobMessage
 from tasks.job import Failure, Job, StageTiming
+from tests.conftest import send_task, task_result, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # A job as build_chord of earlier versions wrote it, then as it left the depth stage after an
 # out-of-memory retry, and as a failed chain's last stage returned it.
@@ -118,3 +123,38 @@ def test_peek_takes_any_message_with_a_run_and_a_video_and_nothing_else():
     assert Job.peek({"run_id": "r"}) is None
     assert Job.peek([{"run_id": "r", "video_id": "v"}]) is None  # the chord callback's results
     assert Job.peek(None) is None
+
+
+def test_no_module_but_tasks_job_reads_a_job_dict_by_key():
+    """Every job read goes through the typed Job: no ``job["..."]``, ``job.get(...)`` or ``job.pop(...)``."""
+    pattern = re.compile(r"""\b(job|payload)\s*(\[\s*["']|\.get\(|\.pop\()|\(job or \{\}\)\.get\(""")
+    offending = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in sorted((ROOT / "tasks").rglob("*.py"))
+        if path.name != "job.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not offending, "\n".join(offending)
+
+
+def test_a_worker_runs_an_earlier_versions_message_and_keeps_its_unknown_keys(
+    video_factory, workers, pipeline_env, tmp_path
+):
+    raw = video_factory(1)
+    out = tmp_path / "out"
+    workers.start("cpu")
+    video = next(raw.iterdir()).name
+    waiting = {**ENQUEUED, "video": video, "dataset_root": str(raw), "output_root": str(out), "priority": 7}
+    url = pipeline_env["REDIS_URL"]
+    ok = send_task(url, "framefleet.preprocess", (waiting,), "cpu")
+    cut = send_task(url, "framefleet.preprocess", ({k: v for k, v in waiting.items() if k != "output_root"},), "cpu")
+    done = wait_until(lambda: task_result(url, ok), 60, "the preprocess result")
+    assert done["status"] == "SUCCESS", done
+    result = done["result"]
+    assert {k: v for k, v in result.items() if k != "timings"} == waiting
+    assert set(result["timings"]) == {"preprocess"} and not result["timings"]["preprocess"]["skipped"]
+    assert (out / "work" / waiting["video_id"] / "preprocess.npz").is_file()
+    refused = wait_until(lambda: task_result(url, cut), 60, "the refusal")
+    assert refused["status"] == "FAILURE" and refused["result"]["exc_type"] == "BadJobMessage", refused
+    assert "lacks 'output_root'" in refused["result"]["exc_message"][0]
