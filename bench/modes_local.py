@@ -46,10 +46,11 @@ def jobs_for(raw_dir: Path, out_dir: Path, limit: int | None = None, run_id: str
 
 def run_one(stage: str, job: dict[str, Any], who: str) -> dict[str, Any]:
     """Run ``stage`` of ``job`` through framefleet's stage code; return its span."""
+    from tasks.job import Job
     from tasks.pipeline import _execute
 
     start = time.time()
-    report = _execute(stage, job)
+    report = _execute(stage, Job.from_dict(job))
     return {
         "video": job["video_id"],
         "stage": stage,

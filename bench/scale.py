@@ -188,6 +188,7 @@ def callback_phase(out: Path, n: int, work: Path, url: str) -> dict[str, Any]:
             "run_id": "scale",
             "video_id": e["video_id"],
             "video": e["video_id"] + ".mp4",
+            "dataset_root": str(big),
             "output_root": str(big),
             "timings": timings,
             "gpu": 0,

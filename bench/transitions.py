@@ -44,15 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     with private_redis() as url:
         os.environ["REDIS_URL"] = url
         from tasks import claims, metrics, progress
+        from tasks.job import Job, StageTiming
         from tasks.redis_client import get_redis
 
         r = get_redis(url)
-        job = {
-            "run_id": "bench",
-            "video_id": "v",
-            "gpu": 0,
-            "timings": {"depth": {"start": 1.0, "end": 2.0, "worker": "w", "skipped": False, "run_s": 0.9}},
-        }
+        job = Job("bench", "v", gpu=0, timings={"depth": StageTiming(1.0, 2.0, "w", False, 0.9)})
         key = claims.claim_key("/out", "v", "depth")
         ttl = 30 * 24 * 3600
         calls: dict[str, Callable[[int], object]] = {

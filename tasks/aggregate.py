@@ -16,6 +16,7 @@ from typing import Any
 from tasks import quarantine, requeues, runs
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.flower_view import VideoTask
+from tasks.job import Job
 from tasks.redis_client import get_redis
 from tasks.stage_io import MARKERS_DIR, read_done
 from tasks.stages import dataset_stage
@@ -57,27 +58,23 @@ def write_statistics(out_root: Path, track_type: str) -> int:
     return len(records)
 
 
-def stage_timings(results: list[dict[str, Any]]) -> dict[str, Any]:
+def stage_timings(results: list[Job]) -> dict[str, Any]:
     """Per-stage durations and the overhead between one stage's end and the next one's start."""
     out: dict[str, Any] = {}
     order = settings().enabled_stages()
     for i, stage in enumerate(order):
-        spans = [r["timings"][stage] for r in results if stage in r.get("timings", {})]
-        ran = [s["end"] - s["start"] for s in spans if not s.get("skipped")]
+        spans = [r.timings[stage] for r in results if stage in r.timings]
+        ran = [s.end - s.start for s in spans if not s.skipped]
         entry: dict[str, Any] = {
             "tasks": len(spans),
             "skipped": len(spans) - len(ran),
-            "workers": dict(Counter(s["worker"] for s in spans)),
+            "workers": dict(Counter(s.worker for s in spans)),
         }
         if ran:
             entry.update(mean_s=statistics.fmean(ran), max_s=max(ran), total_s=sum(ran))
         if i:
             prev = order[i - 1]
-            gaps = [
-                r["timings"][stage]["start"] - r["timings"][prev]["end"]
-                for r in results
-                if {stage, prev} <= set(r.get("timings", {}))
-            ]
+            gaps = [r.timings[stage].start - r.timings[prev].end for r in results if {stage, prev} <= set(r.timings)]
             if gaps:
                 entry["overhead_after_" + prev] = {"mean_s": statistics.fmean(gaps), "max_s": max(gaps)}
         out[stage] = entry
@@ -122,8 +119,9 @@ def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, A
     out_root = Path(run["output_root"])
     track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
     merged = write_statistics(out_root, track_type)
-    done = sorted(r["video_id"] for r in results if not r.get("failed"))
-    failed = [{"video_id": r["video_id"], "video": r["video"], **r["failed"]} for r in results if r.get("failed")]
+    jobs = [Job.from_dict(r) for r in results]
+    done = sorted(j.video_id for j in jobs if not j.failed)
+    failed = [{"video_id": j.video_id, "video": j.video, **j.failed.to_dict()} for j in jobs if j.failed]
     try:
         r = get_redis(settings().redis_url)
     except Exception:
@@ -141,8 +139,8 @@ def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, A
         "started": run.get("started"),
         "finished": time.time(),
         "wall_s": time.time() - run["started"] if run.get("started") else None,
-        "stages": stage_timings([r for r in results if not r.get("failed")]),
-        "notes": {r["video_id"]: r["notes"] for r in results if r.get("notes")},
+        "stages": stage_timings([j for j in jobs if not j.failed]),
+        "notes": {j.video_id: dict(j.notes) for j in jobs if j.notes},
         "requeued": _requeued(r, run["run_id"]),
         "outputs": {
             "statistics": "normalization_stats.yaml",

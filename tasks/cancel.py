@@ -18,6 +18,7 @@ import redis
 
 from tasks import keys
 from tasks.errors import PermanentError
+from tasks.job import Job
 
 
 class RunCancelled(PermanentError):
@@ -124,14 +125,14 @@ class Checker:
             raise RunCancelled(f"run {self.run_id} was cancelled")
 
 
-def stop(task: Any, stage: str, job: dict[str, Any]) -> None:
+def stop(task: Any, stage: str, job: Job) -> None:
     """End a task of a cancelled run: REVOKED in the results and in Flower, no next stage; raises Ignore."""
     from celery import states
     from celery.exceptions import Ignore
 
     with contextlib.suppress(Exception):  # the stop matters, not its display
         task.update_state(
-            state=states.REVOKED, meta={"cancelled": job["run_id"], "stage": stage, "video_id": job["video_id"]}
+            state=states.REVOKED, meta={"cancelled": job.run_id, "stage": stage, "video_id": job.video_id}
         )
         task.send_event("task-revoked", terminated=False, signum=None, expired=False)
     raise Ignore()

@@ -161,9 +161,10 @@ def build_chord(
     """
     from tasks.aggregate import aggregate
     from tasks.celery_app import settings
+    from tasks.job import Job
     from tasks.pipeline import STAGE_TASKS
 
-    run = {
+    run: dict[str, Any] = {
         "run_id": run_id,
         "output_root": str(out_dir.resolve()),
         "started": time.time(),
@@ -173,22 +174,22 @@ def build_chord(
     order = settings().enabled_stages()
     chains = []
     for entry in entries:
-        job = {
-            "run_id": run_id,
-            "video_id": entry["video_id"],
-            "video": entry["path"],
-            "dataset_root": str(raw_dir.resolve()),
-            "output_root": run["output_root"],
-            "gpus": gpus,
-            "gpu": None,
-            "force": force,
-            "intermediates": intermediates,
-            "text": entry.get("text", ""),
-            "noun": entry.get("noun", ""),
-            "chain": list(order),
-        }
+        job = Job(
+            run_id=run_id,
+            video_id=entry["video_id"],
+            video=entry["path"],
+            dataset_root=str(raw_dir.resolve()),
+            output_root=run["output_root"],
+            gpus=None if gpus is None else tuple(gpus),
+            gpu=None,
+            force=force,
+            intermediates=intermediates,
+            text=entry.get("text", ""),
+            noun=entry.get("noun", ""),
+            chain=tuple(order),
+        )
         first, *rest = (STAGE_TASKS[name] for name in order)
-        chains.append(chain(first.s(job), *(t.s() for t in rest)))
+        chains.append(chain(first.s(job.to_dict()), *(t.s() for t in rest)))
     if not chains:
         return aggregate.s([], run), run
     return chord(chains, aggregate.s(run)), run

@@ -27,6 +27,10 @@ class PathOutsideRoot(PermanentError):
     """A path named in a message leaves the dataset or output root."""
 
 
+class BadJobMessage(PermanentError):
+    """A job message lacks a key it needs or holds a value of the wrong kind (tasks.job)."""
+
+
 class RetryableError(FramefleetError):
     """A transient failure; the task is retried after ``delay_s`` seconds."""
 

@@ -23,6 +23,7 @@ import redis
 
 from tasks import keys, registry
 from tasks.gpu import GpuProbe, open_probe
+from tasks.job import Job
 from tasks.redis_client import get_redis
 from tasks.stages import STAGE_NAMES, dataset_stage
 from worker_config.settings import Settings
@@ -40,31 +41,31 @@ OUTCOMES = ("done", "skipped", "failed")
 MIB = float(1 << 20)
 
 
-def stage_record(stage: str, job: dict[str, Any]) -> dict[str, Any]:
+def stage_record(stage: str, job: Job) -> dict[str, Any]:
     """The stage-log entry of ``job`` just after ``stage`` finished (its timing) or failed for good."""
-    entry = {"run": job["run_id"], "video": job["video_id"], "stage": stage, "gpu": job.get("gpu")}
-    failed = job.get("failed")
+    entry = {"run": job.run_id, "video": job.video_id, "stage": stage, "gpu": job.gpu}
+    failed = job.failed
     if failed:
         return {
             **entry,
             "ok": False,
-            "end": failed["time"],
-            "worker": failed["worker"],
-            "error_class": failed["error_class"],
+            "end": failed.time,
+            "worker": failed.worker,
+            "error_class": failed.error_class,
         }
-    timing = job["timings"][stage]
+    timing = job.timings[stage]
     return {
         **entry,
         "ok": True,
-        "start": timing["start"],
-        "end": timing["end"],
-        "skipped": timing["skipped"],
-        "worker": timing["worker"],
-        "run_s": timing.get("run_s", 0.0),
+        "start": timing.start,
+        "end": timing.end,
+        "skipped": timing.skipped,
+        "worker": timing.worker,
+        "run_s": timing.run_s,
     }
 
 
-def record_stage(redis_url: str, stage: str, job: dict[str, Any]) -> None:
+def record_stage(redis_url: str, stage: str, job: Job) -> None:
     """Count ``stage`` of ``job`` (done, skipped or failed for good) and log it in Redis; never raises."""
     try:
         entry = stage_record(stage, job)

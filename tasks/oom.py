@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
@@ -14,6 +15,7 @@ from typing import Any
 import redis
 
 from tasks import keys
+from tasks.job import Job
 from tasks.stages import ModelStage
 
 log = logging.getLogger("framefleet.oom")
@@ -52,12 +54,12 @@ def after_oom(
     r: redis.Redis | None,
     stage_name: str,
     stage: Any,
-    job: dict[str, Any],
+    job: Job,
     gpu: int | None,
     hostname: str,
     message: str = "",
-) -> dict[str, Any]:
-    """Release memory, record the OOM for the autoscaler; return the job fields of the retry."""
+) -> Job:
+    """Release memory, record the OOM for the autoscaler; return the job of the retry."""
     peak = stage_peak_mib(stage, message)
     release_memory()
     record = {
@@ -65,7 +67,7 @@ def after_oom(
         "worker": hostname,
         "pid": os.getpid(),
         "stage": stage_name,
-        "video_id": job.get("video_id"),
+        "video_id": job.video_id,
         "peak_mib": peak,
         "time": time.time(),
     }
@@ -75,5 +77,5 @@ def after_oom(
             r.ltrim(OOM_KEY, 0, 999)
         except redis.RedisError as exc:
             log.warning("OOM not recorded: %s", exc)
-    scale = max(job.get("chunk_scale", 1.0) / 2, 1 / 64)
-    return {"avoid_gpu": gpu, "chunk_scale": scale, "oom_peak_mib": max(peak, job.get("oom_peak_mib", 0.0))}
+    scale = max(job.chunk_scale / 2, 1 / 64)
+    return dataclasses.replace(job, avoid_gpu=gpu, chunk_scale=scale, oom_peak_mib=max(peak, job.oom_peak_mib))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from tasks.errors import (
     error_class,
 )
 from tasks.flower_view import VideoTask, finished_earlier, progress_text
+from tasks.job import Failure, Job, StageTiming
 from tasks.redis_client import get_redis
 from tasks.routing import route_task
 from tasks.stage_io import check_roots, gather_inputs, marker_of, output_path, read_done
@@ -34,7 +36,6 @@ from tasks.storage import atomic_write, clear_temporaries, save_npz, write_marke
 
 log = logging.getLogger("framefleet.pipeline")
 PROGRESS_EVENT_INTERVAL_S = 0.5  # at most 2 task-progress events a second per task
-WAITS = "claim_waits"  # job key: how many of this stage's retries waited for a claim (not failures)
 
 
 def _as_framefleet_error(exc: Exception) -> FramefleetError | Exception:
@@ -51,22 +52,22 @@ def _as_framefleet_error(exc: Exception) -> FramefleetError | Exception:
     return exc
 
 
-def _execute(stage_name: str, job: dict[str, Any], fence: Callable[[], None] | None = None) -> dict[str, Any]:
+def _execute(stage_name: str, job: Job, fence: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run one stage for ``job`` unless its valid output exists; return what the stage reports.
 
     ``fence`` is called before the output and its marker are published; what it raises discards them.
     """
     check_roots(job, settings())
-    out_root = Path(job["output_root"])
-    vid = job["video_id"]
+    out_root = Path(job.output_root)
+    vid = job.video_id
     output = output_path(out_root, vid, stage_name)
     marker = marker_of(out_root, vid, stage_name)
-    if not job.get("force"):
+    if not job.force:
         done = read_done(out_root, vid, stage_name)
         if done is not None:
             return {"skipped": True, **done.get("report", {})}
     stage = worker.get_stage(stage_name)
-    oom.set_chunk_scale(stage, float(job.get("chunk_scale", 1.0)))
+    oom.set_chunk_scale(stage, float(job.chunk_scale))
     for leftover in (output, marker):  # a worker (or a whole host) killed mid-write leaves its temporary behind
         if cleared := clear_temporaries(leftover):
             log.warning("removed %d temporary file(s) of %s left by a writer that died", cleared, leftover.name)
@@ -76,7 +77,7 @@ def _execute(stage_name: str, job: dict[str, Any], fence: Callable[[], None] | N
     def fence_output() -> None:
         # A run that lost its claim for a while may find the stage finished by the run that took over:
         # a marker written since this run looked is another run's completion.
-        if not job.get("force") and _stamp(marker) not in (None, seen):
+        if not job.force and _stamp(marker) not in (None, seen):
             raise ClaimLost(f"{stage_name} of {vid} was completed by another run meanwhile; output discarded")
         if fence is not None:
             fence()
@@ -86,7 +87,7 @@ def _execute(stage_name: str, job: dict[str, Any], fence: Callable[[], None] | N
     # The first event waits as long as the next ones: a task shorter than the interval sends none
     # (each event is an event publish plus a state write, 2-3 Redis round trips per task).
     last_sent = [time.monotonic()]
-    check_cancelled = cancel.Checker(_redis_or_none(settings().redis_url), job["run_id"])
+    check_cancelled = cancel.Checker(_redis_or_none(settings().redis_url), job.run_id)
 
     def on_progress(done_frames: int, total_frames: int) -> None:
         check_cancelled()  # `framefleet cancel`: stop here, before the output is written
@@ -96,7 +97,7 @@ def _execute(stage_name: str, job: dict[str, Any], fence: Callable[[], None] | N
             _announce_progress(
                 {
                     "video_id": vid,
-                    "video": job["video"],
+                    "video": job.video,
                     "stage": stage_name,
                     "done": done_frames,
                     "total": total_frames,
@@ -137,9 +138,9 @@ def _stamp(path: Path) -> tuple[int, int] | None:
     return st.st_mtime_ns, st.st_size
 
 
-def chain_of(job: dict[str, Any]) -> tuple[str, ...]:
+def chain_of(job: Job) -> tuple[str, ...]:
     """The stages this job's video runs (decided at enqueue), or this worker's enabled stages."""
-    return tuple(job.get("chain") or settings().enabled_stages())
+    return tuple(job.chain or settings().enabled_stages())
 
 
 def _announce_progress(meta: dict[str, Any]) -> None:
@@ -178,7 +179,7 @@ def _count_start(task: Task, ttl_s: int) -> int:
         return task.request.retries + 1
 
 
-def _claim_or_wait(task: Task, key: str, stage_name: str, job: dict[str, Any]) -> None:
+def _claim_or_wait(task: Task, key: str, stage_name: str, job: Job) -> None:
     """Claim this video's stage, or drop a duplicate delivery, or wait for another run of it.
 
     Raises Retry (wait, or Redis did not answer), Ignore (a duplicate), or Reject when the
@@ -193,7 +194,7 @@ def _claim_or_wait(task: Task, key: str, stage_name: str, job: dict[str, Any]) -
         log.warning(
             "%s of %s: Redis did not answer the claim (%s); retrying in %g s",
             stage_name,
-            job["video_id"],
+            job.video_id,
             exc,
             conf.lease_ttl_s / 2,
         )
@@ -205,7 +206,7 @@ def _claim_or_wait(task: Task, key: str, stage_name: str, job: dict[str, Any]) -
             "dropped a second delivery of task %s (%s of %s): %s",
             task.request.id,
             stage_name,
-            job["video_id"],
+            job.video_id,
             verdict.why,
         )
         leases.dropped_duplicate(task.request.id)
@@ -215,31 +216,32 @@ def _claim_or_wait(task: Task, key: str, stage_name: str, job: dict[str, Any]) -
     log.info(
         "%s of %s is being made by %s; looking again in %g s",
         stage_name,
-        job["video_id"],
+        job.video_id,
         verdict.holder,
         conf.lease_ttl_s / 2,
     )
     _wait(task, job, conf.lease_ttl_s / 2)
 
 
-def _wait(task: Task, job: dict[str, Any], countdown_s: float) -> None:
+def _wait(task: Task, job: Job, countdown_s: float) -> None:
     """Send this task again after ``countdown_s``; waiting does not use up its retries for failures."""
-    waits = job.get(WAITS, 0) + 1
-    _retry_later(task, {**job, WAITS: waits}, countdown_s, max_retries=task.request.retries + 1)
+    waits = job.claim_waits + 1
+    _retry_later(task, dataclasses.replace(job, claim_waits=waits), countdown_s, max_retries=task.request.retries + 1)
 
 
-def _failed_tries(task: Task, job: dict[str, Any]) -> int:
+def _failed_tries(task: Task, job: Job) -> int:
     """How many earlier tries of this task failed (Celery's retry count, less the retries that waited)."""
-    return task.request.retries - job.get(WAITS, 0)
+    return task.request.retries - job.claim_waits
 
 
 def _retry_later(
-    task: Task, job: dict[str, Any], countdown_s: float, max_retries: int | None = None, exc: Exception | None = None
+    task: Task, job: Job, countdown_s: float, max_retries: int | None = None, exc: Exception | None = None
 ) -> None:
     # Celery sends a retry back to the queue it came from; route it afresh instead.
-    queue = route_task(task.name, (job,), {}, {})["queue"]
+    payload = job.to_dict()
+    queue = route_task(task.name, (payload,), {}, {})["queue"]
     raise task.retry(
-        args=(job,),
+        args=(payload,),
         exc=exc,
         countdown=countdown_s,
         max_retries=max_retries,
@@ -249,24 +251,25 @@ def _retry_later(
     )
 
 
-def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
-    """Run ``stage_name`` for ``job`` and return the job for the next stage, or a failure record.
+def run_stage(task: Task, stage_name: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """Run ``stage_name`` for the job message ``payload`` and return the job for the next stage, or a failure record.
 
     A Redis error anywhere here becomes a retry of this task, or, when not even the retry can
     be sent, a failure record for this one video: never an exception that fails the chord.
+    A message lacking a key it needs raises BadJobMessage.
     """
-    if job.get("failed"):
-        return job
-    if cancel.cancelled_quietly(_redis_or_none(settings().redis_url), job["run_id"]):
+    job = Job.from_dict(payload)
+    if job.failed:
+        return job.to_dict()
+    if cancel.cancelled_quietly(_redis_or_none(settings().redis_url), job.run_id):
         cancel.stop(task, stage_name, job)
     job = _run_stage(task, stage_name, job)
-    job.pop(WAITS, None)  # the next stage counts its own
-    return job
+    return dataclasses.replace(job, claim_waits=0).to_dict()  # the next stage counts its own
 
 
-def _run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any]:
+def _run_stage(task: Task, stage_name: str, job: Job) -> Job:
     conf = settings()
-    key = claims.claim_key(job["output_root"], job["video_id"], stage_name)
+    key = claims.claim_key(job.output_root, job.video_id, stage_name)
     try:
         _claim_or_wait(task, key, stage_name, job)
     except Reject as exc:
@@ -275,7 +278,7 @@ def _run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, An
             stage_name,
             job,
             RedisUnavailable(
-                f"{stage_name} of {job['video']}: Redis did not answer and the task could not be retried "
+                f"{stage_name} of {job.video}: Redis did not answer and the task could not be retried "
                 f"({exc.reason}); enqueue again with --continue once Redis is back"
             ),
             _failed_tries(task, job) + 1,
@@ -287,7 +290,7 @@ def _run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, An
         stage_conf = conf.stages[stage_name]
         if attempts > stage_conf.max_retries + 1:
             raise WorkerLost(
-                f"{stage_name} of {job['video']} was started {attempts - 1} times without finishing: "
+                f"{stage_name} of {job.video} was started {attempts - 1} times without finishing: "
                 f"its worker died or passed the {stage_conf.deadline_s:g} s deadline each time"
             )
         report = _execute(stage_name, job, lambda: claims.confirm(get_redis(conf.redis_url), key, conf.lease_ttl_s))
@@ -295,54 +298,49 @@ def _run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, An
         cancel.stop(task, stage_name, job)
     except ClaimLost as exc:
         # Another run took this stage over while ours was cut off; that run publishes and continues the chain.
-        log.warning("%s of %s: %s; dropping this run", stage_name, job["video_id"], exc)
+        log.warning("%s of %s: %s; dropping this run", stage_name, job.video_id, exc)
         raise Ignore() from exc
     except Exception as exc:
         job = _after_failure(task, stage_name, job, _as_framefleet_error(exc), attempts)
     else:
-        timing = {
-            "start": started,
-            "end": time.time(),
-            "worker": task.request.hostname,
-            "skipped": bool(report.get("skipped")),
-            "run_s": report.get("run_s", 0.0),
-        }
-        job = {**job, "timings": {**job.get("timings", {}), stage_name: timing}}
+        timing = StageTiming(
+            start=started,
+            end=time.time(),
+            worker=task.request.hostname,
+            skipped=bool(report.get("skipped")),
+            run_s=report.get("run_s", 0.0),
+        )
+        job = dataclasses.replace(job, timings={**job.timings, stage_name: timing})
         if worker.ROLE.gpu is not None:
-            job["gpu"] = worker.ROLE.gpu
+            job = dataclasses.replace(job, gpu=worker.ROLE.gpu)
         if stage_class(stage_name).writes == "hdf5":
-            job["report"] = {k: v for k, v in report.items() if k not in ("stats", "run_s")}
-            if job.get("intermediates") == "drop":
+            job = dataclasses.replace(job, report={k: v for k, v in report.items() if k not in ("stats", "run_s")})
+            if job.intermediates == "drop":
                 _drop_intermediates(job)
         if report.get("notes"):
-            job["notes"] = {**job.get("notes", {}), stage_name: report["notes"]}
+            job = dataclasses.replace(job, notes={**job.notes, stage_name: report["notes"]})
         _record(stage_name, job, ok=True)
     return job
 
 
-def _after_failure(
-    task: Task, stage_name: str, job: dict[str, Any], failure: Exception, attempts: int
-) -> dict[str, Any]:
+def _after_failure(task: Task, stage_name: str, job: Job, failure: Exception, attempts: int) -> Job:
     """Retry a retryable failure (raises Retry), else return the job with its failure record."""
     conf = settings()
     stage_conf = conf.stages[stage_name]
     retryable = not isinstance(failure, PermanentError)
     if isinstance(failure, GpuOutOfMemory):
         # Retry elsewhere if possible, with smaller chunks; the autoscaler reads the record.
-        job = {
-            **job,
-            **oom.after_oom(
-                _redis_or_none(conf.redis_url),
-                stage_name,
-                worker.STAGES.get(stage_name),
-                job,
-                worker.ROLE.gpu,
-                task.request.hostname,
-                str(failure),
-            ),
-        }
+        job = oom.after_oom(
+            _redis_or_none(conf.redis_url),
+            stage_name,
+            worker.STAGES.get(stage_name),
+            job,
+            worker.ROLE.gpu,
+            task.request.hostname,
+            str(failure),
+        )
         failure = GpuOutOfMemory(
-            f"{failure} (peak {job['oom_peak_mib']:.0f} MiB; chunk scale now {job['chunk_scale']:g})", failure.delay_s
+            f"{failure} (peak {job.oom_peak_mib:.0f} MiB; chunk scale now {job.chunk_scale:g})", failure.delay_s
         )
     failed_tries = _failed_tries(task, job)
     if retryable and failed_tries < stage_conf.max_retries:
@@ -350,53 +348,53 @@ def _after_failure(
         log.warning(
             "%s of %s failed (%s: %s); retry %d of %d",
             stage_name,
-            job["video_id"],
+            job.video_id,
             error_class(failure),
             failure,
             attempts,
             stage_conf.max_retries,
         )
         try:
-            _retry_later(task, job, delay * 2**failed_tries, job.get(WAITS, 0) + stage_conf.max_retries, failure)
+            _retry_later(task, job, delay * 2**failed_tries, job.claim_waits + stage_conf.max_retries, failure)
         except Reject as exc:
             failure = RedisUnavailable(f"{failure}; and the retry could not be sent ({exc.reason})")
     return _failed(task, stage_name, job, failure, attempts)
 
 
-def _failed(task: Task, stage_name: str, job: dict[str, Any], failure: Exception, attempts: int) -> dict[str, Any]:
-    log.error("%s of %s failed for good: %s: %s", stage_name, job["video_id"], error_class(failure), failure)
-    job = {
-        **job,
-        "failed": {
-            "stage": stage_name,
-            "error_class": error_class(failure),
-            "reason": str(failure),
-            "attempts": attempts,
-            "worker": task.request.hostname,
-            "time": time.time(),
-        },
-    }
+def _failed(task: Task, stage_name: str, job: Job, failure: Exception, attempts: int) -> Job:
+    log.error("%s of %s failed for good: %s: %s", stage_name, job.video_id, error_class(failure), failure)
+    job = dataclasses.replace(
+        job,
+        failed=Failure(
+            stage=stage_name,
+            error_class=error_class(failure),
+            reason=str(failure),
+            attempts=attempts,
+            worker=task.request.hostname,
+            time=time.time(),
+        ),
+    )
     _record(stage_name, job, ok=False)
     return job
 
 
-def _record(stage_name: str, job: dict[str, Any], ok: bool) -> None:
+def _record(stage_name: str, job: Job, ok: bool) -> None:
     """Count the stage in the run's progress and the metrics; never raises."""
     conf = settings()
     try:
-        progress.record(get_redis(conf.redis_url), job["run_id"], stage_name, ok, conf.result_expires_s)
+        progress.record(get_redis(conf.redis_url), job.run_id, stage_name, ok, conf.result_expires_s)
     except Exception as exc:  # progress display is not worth failing a video for
         log.warning("progress not recorded: %s", exc)
     metrics.record_stage(conf.redis_url, stage_name, job)
 
 
-def _drop_intermediates(job: dict[str, Any]) -> None:
+def _drop_intermediates(job: Job) -> None:
     """Delete a finished video's OUT/work/ folder (``--intermediates drop``); a failure is only logged."""
     try:
-        freed = intermediates.drop(Path(job["output_root"]), job["video_id"])
-        log.info("dropped the intermediates of %s (%d bytes)", job["video_id"], freed)
+        freed = intermediates.drop(Path(job.output_root), job.video_id)
+        log.info("dropped the intermediates of %s (%d bytes)", job.video_id, freed)
     except OSError as exc:  # the dataset file is complete; leftovers are for `framefleet clean`
-        log.warning("intermediates of %s not dropped: %s", job["video_id"], exc)
+        log.warning("intermediates of %s not dropped: %s", job.video_id, exc)
 
 
 def _stage_task(stage_name: str) -> Task:

@@ -11,6 +11,7 @@ import redis
 
 from tasks import keys, registry
 from tasks.celery_app import TASK_PREFIX
+from tasks.job import Job
 from tasks.routing import job_of
 from worker_config.routing import QueueLoad, choose_gpu_queue
 from worker_config.settings import Settings
@@ -30,7 +31,7 @@ return 0
 """
 
 
-def _decode(raw: str) -> tuple[str, dict[str, Any] | None]:
+def _decode(raw: str) -> tuple[str, Job | None]:
     message = json.loads(raw)
     body = message["body"]
     if message.get("properties", {}).get("body_encoding") == "base64":
@@ -79,7 +80,7 @@ def _drain(r: redis.Redis, broker: redis.Redis, queue: str, workers: list[dict[s
             index -= 1
             continue
         stage = name[len(TASK_PREFIX) :]
-        target = choose_gpu_queue(registry.queue_loads(r, stage, workers, broker), job.get("gpus") if job else None)
+        target = choose_gpu_queue(registry.queue_loads(r, stage, workers, broker), job.gpus if job else None)
         if target is not None and broker.eval(_MOVE_IF_SAME, 2, queue, target.queue, raw, index):
             moved += 1
             log.warning("moved a %s task from %s (no live worker) to %s", stage, queue, target.queue)
@@ -117,7 +118,7 @@ def _move_one(r: redis.Redis, src: str, dst: QueueLoad) -> bool:
         except (ValueError, KeyError, TypeError):
             index -= 1
             continue
-        allowed = (job or {}).get("gpus")
+        allowed = job.gpus if job else None
         if (allowed is None or dst.gpu in allowed) and r.eval(_MOVE_IF_SAME, 2, src, dst.queue, raw, index):
             return True
         index -= 1

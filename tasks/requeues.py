@@ -12,6 +12,7 @@ import redis
 
 from tasks import keys
 from tasks.cancel import decode, run_of
+from tasks.job import Job
 
 log = logging.getLogger("framefleet.requeues")
 
@@ -31,13 +32,13 @@ def record(r: redis.Redis, unacked_entry: str | bytes | None, why: str, ttl_s: i
     run = run_of(args)
     if run is None:
         return
-    job = args[0] if isinstance(args[0], dict) else {}
+    job = Job.peek(args[0])
     entry = {
         "time": time.time(),
         "task": task_id,
         "stage": name.rsplit(".", 1)[-1],
-        "video_id": job.get("video_id"),
-        "video": job.get("video"),
+        "video_id": job.video_id if job else None,
+        "video": job.video if job else None,
         "why": why,
     }
     pipe = r.pipeline()

@@ -9,6 +9,7 @@ import redis
 
 from tasks import registry
 from tasks.celery_app import TASK_PREFIX, settings
+from tasks.job import Job
 from tasks.redis_client import get_redis
 from tasks.stages import GPU_STAGES
 from worker_config.routing import choose_gpu_queue
@@ -16,10 +17,9 @@ from worker_config.routing import choose_gpu_queue
 log = logging.getLogger(__name__)
 
 
-def job_of(args: Any, kwargs: Any) -> dict[str, Any] | None:
-    """Return the job dict a stage task carries as its first argument, if any."""
-    job = args[0] if args else (kwargs or {}).get("job")
-    return job if isinstance(job, dict) else None
+def job_of(args: Any, kwargs: Any) -> Job | None:
+    """Return the job a stage task carries as its first argument, if any (``Job.peek``: its run and video suffice)."""
+    return Job.peek(args[0] if args else (kwargs or {}).get("job"))
 
 
 def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any) -> Any:
@@ -29,13 +29,13 @@ def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None
         return None
     stage = name[len(TASK_PREFIX) :]
     job = job_of(args, kwargs)
-    if stage not in GPU_STAGES or job is None or job.get("failed"):
+    if stage not in GPU_STAGES or job is None or job.failed:
         return {"queue": conf.cpu_queue}
-    allowed = job.get("gpus")
-    previous = job.get("gpu")
+    allowed = list(job.gpus) if job.gpus is not None else None
+    previous = job.gpu
     try:
         loads = registry.queue_loads(get_redis(conf.redis_url), stage, broker=get_redis(conf.broker))
-        choice = choose_gpu_queue(loads, allowed, previous, job.get("avoid_gpu"))
+        choice = choose_gpu_queue(loads, allowed, previous, job.avoid_gpu)
     except redis.RedisError as exc:
         log.warning("routing %s without load readings (%s)", stage, exc)
         choice = None

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import PathOutsideRoot
+from tasks.job import Job
 from tasks.stages import dataset_stage, stage_class
 from tasks.storage import confine, load_npz, read_marker
 from worker_config.settings import Settings
@@ -13,12 +14,15 @@ from worker_config.settings import Settings
 MARKERS_DIR = "markers"
 
 
-def check_roots(job: dict[str, Any], conf: Settings) -> None:
+def check_roots(job: Job, conf: Settings) -> None:
     """Refuse a job whose roots lie outside the roots this worker's settings allow (when set)."""
-    for key, allowed in (("dataset_root", conf.dataset_root), ("output_root", conf.output_root)):
+    for key, given, allowed in (
+        ("dataset_root", job.dataset_root, conf.dataset_root),
+        ("output_root", job.output_root, conf.output_root),
+    ):
         if allowed is None:
             continue
-        root, base = Path(job[key]).resolve(), Path(allowed).resolve()
+        root, base = Path(given).resolve(), Path(allowed).resolve()
         if root != base and base not in root.parents:
             raise PathOutsideRoot(
                 f"{key} {root} is outside {base}, the {key} this worker serves; refused "
@@ -62,11 +66,11 @@ def read_done(out_root: Path, video_id: str, stage: str, check_hash: bool | str 
     return found
 
 
-def gather_inputs(stage: str, job: dict[str, Any], enabled: tuple[str, ...]) -> dict[str, Any]:
+def gather_inputs(stage: str, job: Job, enabled: tuple[str, ...]) -> dict[str, Any]:
     """Return the inputs of ``stage`` for ``job``: the outputs of the stages it reads (and of the
     ``enabled`` optional stages it uses), chosen by the stage class."""
     cls = stage_class(stage)
-    out_root = Path(job["output_root"])
+    out_root = Path(job.output_root)
     names = [*cls.reads, *(u for u in cls.uses if u in enabled)]
-    outputs = {name: load_npz(output_path(out_root, job["video_id"], name)) for name in names}
+    outputs = {name: load_npz(output_path(out_root, job.video_id, name)) for name in names}
     return cls.select_inputs(outputs, job)

@@ -11,6 +11,7 @@ from typing import Any
 import redis
 
 from tasks import leases, registry
+from tasks.job import Job
 from tasks.routing import job_of
 from worker_config.settings import Settings
 
@@ -19,7 +20,7 @@ class RunLost(RuntimeError):
     """No message of an unfinished run is left in Redis: it restarted without persistence, or was flushed."""
 
 
-def _decode(raw: str | bytes) -> tuple[str, str, dict[str, Any] | None]:
+def _decode(raw: str | bytes) -> tuple[str, str, Job | None]:
     """Return (task name, task id, job) of a kombu message as it sits in a queue."""
     message = json.loads(raw)
     body = message["body"]
@@ -49,7 +50,7 @@ def run_messages(r: redis.Redis, broker: redis.Redis, conf: Settings, run_id: st
             _, task_id, job = _decode(raw)
         except (ValueError, KeyError, TypeError, IndexError):
             continue
-        count += task_id == callback_id or (job is not None and job.get("run_id") == run_id)
+        count += task_id == callback_id or (job is not None and job.run_id == run_id)
     return count
 
 
@@ -102,7 +103,7 @@ def _held_by_idle_or_gone(broker: redis.Redis, r: redis.Redis, workers: dict[str
         what = f"message {tag}"
         try:
             name, task_id, job = _decode(json.dumps(json.loads(entry)[0])) if entry else ("", "", None)
-            what = f"{name.rsplit('.', 1)[-1]} of {(job or {}).get('video_id')} (task {task_id})"
+            what = f"{name.rsplit('.', 1)[-1]} of {job.video_id if job else None} (task {task_id})"
         except (ValueError, KeyError, TypeError, IndexError):
             pass
         held_s = time.time() - since

@@ -17,6 +17,7 @@ from tasks import flower_view, leases
 from tasks.celery_app import settings
 from tasks.errors import ModelLoadError
 from tasks.gpu import INDEX_ENV, LEDGER_ENV
+from tasks.job import Job
 from tasks.stages import CPU_STAGES, GPU_STAGES, ModelStage, build
 
 log = logging.getLogger("framefleet.worker")
@@ -267,15 +268,15 @@ def on_task_received(request: Any = None, **_: Any) -> None:
 
 @signals.task_prerun.connect
 def on_task_start(task_id: str | None = None, task: Any = None, args: Any = None, **_: Any) -> None:
-    job = args[0] if args and isinstance(args[0], dict) else {}
+    job = Job.peek(args[0]) if args else None
     STATE.update(
         busy=True,
         frames=None,
         current={
             "task": task.name if task else None,
             "task_id": task_id,
-            "video": job.get("video_id"),
-            "run": job.get("run_id"),
+            "video": job.video_id if job else None,
+            "run": job.run_id if job else None,
             "started": time.time(),
         },
     )

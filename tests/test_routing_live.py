@@ -74,7 +74,7 @@ def test_rebalancer_moves_waiting_tasks_off_a_queue_without_live_worker(app_on_t
     assert rebalance(r, conf) == 0
     from tasks.rebalance import _decode
 
-    assert [_decode(raw)[1]["video_id"] for raw in reversed(r.lrange("gpu0", 0, -1))] == ["a", "b"]
+    assert [_decode(raw)[1].video_id for raw in reversed(r.lrange("gpu0", 0, -1))] == ["a", "b"]
 
 
 def test_rebalancer_evens_out_live_queues_respecting_gpu_restrictions(app_on_test_redis):
@@ -88,9 +88,9 @@ def test_rebalancer_evens_out_live_queues_respecting_gpu_restrictions(app_on_tes
         depth.apply_async(args=(job(video_id=f"v{i}", gpus=[0] if i == 0 else None),), queue="gpu0")
     assert rebalance(r, conf) == 3
     assert r.llen("gpu0") == 3 and r.llen("gpu1") == 3
-    assert "v0" in [_decode(raw)[1]["video_id"] for raw in r.lrange("gpu0", 0, -1)]  # may only run on GPU 0
+    assert "v0" in [_decode(raw)[1].video_id for raw in r.lrange("gpu0", 0, -1)]  # may only run on GPU 0
     # the oldest waiting tasks moved, so they start first on the idle GPU
-    assert sorted(_decode(raw)[1]["video_id"] for raw in r.lrange("gpu1", 0, -1)) == ["v1", "v2", "v3"]
+    assert sorted(_decode(raw)[1].video_id for raw in r.lrange("gpu1", 0, -1)) == ["v1", "v2", "v3"]
     r.delete("ff:rebalance-lock")
     assert rebalance(r, conf) == 0  # balanced: nothing moves back and forth
 

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from tasks.errors import BadInput, FramefleetError
+from tasks.job import Job
 
 Progress = Callable[[int, int], None]
 Outputs = Mapping[str, Mapping[str, Any]]
@@ -51,7 +52,7 @@ class Stage:
         raise NotImplementedError
 
     @classmethod
-    def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
+    def select_inputs(cls, outputs: Outputs, job: Job) -> dict[str, Any]:
         """Return the inputs of ``run`` from ``outputs`` (stage name -> its arrays) and the job's fields."""
         raise NotImplementedError
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from tasks.errors import BadInput
+from tasks.job import Job
 from tasks.stages.base import ModelStage, Outputs, Progress, report, require
 
 
@@ -34,7 +34,7 @@ class DepthStage(ModelStage):
         super().__init__(backend, **backend_params)
 
     @classmethod
-    def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
+    def select_inputs(cls, outputs: Outputs, job: Job) -> dict[str, Any]:
         return {"frames": outputs["preprocess"]["frames"]}
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:

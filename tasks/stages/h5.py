@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from tasks.errors import BadInput
 from tasks.geometry import crop_intrinsics, pose_9d, square_crop
+from tasks.job import Job
 from tasks.stages.base import Outputs, Progress, Stage, report, require
 from tasks.stats import Moments, VideoStats
 from tasks.windows import clip_depth, frame_pixels, hand_window, track_window, track_window_2d
@@ -54,13 +54,13 @@ class H5Stage(Stage):
         self.dims = 3 if track_type == "3d" else 2
 
     @classmethod
-    def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
+    def select_inputs(cls, outputs: Outputs, job: Job) -> dict[str, Any]:
         inputs = {
             "frames": outputs["preprocess"]["frames"],
             "depths": outputs["depth"]["depths"],
             "tracks": dict(outputs["tracks"]),
             "hands": dict(outputs["hands"]),
-            "text": job.get("text", ""),
+            "text": job.text,
         }
         if "tracks2d" in outputs:
             inputs["tracks2d"] = dict(outputs["tracks2d"])

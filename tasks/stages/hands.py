@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from tasks.errors import BadInput
 from tasks.geometry import slerp
+from tasks.job import Job
 from tasks.stages.base import ModelStage, Outputs, Progress, report, require
 
 SIDES = ("left", "right")
@@ -67,7 +67,7 @@ class HandsStage(ModelStage):
         super().__init__(backend, **backend_params)
 
     @classmethod
-    def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
+    def select_inputs(cls, outputs: Outputs, job: Job) -> dict[str, Any]:
         depth = outputs["depth"]
         return {
             "frames": outputs["preprocess"]["frames"],

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from tasks.backends.convert_tracks import erode
+from tasks.job import Job
 from tasks.stages.base import ModelStage, Outputs, Progress, report, require
 
 __all__ = ["MasksStage", "erode"]
@@ -31,8 +31,8 @@ class MasksStage(ModelStage):
         super().__init__(backend, **backend_params)
 
     @classmethod
-    def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
-        return {"frames": outputs["preprocess"]["frames"], "prompt": str(job.get("noun") or "")}
+    def select_inputs(cls, outputs: Outputs, job: Job) -> dict[str, Any]:
+        return {"frames": outputs["preprocess"]["frames"], "prompt": str(job.noun or "")}
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
         frames = require(inputs, "frames", self.name, (None, None, None, 3), "u")

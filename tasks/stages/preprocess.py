@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tasks.errors import BadInput
+from tasks.job import Job
 from tasks.stages.base import Outputs, Progress, Stage, report
 from tasks.storage import confine
 
@@ -30,8 +30,8 @@ class PreprocessStage(Stage):
         self.height = int(height)
 
     @classmethod
-    def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
-        return {"video_path": str(confine(Path(job["dataset_root"]), job["video"]))}
+    def select_inputs(cls, outputs: Outputs, job: Job) -> dict[str, Any]:
+        return {"video_path": str(confine(Path(job.dataset_root), job.video))}
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
         """Decode ``inputs["video_path"]``; raises BadInput naming the file when no frame decodes."""

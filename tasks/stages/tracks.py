@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from tasks.geometry import content_seed, unproject, window_poses, window_starts
+from tasks.job import Job
 from tasks.stages.base import ModelStage, Outputs, Progress, report, require
 
 
@@ -83,7 +83,7 @@ class TracksStage(ModelStage):
         super().__init__(backend, **backend_params)
 
     @classmethod
-    def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
+    def select_inputs(cls, outputs: Outputs, job: Job) -> dict[str, Any]:
         inputs = {"frames": outputs["preprocess"]["frames"], **outputs["depth"]}
         if "masks" in outputs:
             inputs["masks"] = outputs["masks"]["masks"]

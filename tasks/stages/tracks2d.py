@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from tasks.backends.convert_tracks import erode, grid_on_mask
 from tasks.geometry import content_seed, window_starts
+from tasks.job import Job
 from tasks.stages.base import ModelStage, Outputs, Progress, report, require
 from tasks.stages.tracks import sample_pixels
 
@@ -49,7 +49,7 @@ class Tracks2DStage(ModelStage):
         super().__init__(backend, **backend_params)
 
     @classmethod
-    def select_inputs(cls, outputs: Outputs, job: Mapping[str, Any]) -> dict[str, Any]:
+    def select_inputs(cls, outputs: Outputs, job: Job) -> dict[str, Any]:
         inputs = {"frames": outputs["preprocess"]["frames"], "depths": outputs["depth"]["depths"]}
         if "masks" in outputs:
             inputs["masks"] = outputs["masks"]["masks"]
