@@ -236,13 +236,15 @@ def _failed_tries(task: Task, job: dict[str, Any]) -> int:
 def _retry_later(
     task: Task, job: dict[str, Any], countdown_s: float, max_retries: int | None = None, exc: Exception | None = None
 ) -> None:
-    # Celery sends a retry back to the queue it came from; route it afresh instead.
-    queue = route_task(task.name, (job,), {}, {})["queue"]
+    # Celery sends a retry back to the queue it came from; route it afresh instead, at the stage's priority.
+    route = route_task(task.name, (job,), {}, {})
+    queue = route["queue"]
     raise task.retry(
         args=(job,),
         exc=exc,
         countdown=countdown_s,
         max_retries=max_retries,
+        priority=route.get("priority"),
         queue=queue,
         exchange=queue,
         routing_key=queue,
