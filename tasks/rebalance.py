@@ -114,7 +114,7 @@ def _balance(broker: redis.Redis, queue_loads: list[QueueLoad], max_moves: int) 
 
 
 def _move_one(r: redis.Redis, src: str, dst: QueueLoad) -> bool:
-    """Move the task ``src`` would run next that may run on ``dst``'s GPU, keeping its priority; False when there is none."""
+    """Move the next task of ``src`` that may run on ``dst``'s GPU, keeping its priority; False when none may."""
     for priority in queues.PRIORITY_STEPS:
         source, target = queues.key_for(src, priority), queues.key_for(dst.queue, priority)
         index = -1

@@ -26,13 +26,14 @@ def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None
     """Celery router: a stage task's queue (``_queue_of``) and its priority, from its place in the video's chain.
 
     Later stages come first (tasks.queues.stage_priority), so a started video finishes before
-    the queues' earlier stages start more. Celery lets explicit send options win over these.
+    the queues' earlier stages start more (setting ``stage_priorities``). Explicit send options win over these.
     """
     route = _queue_of(name, args, kwargs)
     stage = name[len(TASK_PREFIX) :]
-    if route is not None and stage in STAGE_NAMES:
+    conf = settings()
+    if route is not None and stage in STAGE_NAMES and conf.stage_priorities:
         job = job_of(args, kwargs) or {}
-        route["priority"] = queues.stage_priority(stage, job.get("chain") or settings().enabled_stages())
+        route["priority"] = queues.stage_priority(stage, job.get("chain") or conf.enabled_stages())
     return route
 
 
