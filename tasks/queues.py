@@ -3,7 +3,8 @@
 kombu's Redis transport keeps one list per priority step: the queue's own name for step 0 and
 ``queue + SEP + step`` for the others; a worker's BRPOP names every step of every queue it
 consumes, steps first, so step 0 of any of its queues is taken before step 1 of any
-(kombu/transport/redis.py, Channel._brpop_start, _q_for_pri and _put, kombu 5.7.0). On Redis
+(kombu/transport/redis.py, Channel._brpop_start, _q_for_pri and _put, kombu 5.7.0); a message
+restored from ``unacked`` goes back to its own priority's list (_do_restore_message). On Redis
 priority 0 is the highest. Everything that reads, counts or moves waiting messages goes
 through this module, so that no list of a queue is overlooked.
 """
