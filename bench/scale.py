@@ -85,7 +85,9 @@ def enqueue_phase(n: int, work: Path) -> dict[str, Any]:
     canvas.apply_async()
     t["send"] = time.perf_counter()
     census = redis_census(r)
-    cpu_queue = r.llen("cpu")
+    from tasks.queues import length
+
+    cpu_queue = length(r, "cpu")  # every priority list of the queue
     return {
         "videos": n,
         "find_s": t["find"] - t["start"],

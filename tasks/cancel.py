@@ -19,6 +19,7 @@ import redis
 from tasks import keys
 from tasks.errors import PermanentError
 from tasks.job import Job
+from tasks.queues import waiting
 
 
 class RunCancelled(PermanentError):
@@ -83,12 +84,12 @@ def remove_waiting(broker: redis.Redis, queues: list[str], run_id: str) -> list[
     """
     removed = []
     for queue in queues:
-        for raw in broker.lrange(queue, 0, -1):
+        for key, raw in waiting(broker, queue):
             try:
                 name, task_id, run = message_ids(raw)
             except (ValueError, KeyError, TypeError, IndexError):
                 continue  # not a Celery message of ours
-            if run == run_id and broker.lrem(queue, 1, raw):
+            if run == run_id and broker.lrem(key, 1, raw):
                 removed.append((name, task_id))
     return removed
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from tasks import queues
 from worker_config.settings import ConfigError, Settings, exit_on_config_error, load_settings
 
 TASK_PREFIX = "framefleet."
@@ -33,6 +34,8 @@ def configure(new: Settings) -> Celery:
         "socket_keepalive": True,
         "retry_on_timeout": True,
         "health_check_interval": 10,
+        # A list per priority, so that a video's later stages overtake earlier ones (tasks.queues).
+        **queues.transport_options(),
     }
     app.conf.update(
         broker_url=new.broker,

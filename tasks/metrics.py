@@ -24,6 +24,7 @@ import redis
 from tasks import keys, registry
 from tasks.gpu import GpuProbe, open_probe
 from tasks.job import Job
+from tasks.queues import lengths as queue_lengths
 from tasks.redis_client import get_redis
 from tasks.stages import STAGE_NAMES, dataset_stage
 from worker_config.settings import Settings
@@ -167,11 +168,10 @@ class FramefleetCollector:
         queues = sorted(
             {self.conf.cpu_queue} | registry.known_gpu_queues(r) | {q for w in workers for q in w.get("queues", [])}
         )
-        pipe = broker.pipeline(transaction=False)
-        for queue in queues:
-            pipe.llen(queue)
-        depth = GaugeMetricFamily("framefleet_queue_depth", "Messages waiting in the queue", labels=["queue"])
-        for queue, waiting in zip(queues, pipe.execute(), strict=True):
+        depth = GaugeMetricFamily(
+            "framefleet_queue_depth", "Messages waiting in the queue (all its priorities)", labels=["queue"]
+        )
+        for queue, waiting in queue_lengths(broker, queues).items():
             depth.add_metric([queue], waiting)
         yield depth
 

@@ -237,14 +237,16 @@ def _failed_tries(task: Task, job: Job) -> int:
 def _retry_later(
     task: Task, job: Job, countdown_s: float, max_retries: int | None = None, exc: Exception | None = None
 ) -> None:
-    # Celery sends a retry back to the queue it came from; route it afresh instead.
+    # Celery sends a retry back to the queue it came from; route it afresh instead, at the stage's priority.
     payload = job.to_dict()
-    queue = route_task(task.name, (payload,), {}, {})["queue"]
+    route = route_task(task.name, (payload,), {}, {})
+    queue = route["queue"]
     raise task.retry(
         args=(payload,),
         exc=exc,
         countdown=countdown_s,
         max_retries=max_retries,
+        priority=route.get("priority"),
         queue=queue,
         exchange=queue,
         routing_key=queue,

@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from tasks import keys, registry
+from tasks import keys, queues, registry
 from tasks.celery_app import TASK_PREFIX
 from tasks.job import Job
 from tasks.routing import job_of
@@ -68,24 +68,29 @@ def _queue_families(conf: Settings) -> list[str]:
 
 def _drain(r: redis.Redis, broker: redis.Redis, queue: str, workers: list[dict[str, Any]], max_moves: int) -> int:
     moved = 0
-    index = -1  # the oldest message; those that cannot move yet are stepped over
-    while moved < max_moves:
-        raw = broker.lindex(queue, index)
-        if raw is None:
-            break
-        try:
-            name, job = _decode(raw)
-        except (ValueError, KeyError, TypeError):
-            log.error("left an undecodable message on %s", queue)
-            index -= 1
-            continue
-        stage = name[len(TASK_PREFIX) :]
-        target = choose_gpu_queue(registry.queue_loads(r, stage, workers, broker), job.gpus if job else None)
-        if target is not None and broker.eval(_MOVE_IF_SAME, 2, queue, target.queue, raw, index):
-            moved += 1
-            log.warning("moved a %s task from %s (no live worker) to %s", stage, queue, target.queue)
-        else:
-            index -= 1
+    for priority in queues.PRIORITY_STEPS:  # highest first, each priority's list into the same on the target
+        source = queues.key_for(queue, priority)
+        index = -1  # the oldest message; those that cannot move yet are stepped over
+        while moved < max_moves:
+            raw = broker.lindex(source, index)
+            if raw is None:
+                break
+            try:
+                name, job = _decode(raw)
+            except (ValueError, KeyError, TypeError):
+                log.error("left an undecodable message on %s", queue)
+                index -= 1
+                continue
+            stage = name[len(TASK_PREFIX) :]
+            loads = registry.queue_loads(r, stage, workers, broker)
+            target = choose_gpu_queue(loads, job.gpus if job else None)
+            if target is not None and broker.eval(
+                _MOVE_IF_SAME, 2, source, queues.key_for(target.queue, priority), raw, index
+            ):
+                moved += 1
+                log.warning("moved a %s task from %s (no live worker) to %s", stage, queue, target.queue)
+            else:
+                index -= 1
     return moved
 
 
@@ -110,16 +115,18 @@ def _balance(broker: redis.Redis, queue_loads: list[QueueLoad], max_moves: int) 
 
 
 def _move_one(r: redis.Redis, src: str, dst: QueueLoad) -> bool:
-    """Move the oldest task of ``src`` that may run on ``dst``'s GPU; False when there is none."""
-    index = -1
-    while (raw := r.lindex(src, index)) is not None:
-        try:
-            _, job = _decode(raw)
-        except (ValueError, KeyError, TypeError):
+    """Move the next task of ``src`` that may run on ``dst``'s GPU, keeping its priority; False when none may."""
+    for priority in queues.PRIORITY_STEPS:
+        source, target = queues.key_for(src, priority), queues.key_for(dst.queue, priority)
+        index = -1
+        while (raw := r.lindex(source, index)) is not None:
+            try:
+                _, job = _decode(raw)
+            except (ValueError, KeyError, TypeError):
+                index -= 1
+                continue
+            allowed = job.gpus if job else None
+            if (allowed is None or dst.gpu in allowed) and r.eval(_MOVE_IF_SAME, 2, source, target, raw, index):
+                return True
             index -= 1
-            continue
-        allowed = job.gpus if job else None
-        if (allowed is None or dst.gpu in allowed) and r.eval(_MOVE_IF_SAME, 2, src, dst.queue, raw, index):
-            return True
-        index -= 1
     return False

@@ -8,7 +8,7 @@ from typing import Any
 
 import redis
 
-from tasks import keys
+from tasks import keys, queues
 from worker_config.routing import QueueLoad
 
 WORKER_PREFIX = keys.WORKER_PREFIX
@@ -79,11 +79,8 @@ def queue_loads(
             entry["busy"] += 1 if w.get("busy") else 0
     if not per_queue:
         return []
-    names = sorted(per_queue)
-    lengths = (broker or r).pipeline()
-    for name in names:
-        lengths.llen(name)
+    waiting = queues.lengths(broker or r, sorted(per_queue))
     return [
-        QueueLoad(name, per_queue[name]["gpu"], per_queue[name]["workers"], waiting, per_queue[name]["busy"])
-        for name, waiting in zip(names, lengths.execute(), strict=True)
+        QueueLoad(name, entry["gpu"], entry["workers"], waiting[name], entry["busy"])
+        for name, entry in sorted(per_queue.items())
     ]

@@ -7,11 +7,11 @@ from typing import Any
 
 import redis
 
-from tasks import registry
+from tasks import queues, registry
 from tasks.celery_app import TASK_PREFIX, settings
 from tasks.job import Job
 from tasks.redis_client import get_redis
-from tasks.stages import GPU_STAGES
+from tasks.stages import GPU_STAGES, STAGE_NAMES
 from worker_config.routing import choose_gpu_queue
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,22 @@ def job_of(args: Any, kwargs: Any) -> Job | None:
 
 
 def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any) -> Any:
-    """Celery router: CPU stages and failed jobs to the cpu queue, GPU stages by live load."""
+    """Celery router: a stage task's queue (``_queue_of``) and its priority, from its place in the video's chain.
+
+    Later stages come first (tasks.queues.stage_priority), so a started video finishes before
+    the queues' earlier stages start more (setting ``stage_priorities``). Explicit send options win over these.
+    """
+    route = _queue_of(name, args, kwargs)
+    stage = name[len(TASK_PREFIX) :]
+    conf = settings()
+    if route is not None and stage in STAGE_NAMES and conf.stage_priorities:
+        job = job_of(args, kwargs)
+        route["priority"] = queues.stage_priority(stage, (job.chain if job else ()) or conf.enabled_stages())
+    return route
+
+
+def _queue_of(name: str, args: Any, kwargs: Any) -> dict[str, Any] | None:
+    """CPU stages and failed jobs to the cpu queue, GPU stages by live load."""
     conf = settings()
     if not name.startswith(TASK_PREFIX):
         return None

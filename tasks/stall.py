@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 
-from tasks import leases, registry
+from tasks import leases, queues, registry
 from tasks.job import Job
 from tasks.routing import job_of
 from worker_config.settings import Settings
@@ -36,13 +36,13 @@ def queue_names(broker: redis.Redis, r: redis.Redis, conf: Settings) -> list[str
     found = {
         q if isinstance(q, str) else q.decode() for q in broker.scan_iter(match=conf.gpu_queue_prefix + "*", count=500)
     }
-    found = {q for q in found if broker.type(q) in ("list", b"list")}
+    found = {queues.logical_name(q) for q in found if broker.type(q) in ("list", b"list")}
     return sorted(found | registry.known_gpu_queues(r) | {conf.cpu_queue})
 
 
 def run_messages(r: redis.Redis, broker: redis.Redis, conf: Settings, run_id: str, callback_id: str) -> int:
     """Count the messages of run ``run_id`` (its stage tasks and its callback) waiting or in flight."""
-    raws = [m for q in queue_names(broker, r, conf) for m in broker.lrange(q, 0, -1)]
+    raws = [m for q in queue_names(broker, r, conf) for _key, m in queues.waiting(broker, q)]
     raws += [json.dumps(json.loads(entry)[0]) for entry in broker.hvals(leases.UNACKED)]
     count = 0
     for raw in raws:
@@ -60,14 +60,10 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
     consumed = {q for w in workers for q in w.get("queues", [])}
     problems = []
     # Queues named by routing exist as lists in the broker even if no worker ever registered.
-    listed = {
-        q
-        for q in broker.scan_iter(match=conf.gpu_queue_prefix + "*", count=500)
-        if conf.gpu_index(q if isinstance(q, str) else q.decode()) is not None
-    }
-    listed = {q if isinstance(q, str) else q.decode() for q in listed}
-    for queue in sorted(registry.known_gpu_queues(r) | listed | {conf.cpu_queue}):
-        waiting = broker.llen(queue)
+    listed = {queues.logical_name(q) for q in broker.scan_iter(match=conf.gpu_queue_prefix + "*", count=500)}
+    listed = {q for q in listed if conf.gpu_index(q) is not None}
+    names = sorted(registry.known_gpu_queues(r) | listed | {conf.cpu_queue})
+    for queue, waiting in queues.lengths(broker, names).items():
         if waiting and queue not in consumed:
             pool = "-P solo -c 1 " if queue != conf.cpu_queue else ""
             problems.append(

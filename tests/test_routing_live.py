@@ -7,7 +7,7 @@ import time
 import pytest
 import redis
 
-from tasks import registry
+from tasks import queues, registry
 from tasks.pipeline import STAGE_TASKS
 from tasks.rebalance import rebalance
 from tasks.routing import route_task
@@ -48,12 +48,12 @@ def test_router_sends_gpu_stages_to_the_least_loaded_live_queue(app_on_test_redi
     _, r = app_on_test_redis
     register(r, "gpu0@a", 0, busy=True)
     register(r, "gpu1@a", 1)
-    assert route_task("framefleet.depth", (job(),), {}, {}) == {"queue": "gpu1"}
+    assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu1"
     r.lpush("gpu1", "x", "y")  # two waiting on gpu1 outweigh one busy worker on gpu0
-    assert route_task("framefleet.depth", (job(),), {}, {}) == {"queue": "gpu0"}
-    assert route_task("framefleet.tracks", (job(gpus=[1]),), {}, {}) == {"queue": "gpu1"}
-    assert route_task("framefleet.h5", (job(),), {}, {}) == {"queue": "cpu"}
-    assert route_task("framefleet.hands", (job(failed={"stage": "depth"}),), {}, {}) == {"queue": "cpu"}
+    assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu0"
+    assert route_task("framefleet.tracks", (job(gpus=[1]),), {}, {})["queue"] == "gpu1"
+    assert route_task("framefleet.h5", (job(),), {}, {})["queue"] == "cpu"
+    assert route_task("framefleet.hands", (job(failed={"stage": "depth"}),), {}, {})["queue"] == "cpu"
 
 
 def test_rebalancer_moves_waiting_tasks_off_a_queue_without_live_worker(app_on_test_redis):
@@ -66,15 +66,18 @@ def test_rebalancer_moves_waiting_tasks_off_a_queue_without_live_worker(app_on_t
     depth.apply_async(args=(job(video_id="b"),), queue="gpu1")
     registry.remove(r, "gpu1@a")  # gpu1's worker is gone; gpu0's arrives
     register(r, "gpu0@a", 0)
-    assert r.llen("gpu1") == 3
+    assert queues.length(r, "gpu1") == 3
     assert rebalance(r, conf) == 2
     # The task restricted to GPU 1 stays where it may run; the others wait on gpu0, oldest first.
-    assert r.llen("gpu1") == 1 and r.llen("gpu0") == 2
+    assert queues.length(r, "gpu1") == 1 and queues.length(r, "gpu0") == 2
     r.delete("ff:rebalance-lock")
     assert rebalance(r, conf) == 0
     from tasks.rebalance import _decode
 
-    assert [_decode(raw)[1].video_id for raw in reversed(r.lrange("gpu0", 0, -1))] == ["a", "b"]
+    assert [_decode(raw)[1].video_id for raw in reversed([raw for _, raw in queues.waiting(r, "gpu0")])] == [
+        "a",
+        "b",
+    ]
 
 
 def test_rebalancer_evens_out_live_queues_respecting_gpu_restrictions(app_on_test_redis):
@@ -87,10 +90,10 @@ def test_rebalancer_evens_out_live_queues_respecting_gpu_restrictions(app_on_tes
     for i in range(6):  # sent while only gpu0 was known
         depth.apply_async(args=(job(video_id=f"v{i}", gpus=[0] if i == 0 else None),), queue="gpu0")
     assert rebalance(r, conf) == 3
-    assert r.llen("gpu0") == 3 and r.llen("gpu1") == 3
-    assert "v0" in [_decode(raw)[1].video_id for raw in r.lrange("gpu0", 0, -1)]  # may only run on GPU 0
+    assert queues.length(r, "gpu0") == 3 and queues.length(r, "gpu1") == 3
+    assert "v0" in [_decode(raw)[1].video_id for _, raw in queues.waiting(r, "gpu0")]  # may only run on GPU 0
     # the oldest waiting tasks moved, so they start first on the idle GPU
-    assert sorted(_decode(raw)[1].video_id for raw in r.lrange("gpu1", 0, -1)) == ["v1", "v2", "v3"]
+    assert sorted(_decode(raw)[1].video_id for _, raw in queues.waiting(r, "gpu1")) == ["v1", "v2", "v3"]
     r.delete("ff:rebalance-lock")
     assert rebalance(r, conf) == 0  # balanced: nothing moves back and forth
 
@@ -113,13 +116,13 @@ def test_routing_and_the_rebalancer_read_queue_lengths_on_the_broker_when_it_is_
         register(r, "gpu0@a", 0)
         register(r, "gpu1@a", 1)
         broker.lpush("gpu1", "x", "y")  # two waiting on gpu1, in the broker's database
-        assert route_task("framefleet.depth", (job(),), {}, {}) == {"queue": "gpu0"}
+        assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu0"
         for i in range(4):
             send_task(broker_url, "framefleet.depth", (job(video_id=f"v{i}"),), "gpu0")
         broker.delete("gpu1")
-        assert broker.llen("gpu0") == 4
+        assert queues.length(broker, "gpu0") == 4
         assert rebalance(r, conf, broker=broker) == 2
-        assert broker.llen("gpu0") == 2 and broker.llen("gpu1") == 2
+        assert queues.length(broker, "gpu0") == 2 and queues.length(broker, "gpu1") == 2
     finally:
         broker.flushdb()
         monkeypatch.delenv("FRAMEFLEET_BROKER_URL")

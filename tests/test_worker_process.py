@@ -68,7 +68,9 @@ def test_a_worker_recycles_itself_after_n_tasks(workers, video_factory, pipeline
     assert proc.wait(timeout=120) == 0  # finished its second task, then a clean warm shutdown
     assert "recycling after 2 tasks" in workers.log("gpu0")
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
-    assert r.llen("gpu0") == 1  # the third GPU stage waits for the fresh worker
+    from tasks import queues
+
+    assert queues.length(r, "gpu0") == 1  # the third GPU stage waits for the fresh worker
     workers.start("gpu0", name="gpu0-fresh")
     wait_until(lambda: (out / "run_summary.json").exists(), 120, "the run to finish")
 

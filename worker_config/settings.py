@@ -107,6 +107,8 @@ class Settings(BaseSettings):
     result_expires_s: int = Field(default=30 * 24 * 3600, ge=3600)
     max_tasks_per_worker: int = Field(default=0, ge=0)
     max_rss_mib: float = Field(default=0, ge=0)
+    # Later stages of a video first on every queue (tasks.queues.stage_priority); false: first in, first out.
+    stage_priorities: bool = True
     # torch's CPU threads in each worker process; 0 keeps torch's default (one per core). Several
     # model workers on one host each with every core oversubscribe it: run_local sets cores // workers.
     torch_threads: int = Field(default=0, ge=0)

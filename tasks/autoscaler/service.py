@@ -26,6 +26,7 @@ from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide, 
 from tasks.autoscaler.supervisor import Slot, Supervisor
 from tasks.gpu import GpuProbe, GpuReading
 from tasks.oom import OOM_KEY
+from tasks.queues import lengths as queue_lengths
 from tasks.redis_client import get_redis
 from tasks.registry import live_workers
 from worker_config.settings import Settings
@@ -113,10 +114,7 @@ class Autoscaler:
         ours = {s.pid for s in self.supervisor.slots if s.pid is not None}
         workers = {int(w["pid"]): w for w in live_workers(self.r) if w.get("pid") in ours}
         queues = [f.queue for g in gpus for f in families(self.conf, g.index)]
-        pipe = self.broker.pipeline()
-        for queue in queues:
-            pipe.llen(queue)
-        backlog = dict(zip(queues, pipe.execute(), strict=True))
+        backlog = queue_lengths(self.broker, queues)
         return Snapshot(gpus, used, workers, backlog, host_available_mib(), self._new_ooms())
 
     def _new_ooms(self) -> list[dict[str, Any]]:

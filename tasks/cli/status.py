@@ -25,6 +25,7 @@ from tasks.cli import watch
 from tasks.cli.common import check_redis
 from tasks.gpu import GpuReading, open_probe
 from tasks.metrics import QUARANTINE_PREFIX, STAGE_LOG_KEY
+from tasks.queues import lengths as queue_lengths
 from tasks.redis_client import get_redis
 from worker_config.settings import Settings, redact_url
 
@@ -101,10 +102,8 @@ def queue_rows(conf: Settings, workers: list[dict[str, Any]]) -> list[list[Any]]
     names = {conf.cpu_queue} | registry.known_gpu_queues(r) | {q for w in workers for q in w.get("queues", [])}
     gpus = {i for q in names if (i := conf.gpu_index(q)) is not None}
     names |= {conf.stage_queue(stage, i) for i in gpus for stage in conf.own_env_stages()}
-    pipe = get_redis(conf.broker).pipeline(transaction=False)
-    for name in sorted(names):
-        pipe.llen(name)
-    return [[name, waiting] for name, waiting in zip(sorted(names), pipe.execute(), strict=True)]
+    waiting = queue_lengths(get_redis(conf.broker), sorted(names))
+    return [[name, count] for name, count in waiting.items()]
 
 
 def latest_run(
