@@ -12,12 +12,13 @@ T = TypeVar("T")
 
 
 def closed_channel(exc: BaseException) -> bool:
-    """True when ``exc`` is kombu's virtual channel failing on its connection, which closing the channel unset."""
+    """True when ``exc`` is kombu's transport using a closed channel, whose connection closing set to None."""
     frames = traceback.extract_tb(exc.__traceback__)
     return (
         isinstance(exc, AttributeError)
+        and str(exc).startswith("'NoneType' object has no attribute")
         and bool(frames)
-        and frames[-1].filename.replace("\\", "/").endswith("kombu/transport/virtual/base.py")
+        and "/kombu/transport/" in frames[-1].filename.replace("\\", "/")
     )
 
 
@@ -27,11 +28,12 @@ def send_once_more_on_closed_channel(send: Callable[[], T], producer: Any) -> T:
     Celery declares the target queue on every send (celery/app/amqp.py:593-594) and kombu's
     ``Producer._publish`` takes its channel before that declaration (kombu/messaging.py:362-368).
     When Redis is away, the declaration retries on its own (kombu/common.py:176-177): its reconnect
-    closes the channel ``_publish`` already holds, and the publish then fails with AttributeError
-    ("'NoneType' object has no attribute 'state'", kombu/transport/virtual/base.py:842) rather than a
-    connection error its retry policy would handle. Nothing was sent then, and a pooled producer gets a
-    channel of the reconnected connection when acquired again (kombu/pools.py ProducerPool.prepare), so
-    the second send goes through. A caller's own ``producer`` is left to the caller.
+    closes the channel ``_publish`` holds, and the publish then fails with AttributeError ("'NoneType'
+    object has no attribute 'state'", kombu/transport/virtual/base.py:842, or "... 'client'",
+    kombu/transport/redis.py:1957) instead of a connection error its retry policy would handle.
+    Nothing was sent then, and a pooled producer gets a channel of the reconnected connection when
+    acquired again (kombu/pools.py, ``ProducerPool.prepare``), so the second send goes through. A
+    caller's own ``producer`` is left to the caller.
     """
     try:
         return send()
