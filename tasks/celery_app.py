@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import socket
+
 from celery import Celery
 
 from tasks import queues
 from worker_config.settings import ConfigError, Settings, exit_on_config_error, load_settings
 
 TASK_PREFIX = "framefleet."
+# TCP keepalive on the broker's connections: a peer silent for 10 s is probed every 5 s and given up
+# after 3 unanswered probes, so a half-open connection fails within about 25 s.
+KEEPALIVE = {socket.TCP_KEEPIDLE: 10, socket.TCP_KEEPINTVL: 5, socket.TCP_KEEPCNT: 3}
 
 app = Celery("framefleet")
 _settings: Settings | None = None
@@ -32,8 +37,15 @@ def configure(new: Settings) -> Celery:
     transport = {
         "visibility_timeout": new.visibility_timeout_s,
         "socket_keepalive": True,
+        "socket_keepalive_options": KEEPALIVE,
         "retry_on_timeout": True,
-        "health_check_interval": 10,
+        # No redis-py health check on the broker's connections: when one finds the BRPOP connection
+        # dead (a long task ran across a Redis restart), redis-py reconnects inside kombu's
+        # _brpop_start and sends the BRPOP on a socket kombu neither polls nor counts as waiting
+        # for a reply (the disconnect clears Channel._in_poll: kombu/transport/redis.py:1257-1260,
+        # 1467-1474; redis/connection.py:1329-1344); the consumer's restart then closes that socket
+        # with the popped message unread, and the message is gone. TCP keepalive finds dead peers.
+        "health_check_interval": 0,
         # A list per priority, so that a video's later stages overtake earlier ones (tasks.queues).
         **queues.transport_options(),
     }

@@ -18,6 +18,8 @@ from typing import Any
 
 from celery import Task
 
+from tasks import publish
+
 # Flower's default list (name,uuid,state,received,runtime,worker) hides args and result.
 TASKS_COLUMNS = "name,uuid,state,args,result,received,started,runtime,worker"
 COLUMNS_ENV = "FLOWER_TASKS_COLUMNS"
@@ -57,7 +59,10 @@ class VideoTask(Task):
     ) -> Any:
         if "argsrepr" not in options and (text := describe(args)) is not None:
             options["argsrepr"] = text
-        return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+        send = super().apply_async
+        return publish.send_once_more_on_closed_channel(
+            lambda: send(args, kwargs, task_id, producer, link, link_error, shadow, **options), producer
+        )
 
 
 def default_columns(flower_args: Sequence[str]) -> None:
