@@ -1,4 +1,8 @@
-"""The chord callback: merge every completed video's partial statistics and write the run summary."""
+"""The statistics callback: merge every completed video's partial statistics and write the run summary.
+
+tasks.completion sends it once every video of the run has finished; it reads the videos'
+outcomes from Redis (an earlier version's chord passed them as its first argument).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tasks import quarantine, requeues, runs
+from tasks import completion, partials, progress, quarantine, requeues, runs
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.flower_view import VideoTask
 from tasks.redis_client import get_redis
@@ -25,6 +29,20 @@ log = logging.getLogger("framefleet.aggregate")
 REPORT_TIMEOUT_S = 120
 
 
+def _candidates(root: Path) -> tuple[set[str], set[str]]:
+    """(video ids with a marker in OUT/markers/, video ids with a work folder: markers of earlier versions)."""
+    try:
+        folders = {e.name for e in os.scandir(root / "work") if e.is_dir(follow_symlinks=False)}
+    except FileNotFoundError:
+        folders = set()
+    suffix = ".hdf5.done.json"
+    try:
+        marked = {e.name.removesuffix(suffix) for e in os.scandir(root / MARKERS_DIR) if e.name.endswith(suffix)}
+    except FileNotFoundError:
+        marked = set()
+    return marked, folders
+
+
 def completed_videos(out_root: Path) -> dict[str, dict[str, Any]]:
     """Return the h5 marker of every video of ``out_root`` whose HDF5 file is complete, any run.
 
@@ -32,29 +50,49 @@ def completed_videos(out_root: Path) -> dict[str, dict[str, Any]]:
     those of earlier versions in OUT/work/<video>/. A work folder that is a link is not followed.
     """
     root = out_root.resolve()
-    try:
-        folders = [e.name for e in os.scandir(root / "work") if e.is_dir(follow_symlinks=False)]
-    except FileNotFoundError:
-        folders = []
+    marked, folders = _candidates(root)
     found = {}
     final = dataset_stage().name
-    candidates = {p.name.removesuffix(".hdf5.done.json") for p in (root / MARKERS_DIR).glob("*.hdf5.done.json")}
-    candidates |= set(folders)  # markers of earlier versions
-    for vid in sorted(candidates):
+    for vid in sorted(marked | folders):
         record = read_done(root, vid, final, check_hash=False)
         if record is not None and "stats" in record.get("report", {}):
             found[vid] = record
     return found
 
 
-def write_statistics(out_root: Path, track_type: str) -> int:
-    """Write normalization_stats.yaml from every completed video; return how many were merged."""
+def completed_partials(out_root: Path, r: Any = None) -> dict[str, dict[str, Any]]:
+    """Return the partial statistics of every video of ``out_root`` whose HDF5 file is complete, any run.
+
+    The same videos and partials as ``completed_videos``, read from the Redis hash of tasks.partials
+    (one HGETALL and a stat per file) where its entry matches the file, else from the marker.
+    """
+    root = out_root.resolve()
+    marked, folders = _candidates(root)
+    kept = partials.read(r, root)
+    final = dataset_stage().name
+    found: dict[str, dict[str, Any]] = {}
+    for vid in sorted(marked | folders):
+        entry = kept.get(vid) if vid in marked else None  # only beside a marker, as the marker path counts
+        stats = partials.current(entry, root / f"{vid}.hdf5") if entry is not None else None
+        if stats is None:
+            record = read_done(root, vid, final, check_hash=False)
+            stats = (record or {}).get("report", {}).get("stats")
+        if stats is not None:
+            found[vid] = stats
+    return found
+
+
+def write_statistics(out_root: Path, track_type: str, r: Any = None) -> int:
+    """Write normalization_stats.yaml from every completed video; return how many were merged.
+
+    ``r``: the Redis client whose copy of the partials spares reading the markers (None: markers only).
+    """
     from tasks.stats import VideoStats, normalization_stats, write_stats_yaml
 
-    records = completed_videos(out_root)
-    total = VideoStats.pool([r["report"]["stats"] for r in records.values()], track_type)
+    parts = completed_partials(out_root, r)
+    total = VideoStats.pool(list(parts.values()), track_type)
     write_stats_yaml(out_root / "normalization_stats.yaml", normalization_stats(total))
-    return len(records)
+    return len(parts)
 
 
 def stage_timings(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -117,17 +155,27 @@ def write_report(out_root: Path) -> None:
 
 
 @app.task(name=TASK_PREFIX + "aggregate", acks_late=True, base=VideoTask)
-def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any]:
-    """Chord callback: write normalization_stats.yaml and run_summary.json; return the summary."""
-    out_root = Path(run["output_root"])
-    track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
-    merged = write_statistics(out_root, track_type)
-    done = sorted(r["video_id"] for r in results if not r.get("failed"))
-    failed = [{"video_id": r["video_id"], "video": r["video"], **r["failed"]} for r in results if r.get("failed")]
+def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Statistics callback of a run: write normalization_stats.yaml and run_summary.json; return the summary.
+
+    Called as ``aggregate(run)`` by tasks.completion (the outcomes are read from Redis), or as
+    ``aggregate(results, run)`` by the chord of an earlier version.
+    """
     try:
         r = get_redis(settings().redis_url)
+        r.ping()
     except Exception:
         r = None
+    if run is None:
+        run = first
+        results = completion.outcomes(r, run["run_id"]) if r is not None else []
+    else:
+        results = first
+    out_root = Path(run["output_root"])
+    track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
+    merged = write_statistics(out_root, track_type, r)
+    done = sorted(v["video_id"] for v in results if not v.get("failed"))
+    failed = [{"video_id": v["video_id"], "video": v["video"], **v["failed"]} for v in results if v.get("failed")]
     quarantined = quarantine.update(out_root, failed, done, r)
     summary = {
         "run_id": run["run_id"],
@@ -141,8 +189,8 @@ def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, A
         "started": run.get("started"),
         "finished": time.time(),
         "wall_s": time.time() - run["started"] if run.get("started") else None,
-        "stages": stage_timings([r for r in results if not r.get("failed")]),
-        "notes": {r["video_id"]: r["notes"] for r in results if r.get("notes")},
+        "stages": stage_timings([v for v in results if not v.get("failed")]),
+        "notes": {v["video_id"]: v["notes"] for v in results if v.get("notes")},
         "requeued": _requeued(r, run["run_id"]),
         "outputs": {
             "statistics": "normalization_stats.yaml",
@@ -154,6 +202,11 @@ def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, A
     write_text_atomic(out_root / "run_summary.json", json.dumps(summary, indent=2, sort_keys=True))
     runs.finished(out_root, run["run_id"], summary)
     log.info("run %s: %d done, %d failed; statistics over %d videos", run["run_id"], len(done), len(failed), merged)
+    if r is not None:
+        try:  # how often the callback ran (once per run: tasks.completion)
+            progress.record(r, run["run_id"], "aggregate", True, settings().result_expires_s)
+        except Exception as exc:
+            log.warning("callback of run %s not counted: %s", run["run_id"], exc)
     write_report(out_root)
     keys = ("run_id", "videos", "done", "failed", "quarantined", "statistics_videos", "wall_s")
     return {k: summary[k] for k in keys}

@@ -1,4 +1,4 @@
-"""A dataset run: find the videos, give them stable ids, write the manifest, build the chord."""
+"""A dataset run: find the videos, give them stable ids, write the manifest, build each video's chain."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from celery import chain, chord
+from celery import chain
 
 from tasks.errors import FramefleetError
 from tasks.storage import write_text_atomic
@@ -145,7 +145,7 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
-def build_chord(
+def build_jobs(
     entries: list[dict[str, Any]],
     raw_dir: Path,
     out_dir: Path,
@@ -154,14 +154,9 @@ def build_chord(
     force: bool = False,
     already_complete: int = 0,
     intermediates: str = "keep",
-) -> tuple[Any, dict[str, Any]]:
-    """Return (the chord of one chain per video, the run record the callback receives).
-
-    With no entries, the canvas is the callback alone: the statistics are still rebuilt.
-    """
-    from tasks.aggregate import aggregate
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Return (each video's job for its first stage, the run's record for the statistics callback)."""
     from tasks.celery_app import settings
-    from tasks.pipeline import STAGE_TASKS
 
     run = {
         "run_id": run_id,
@@ -170,10 +165,9 @@ def build_chord(
         "videos": len(entries),
         "already_complete": already_complete,
     }
-    order = settings().enabled_stages()
-    chains = []
-    for entry in entries:
-        job = {
+    order = list(settings().enabled_stages())
+    jobs = [
+        {
             "run_id": run_id,
             "video_id": entry["video_id"],
             "video": entry["path"],
@@ -185,10 +179,16 @@ def build_chord(
             "intermediates": intermediates,
             "text": entry.get("text", ""),
             "noun": entry.get("noun", ""),
-            "chain": list(order),
+            "chain": order,
         }
-        first, *rest = (STAGE_TASKS[name] for name in order)
-        chains.append(chain(first.s(job), *(t.s() for t in rest)))
-    if not chains:
-        return aggregate.s([], run), run
-    return chord(chains, aggregate.s(run)), run
+        for entry in entries
+    ]
+    return jobs, run
+
+
+def video_chain(job: dict[str, Any]) -> Any:
+    """The Celery chain of one video: a task per stage of ``job["chain"]``, each passing the job on."""
+    from tasks.pipeline import STAGE_TASKS
+
+    first, *rest = (STAGE_TASKS[name] for name in job["chain"])
+    return chain(first.s(job), *(t.s() for t in rest))
