@@ -17,6 +17,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tasks import completion, partials, progress, quarantine, requeues, runs
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.flower_view import VideoTask
@@ -60,26 +62,33 @@ def completed_videos(out_root: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
-def completed_partials(out_root: Path, r: Any = None) -> dict[str, dict[str, Any]]:
-    """Return the partial statistics of every video of ``out_root`` whose HDF5 file is complete, any run.
+def completed_partials(out_root: Path, track_type: str, r: Any = None) -> np.ndarray:
+    """Return the partial statistics of every video of ``out_root`` whose HDF5 file is complete, any
+    run, as rows (tasks.stats.to_row) in video id order.
 
     The same videos and partials as ``completed_videos``, read from the Redis hash of tasks.partials
     (one HGETALL and a stat per file) where its entry matches the file, else from the marker.
+    Raises ValueError on a partial of another track type.
     """
+    from tasks.stats import row_layout
+
     root = out_root.resolve()
     marked, folders = _candidates(root)
     kept = partials.read(r, root)
     final = dataset_stage().name
-    found: dict[str, dict[str, Any]] = {}
+    rows = []
     for vid in sorted(marked | folders):
         entry = kept.get(vid) if vid in marked else None  # only beside a marker, as the marker path counts
-        stats = partials.current(entry, root / f"{vid}.hdf5") if entry is not None else None
-        if stats is None:
+        row = partials.current(entry, root / f"{vid}.hdf5", track_type) if entry is not None else None
+        if row is None:
             record = read_done(root, vid, final, check_hash=False)
             stats = (record or {}).get("report", {}).get("stats")
-        if stats is not None:
-            found[vid] = stats
-    return found
+            if stats is None:
+                continue
+            row = partials.encode(stats, track_type)
+        rows.append(row)
+    width = sum(1 + 2 * dim for _f, dim in row_layout(track_type))
+    return np.frombuffer(b"".join(rows), dtype="<f8").reshape(len(rows), width)
 
 
 def write_statistics(out_root: Path, track_type: str, r: Any = None) -> int:
@@ -87,12 +96,11 @@ def write_statistics(out_root: Path, track_type: str, r: Any = None) -> int:
 
     ``r``: the Redis client whose copy of the partials spares reading the markers (None: markers only).
     """
-    from tasks.stats import VideoStats, normalization_stats, write_stats_yaml
+    from tasks.stats import normalization_stats, pool_rows, write_stats_yaml
 
-    parts = completed_partials(out_root, r)
-    total = VideoStats.pool(list(parts.values()), track_type)
-    write_stats_yaml(out_root / "normalization_stats.yaml", normalization_stats(total))
-    return len(parts)
+    rows = completed_partials(out_root, track_type, r)
+    write_stats_yaml(out_root / "normalization_stats.yaml", normalization_stats(pool_rows(rows, track_type)))
+    return int(rows.shape[0])
 
 
 def stage_timings(results: list[dict[str, Any]]) -> dict[str, Any]:

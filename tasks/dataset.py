@@ -166,12 +166,13 @@ def build_jobs(
         "already_complete": already_complete,
     }
     order = list(settings().enabled_stages())
+    dataset_root = str(raw_dir.resolve())
     jobs = [
         {
             "run_id": run_id,
             "video_id": entry["video_id"],
             "video": entry["path"],
-            "dataset_root": str(raw_dir.resolve()),
+            "dataset_root": dataset_root,
             "output_root": run["output_root"],
             "gpus": gpus,
             "gpu": None,

@@ -8,8 +8,8 @@ only while its HDF5 file has the size and modification time it recorded: an outp
 
 from __future__ import annotations
 
+import base64
 import hashlib
-import json
 import logging
 import os
 import stat
@@ -27,18 +27,29 @@ def redis_key(out_root: Path) -> str:
     return keys.PARTIALS_PREFIX + hashlib.sha256(str(out_root.resolve()).encode()).hexdigest()[:12]
 
 
+def encode(stats: dict[str, Any], track_type: str) -> bytes:
+    """The partial as the bytes of its float64 row (tasks.stats.to_row): exact, and read without JSON."""
+    from tasks.stats import to_row
+
+    return to_row(stats, track_type).astype("<f8").tobytes()
+
+
 def keep(r: redis.Redis, out_root: Path, video_id: str, output: Path, stats: dict[str, Any], ttl_s: int) -> None:
-    """Store ``stats`` of the complete dataset file ``output`` with its size and modification time."""
+    """Store ``stats`` of the complete dataset file ``output`` with its size and modification time.
+
+    An entry is ``"<bytes> <mtime_ns> <track type> <base64 row>"``: about 0.6 KB, where the JSON
+    of the marker's partial is 1.4 KB and takes longer to parse than the rest of the callback.
+    """
     st = output.stat()
-    entry = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "stats": stats}
+    row = base64.b64encode(encode(stats, stats["track_type"])).decode()
     pipe = r.pipeline(transaction=False)
-    pipe.hset(redis_key(out_root), video_id, json.dumps(entry))
+    pipe.hset(redis_key(out_root), video_id, f"{st.st_size} {st.st_mtime_ns} {stats['track_type']} {row}")
     pipe.expire(redis_key(out_root), ttl_s)
     pipe.execute()
 
 
 def read(r: redis.Redis | None, out_root: Path) -> dict[str, str]:
-    """Every stored entry of ``out_root`` as JSON text, by video id; {} without Redis or when it fails."""
+    """Every stored entry of ``out_root``, by video id; {} without Redis or when it fails."""
     if r is None:
         return {}
     try:
@@ -48,13 +59,18 @@ def read(r: redis.Redis | None, out_root: Path) -> dict[str, str]:
         return {}
 
 
-def current(entry_text: str, output: Path) -> dict[str, Any] | None:
-    """The partial of an entry whose file ``output`` is a regular file of its size and time, else None."""
+def current(entry: str, output: Path, track_type: str) -> bytes | None:
+    """The row of an entry of ``track_type`` whose file ``output`` is a regular file of its size and
+    modification time, else None."""
     try:
-        entry = json.loads(entry_text)
+        size, mtime_ns, kind, row = entry.split(" ")
         st = os.lstat(output)  # a link in place of an output is not an output (as storage.read_marker)
+        if (
+            kind != track_type
+            or not stat.S_ISREG(st.st_mode)
+            or (st.st_size, st.st_mtime_ns) != (int(size), int(mtime_ns))
+        ):
+            return None
+        return base64.b64decode(row, validate=True)
     except (OSError, ValueError):
         return None
-    if not stat.S_ISREG(st.st_mode) or st.st_size != entry.get("bytes") or st.st_mtime_ns != entry.get("mtime_ns"):
-        return None
-    return entry.get("stats")
