@@ -24,7 +24,6 @@ now (tasks.completion's counter and window; tasks.partials' hash) in the same si
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import shutil
@@ -231,13 +230,12 @@ def callback_phase(out: Path, n: int, work: Path, url: str) -> dict[str, Any]:
     # What the finishing tasks leave in Redis: each video's outcome and its partial statistics.
     h5 = big / f"{entries[0]['video_id']}.hdf5"
     stats = json.loads((big / "markers" / f"{entries[0]['video_id']}.hdf5.done.json").read_text())["report"]["stats"]
-    row = base64.b64encode(partials.encode(stats, "3d")).decode()
-    kept = f"{h5.stat().st_size} {h5.stat().st_mtime_ns} 3d {row}"  # as tasks.partials.keep writes it
+    kept = partials.HEADER.pack(h5.stat().st_size, h5.stat().st_mtime_ns, b"3d") + partials.encode(stats, "3d")
     t = time.perf_counter()
     pipe = r.pipeline(transaction=False)
     for e in results:
         pipe.hset(completion.key("scale", ":finished"), e["video_id"], json.dumps(e))
-        pipe.hset(partials.redis_key(big), e["video_id"], kept)
+        pipe.hset(partials.redis_key(big), e["video_id"], kept + e["video_id"].encode())
     pipe.execute()
     figures: dict[str, Any] = {
         "videos": n,

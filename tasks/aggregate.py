@@ -70,16 +70,15 @@ def completed_partials(out_root: Path, track_type: str, r: Any = None) -> np.nda
     (one HGETALL and a stat per file) where its entry matches the file, else from the marker.
     Raises ValueError on a partial of another track type.
     """
-    from tasks.stats import row_layout
-
     root = out_root.resolve()
     marked, folders = _candidates(root)
     kept = partials.read(r, root)
     final = dataset_stage().name
     rows = []
+    prefix = str(root) + os.sep  # strings, not Paths: 50,000 of them
     for vid in sorted(marked | folders):
         entry = kept.get(vid) if vid in marked else None  # only beside a marker, as the marker path counts
-        row = partials.current(entry, root / f"{vid}.hdf5", track_type) if entry is not None else None
+        row = partials.current(entry, prefix + vid + ".hdf5", track_type) if entry is not None else None
         if row is None:
             record = read_done(root, vid, final, check_hash=False)
             stats = (record or {}).get("report", {}).get("stats")
@@ -87,8 +86,7 @@ def completed_partials(out_root: Path, track_type: str, r: Any = None) -> np.nda
                 continue
             row = partials.encode(stats, track_type)
         rows.append(row)
-    width = sum(1 + 2 * dim for _f, dim in row_layout(track_type))
-    return np.frombuffer(b"".join(rows), dtype="<f8").reshape(len(rows), width)
+    return np.frombuffer(b"".join(rows), dtype="<f8").reshape(len(rows), partials.row_width(track_type))
 
 
 def write_statistics(out_root: Path, track_type: str, r: Any = None) -> int:

@@ -5,7 +5,6 @@ Real Redis and, for the runs, real `celery worker` processes and real videos.
 
 from __future__ import annotations
 
-import base64
 import json
 import shutil
 import signal
@@ -185,10 +184,12 @@ def test_the_statistics_read_the_partials_hash_and_fall_back_to_the_markers(
     # Partial (one entry gone) and stale (an output redone since its entry: other mtime, other
     # numbers): each such video's statistics come from its marker.
     r.hdel(key, ids[0])
-    size, mtime_ns, kind, row = r.hget(key, ids[1]).split(" ")
-    doubled = np.frombuffer(base64.b64decode(row), dtype="<f8").copy()
+    raw = redis.Redis.from_url(pipeline_env["REDIS_URL"])  # the entries are binary
+    size, mtime_ns, kind = partials.HEADER.unpack_from(raw.hget(key, ids[1]))
+    row = raw.hget(key, ids[1])[partials.HEADER.size : partials.HEADER.size + 8 * partials.row_width("3d")]
+    doubled = np.frombuffer(row, dtype="<f8").copy()
     doubled[0] *= 2  # the displacement count
-    r.hset(key, ids[1], f"{size} {int(mtime_ns) - 1} {kind} {base64.b64encode(doubled.tobytes()).decode()}")
+    raw.hset(key, ids[1], partials.HEADER.pack(size, mtime_ns - 1, kind) + doubled.tobytes() + ids[1].encode())
     assert statistics(r) == markers_only.read_text()
     r.delete(key)  # a flushed Redis
     assert statistics(r) == markers_only.read_text()
