@@ -17,8 +17,9 @@ now (tasks.completion's counter and window; tasks.partials' hash) in the same si
    file of step 2 and whose marker is that file's (so sizes and partial statistics are real);
    ``write_statistics`` from the markers and from the partials hash, the whole ``aggregate``
    callback (outcomes from Redis, report included, its stage log full), the chord's message.
-4. ``--continue`` over the N complete videos: ``tasks.dataset.incomplete`` and the whole
-   ``enqueue(..., resume=True)`` (manifest, check, the statistics callback sent).
+4. ``--continue`` over the N complete videos: ``tasks.dataset.incomplete`` from the markers, and
+   with the partials hash, and the whole ``enqueue(..., resume=True)`` (manifest, check with the
+   hash, the statistics callback sent).
 """
 
 from __future__ import annotations
@@ -190,6 +191,19 @@ def replicate(out: Path, n: int, work: Path) -> tuple[Path, list[dict[str, Any]]
     return big, entries, job
 
 
+def fill_partials(r: Any, big: Path, ids: list[str]) -> None:
+    """The entries the h5 stage would have left in tasks.partials' hash for ``ids`` (one real partial)."""
+    from tasks import partials
+
+    h5 = big / f"{ids[0]}.hdf5"
+    stats = json.loads((big / "markers" / f"{ids[0]}.hdf5.done.json").read_text())["report"]["stats"]
+    kept = partials.HEADER.pack(h5.stat().st_size, h5.stat().st_mtime_ns, b"3d") + partials.encode(stats, "3d")
+    pipe = r.pipeline(transaction=False)
+    for vid in ids:
+        pipe.hset(partials.redis_key(big), vid, kept + vid.encode())
+    pipe.execute()
+
+
 def callback_phase(out: Path, n: int, work: Path, url: str) -> dict[str, Any]:
     import redis
 
@@ -228,14 +242,11 @@ def callback_phase(out: Path, n: int, work: Path, url: str) -> dict[str, Any]:
         for e in entries
     ]
     # What the finishing tasks leave in Redis: each video's outcome and its partial statistics.
-    h5 = big / f"{entries[0]['video_id']}.hdf5"
-    stats = json.loads((big / "markers" / f"{entries[0]['video_id']}.hdf5.done.json").read_text())["report"]["stats"]
-    kept = partials.HEADER.pack(h5.stat().st_size, h5.stat().st_mtime_ns, b"3d") + partials.encode(stats, "3d")
     t = time.perf_counter()
+    fill_partials(r, big, [e["video_id"] for e in entries])
     pipe = r.pipeline(transaction=False)
     for e in results:
         pipe.hset(completion.key("scale", ":finished"), e["video_id"], json.dumps(e))
-        pipe.hset(partials.redis_key(big), e["video_id"], kept + e["video_id"].encode())
     pipe.execute()
     figures: dict[str, Any] = {
         "videos": n,
@@ -280,10 +291,15 @@ def continue_phase(n: int, work: Path, url: str) -> dict[str, Any]:
 
     big = work / f"complete-{n}"
     entries = [{"video_id": p.name.removesuffix(".hdf5.done.json")} for p in (big / "markers").iterdir()]
-    redis.Redis.from_url(url).flushall()
+    r = redis.Redis.from_url(url)
+    r.flushall()
     t = time.perf_counter()
     left = incomplete(entries, big)
     figures: dict[str, Any] = {"videos": n, "incomplete_s": time.perf_counter() - t, "incomplete_found": len(left)}
+    fill_partials(r, big, [e["video_id"] for e in entries])
+    t = time.perf_counter()
+    left = incomplete(entries, big, r)
+    figures["incomplete_hash_s"], figures["incomplete_hash_found"] = time.perf_counter() - t, len(left)
     (big / "manifest.json").unlink(missing_ok=True)
     t = time.perf_counter()
     record = enqueue(settings(), empty_videos(n, work), big, resume=True)
@@ -355,8 +371,9 @@ def main(argv: list[str] | None = None) -> int:
                 c = continue_phase(n, args.work, url)
                 results["continue"].append(c)
                 print(
-                    f"--continue over {n} complete videos: incomplete() {c['incomplete_s']:.2f} s "
-                    f"({c['incomplete_found']} found), the whole enqueue {c['enqueue_continue_s']:.2f} s "
+                    f"--continue over {n} complete videos: incomplete() from the markers {c['incomplete_s']:.2f} s "
+                    f"({c['incomplete_found']} found), with the hash {c['incomplete_hash_s']:.2f} s "
+                    f"({c['incomplete_hash_found']} found), the whole enqueue {c['enqueue_continue_s']:.2f} s "
                     f"({c['enqueue_continue_sent']} sent)",
                     flush=True,
                 )

@@ -67,7 +67,7 @@ def completed_partials(out_root: Path, track_type: str, r: Any = None) -> np.nda
     run, as rows (tasks.stats.to_row) in video id order.
 
     The same videos and partials as ``completed_videos``, read from the Redis hash of tasks.partials
-    (one HGETALL and a stat per file) where its entry matches the file, else from the marker.
+    (one HVALS and a stat per file) where its entry matches the file, else from the marker.
     Raises ValueError on a partial of another track type.
     """
     root = out_root.resolve()

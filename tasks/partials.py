@@ -88,6 +88,16 @@ def read(r: redis.Redis | None, out_root: Path) -> dict[str, bytes]:
     return found
 
 
+def unchanged(entry: bytes, output: str) -> bool:
+    """True when ``output`` is a regular file of the size and modification time its entry recorded."""
+    try:
+        size, mtime_ns, _kind = HEADER.unpack_from(entry)
+        st = os.lstat(output)
+    except (OSError, struct.error):
+        return False
+    return stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == (size, mtime_ns)
+
+
 def current(entry: bytes, output: str, track_type: str) -> bytes | None:
     """The row of an entry of ``track_type`` whose file ``output`` is a regular file of its size and
     modification time, else None."""

@@ -81,7 +81,8 @@ def enqueue(
             raise DatasetError(f"no quarantined videos in {out_dir / quarantine.FILE}; nothing to retry")
         entries, resume = [e for e in entries if e["video_id"] in held], True
     write_text_atomic(out_dir / "settings.resolved.yaml", yaml.safe_dump(resolved_dict(conf), sort_keys=True))
-    todo = entries if force or not resume else incomplete(entries, out_dir)
+    r = get_redis(conf.redis_url)
+    todo = entries if force or not resume else incomplete(entries, out_dir, r)
     jobs, run = build_jobs(
         todo,
         raw_dir,
@@ -92,7 +93,6 @@ def enqueue(
         already_complete=len(entries) - len(todo),
         intermediates=keep,
     )
-    r = get_redis(conf.redis_url)
     width = window or conf.enqueue_window or completion.auto_window(len(registry.live_workers(r)))
     record = {
         "run_id": run_id,
