@@ -76,6 +76,21 @@ def test_the_count_is_per_video_and_the_callback_is_sent_once(redis_url, monkeyp
     assert found[1]["failed"]["stage"] == "preprocess" and "dataset_root" not in found[0]
 
 
+def test_a_cancelled_run_sends_none_of_its_held_videos(redis_url, monkeypatch, tmp_path):
+    configure_for(monkeypatch, redis_url)
+    from tasks import completion, runs
+    from tasks.dataset import build_jobs
+
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    entries = [{"video_id": f"v{i}", "path": f"v{i}.mp4"} for i in range(3)]
+    jobs, run = build_jobs(entries, tmp_path, tmp_path / "out", "run2")
+    runs.publish(r, {**run, "callback_id": "callback-2"}, 3600)
+    completion.hold(r, "run2", jobs[1:], 3600)
+    assert completion.drop_pending(r, "run2") == 2  # what `framefleet cancel` does first
+    completion.video_ended(r, {**jobs[0], "timings": {}}, 3600)  # v0 ends after the cancel
+    assert waiting(r) == []
+
+
 def _enqueue_background(raw: Path, out: Path, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tasks.cli.main", "enqueue", str(raw), "--out", str(out), *extra],
