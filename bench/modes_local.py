@@ -19,7 +19,7 @@ from typing import Any
 
 
 def jobs_for(raw_dir: Path, out_dir: Path, limit: int | None = None, run_id: str = "bench") -> list[dict[str, Any]]:
-    """The job message of every video of ``raw_dir``, as the enqueuer builds it (tasks.dataset.build_chord)."""
+    """The job message of every video of ``raw_dir``, as the enqueuer builds it (tasks.dataset.build_jobs)."""
     from tasks.celery_app import settings
     from tasks.dataset import find_videos, video_id
 

@@ -1,18 +1,25 @@
 #!/usr/bin/env python3
-"""What 10,000 and 50,000 videos cost: enqueueing, Redis memory, the statistics callback and --continue's check.
+"""What 10,000 and 50,000 videos cost: enqueueing, Redis memory, the statistics callback and --continue.
 
-    python bench/scale.py [--videos 10000,50000] [--enqueue-videos N,M] [--work DIR] [--end-videos 20]
+    python bench/scale.py [--videos 10000,50000] [--enqueue-videos N,M] [--chord-videos N,M]
+                          [--work DIR] [--end-videos 20] [--skip enqueue,end,callback,continue]
 
-1. Enqueue: N empty ``.mp4`` files (the enqueuer only lists and stats them) are enqueued as one
-   chord against a private Redis with no worker: seconds per phase, then Redis memory (INFO),
-   keys by prefix, their TTLs and the bytes of the waiting messages: what N videos in flight hold.
+Each phase measures the way a run ended before (one chord; partials read from the markers) and
+now (tasks.completion's counter and window; tasks.partials' hash) in the same sitting.
+
+1. Enqueue: N empty ``.mp4`` files (the enqueuer only lists and stats them) against a private
+   Redis with no worker, (a) as one chord of N chains (``--chord-videos``), (b) as the run is
+   sent now: the record, the held jobs, the first ``--window`` chains. Seconds per phase, Redis
+   memory (INFO) per video in flight, keys by prefix.
 2. The end of a run: ``--end-videos`` tiny real videos through ``scripts/run_local.py`` on another
    private Redis; the keys left per video, by prefix, with their TTLs.
-3. The callback and --continue over N complete videos: N work folders whose HDF5 file is a hard
-   link to one real file of step 2 and whose marker is that file's (so sizes and partial
-   statistics are real); times of ``completed_videos``, ``write_statistics``, the whole
-   ``aggregate`` callback with N results (report included, its stage log full), and
-   ``tasks.dataset.incomplete`` (size and mtime; full hashing timed on a sample and scaled).
+3. The callback over N complete videos: N work folders whose HDF5 file is a hard link to one real
+   file of step 2 and whose marker is that file's (so sizes and partial statistics are real);
+   ``write_statistics`` from the markers and from the partials hash, the whole ``aggregate``
+   callback (outcomes from Redis, report included, its stage log full), the chord's message.
+4. ``--continue`` over the N complete videos: ``tasks.dataset.incomplete`` from the markers, and
+   with the partials hash, and the whole ``enqueue(..., resume=True)`` (manifest, check with the
+   hash, the statistics callback sent).
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from bench.modes_queue import private_redis  # noqa: E402
 
 def prefix_of(key: str) -> str:
     """Group keys by their family: ``ff:claim:…`` → ``ff:claim``, ``celery-task-meta-…`` → ``celery-task-meta``."""
+    if key.startswith("ff:run:") and key.count(":") == 3:  # ff:run:<id>:finished, …: tasks.completion
+        return "ff:run:*:" + key.rsplit(":", 1)[1]
     if key.startswith("ff:"):
         return ":".join(key.split(":")[:2])
     for family in ("celery-task-meta-", "chord-unlock-", "_kombu.binding.", "unacked"):
@@ -60,17 +69,26 @@ def redis_census(r: Any) -> dict[str, Any]:
     }
 
 
-def enqueue_phase(n: int, work: Path) -> dict[str, Any]:
-    from celery import chord  # noqa: F401  (import time is not enqueue time)
-
-    from tasks.dataset import build_chord, find_videos, new_run_id, write_manifest
-    from tasks.redis_client import get_redis
-
-    raw, out = work / f"empty-{n}", work / f"enq-out-{n}"
+def empty_videos(n: int, work: Path) -> Path:
+    """A folder of ``n`` empty .mp4 files, v000000.mp4 …"""
+    raw = work / f"empty-{n}"
     if not raw.exists():
         raw.mkdir(parents=True)
         for i in range(n):
             (raw / f"v{i:06d}.mp4").touch()
+    return raw
+
+
+def enqueue_phase(n: int, work: Path, how: str, window: int) -> dict[str, Any]:
+    """Enqueue ``n`` videos ``how``: "chord" (one chord of every chain) or "window" (tasks.completion)."""
+    from celery import chord
+
+    from tasks import completion, runs
+    from tasks.aggregate import aggregate
+    from tasks.dataset import build_jobs, find_videos, new_run_id, video_chain, write_manifest
+    from tasks.redis_client import get_redis
+
+    raw, out = empty_videos(n, work), work / f"enq-out-{n}"
     shutil.rmtree(out, ignore_errors=True)
     r = get_redis(os.environ["REDIS_URL"])
     r.flushall()
@@ -78,23 +96,36 @@ def enqueue_phase(n: int, work: Path) -> dict[str, Any]:
     t = {"start": time.perf_counter()}
     videos = find_videos(raw)
     t["find"] = time.perf_counter()
-    entries = write_manifest(raw, out, videos, new_run_id())
+    run_id = new_run_id()
+    entries = write_manifest(raw, out, videos, run_id)
     t["manifest"] = time.perf_counter()
-    canvas, _ = build_chord(entries, raw, out, "scale")
-    t["build"] = time.perf_counter()
-    canvas.apply_async()
+    jobs, run = build_jobs(entries, raw, out, run_id)
+    if how == "chord":
+        canvas = chord([video_chain(j) for j in jobs], aggregate.s(run))
+        t["build"] = time.perf_counter()
+        canvas.apply_async()
+    else:
+        t["build"] = time.perf_counter()
+        record = {**run, "callback_id": "bench-callback", "window": window}
+        runs.publish(r, record, 3600)
+        completion.hold(r, run_id, jobs[window:], 3600)
+        for job in jobs[:window]:
+            video_chain(job).apply_async()
     t["send"] = time.perf_counter()
     census = redis_census(r)
     from tasks.queues import length
 
     cpu_queue = length(r, "cpu")  # every priority list of the queue
     return {
+        "how": how,
         "videos": n,
+        "window": window if how == "window" else n,
         "find_s": t["find"] - t["start"],
         "manifest_s": t["manifest"] - t["find"],
-        "build_chord_s": t["build"] - t["manifest"],
+        "build_s": t["build"] - t["manifest"],
         "send_s": t["send"] - t["build"],
         "total_s": t["send"] - t["start"],
+        "redis_bytes": census["used_memory"] - base,
         "redis_bytes_per_video": (census["used_memory"] - base) / n,
         "waiting_messages": cpu_queue,
         "census": census,
@@ -139,34 +170,50 @@ def end_state(videos: int, work: Path) -> tuple[dict[str, Any], Path]:
 
 
 def replicate(out: Path, n: int, work: Path) -> tuple[Path, list[dict[str, Any]], dict[str, Any]]:
-    """A folder of ``n`` complete videos built from one real video of ``out`` (hard links, real marker)."""
-    from tasks.stage_io import dataset_file
+    """A folder of ``n`` complete videos built from one real video of ``out`` (hard links, real marker,
+    an empty work folder each), with the ids of the empty videos of ``empty_videos(n)``."""
+    from tasks.dataset import video_id
+    from tasks.stage_io import MARKERS_DIR, dataset_file
 
     vid = sorted(p.stem for p in out.glob("*.hdf5"))[0]
     h5, marker = dataset_file(out, vid)
     record = json.loads(marker.read_text())
     big = work / f"complete-{n}"
-    if not (big / "work").exists() or len(list((big / "work").iterdir())) != n:
+    ids = [video_id(Path(f"v{i:06d}.mp4")) for i in range(n)]
+    if not (big / MARKERS_DIR).exists() or len(os.listdir(big / MARKERS_DIR)) != n:
         shutil.rmtree(big, ignore_errors=True)
         (big / "work").mkdir(parents=True)
+        (big / MARKERS_DIR).mkdir()
         text = json.dumps(record, sort_keys=True)
-        for i in range(n):
-            name = f"v{i:06d}"
+        for name in ids:
             os.link(h5, big / f"{name}.hdf5")
             (big / "work" / name).mkdir()
-            (big / "work" / name / marker.name).write_text(text)
-    entries = [{"video_id": f"v{i:06d}"} for i in range(n)]
+            (big / MARKERS_DIR / f"{name}.hdf5.done.json").write_text(text)
+    entries = [{"video_id": name} for name in ids]
     job = json.loads((out / "run_summary.json").read_text())
     return big, entries, job
+
+
+def fill_partials(r: Any, big: Path, ids: list[str]) -> None:
+    """The entries the h5 stage would have left in tasks.partials' hash for ``ids`` (one real partial)."""
+    from tasks import partials
+
+    h5 = big / f"{ids[0]}.hdf5"
+    stats = json.loads((big / "markers" / f"{ids[0]}.hdf5.done.json").read_text())["report"]["stats"]
+    kept = partials.HEADER.pack(h5.stat().st_size, h5.stat().st_mtime_ns, b"3d") + partials.encode(stats, "3d")
+    pipe = r.pipeline(transaction=False)
+    for vid in ids:
+        pipe.hset(partials.redis_key(big), vid, kept + vid.encode())
+    pipe.execute()
 
 
 def callback_phase(out: Path, n: int, work: Path, url: str) -> dict[str, Any]:
     import redis
 
     from tasks import aggregate as agg
-    from tasks.dataset import incomplete
+    from tasks import completion, partials
     from tasks.metrics import STAGE_LOG_KEPT, STAGE_LOG_KEY
-    from tasks.storage import read_marker, sha256_file
+    from tasks.stats import VideoStats, normalization_stats, write_stats_yaml
 
     big, entries, summary = replicate(out, n, work)
     r = redis.Redis.from_url(url, decode_responses=True)
@@ -198,65 +245,102 @@ def callback_phase(out: Path, n: int, work: Path, url: str) -> dict[str, Any]:
         }
         for e in entries
     ]
-    figures: dict[str, Any] = {"videos": n, "results_json_bytes": len(json.dumps(results))}
+    # What the finishing tasks leave in Redis: each video's outcome and its partial statistics.
+    t = time.perf_counter()
+    fill_partials(r, big, [e["video_id"] for e in entries])
+    pipe = r.pipeline(transaction=False)
+    for e in results:
+        pipe.hset(completion.key("scale", ":finished"), e["video_id"], json.dumps(e))
+    pipe.execute()
+    figures: dict[str, Any] = {
+        "videos": n,
+        "chord_message_bytes": len(json.dumps([results, {"run_id": "scale"}])),
+        "fill_redis_s": time.perf_counter() - t,
+        "partials_hash_bytes": r.memory_usage(partials.redis_key(big), samples=0),
+        "outcomes_hash_bytes": r.memory_usage(completion.key("scale", ":finished"), samples=0),
+    }
+    # Before: every marker read, the partials pooled from their dicts (the old write_statistics).
     t = time.perf_counter()
     records = agg.completed_videos(big)
     figures["completed_videos_s"] = time.perf_counter() - t
-    from tasks.stats import VideoStats
-
     t = time.perf_counter()
-    sum((VideoStats.from_dict(r["report"]["stats"]) for r in records.values()), start=VideoStats.empty("3d"))
-    figures["merge_one_by_one_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    VideoStats.pool([r["report"]["stats"] for r in records.values()], "3d")
+    total = VideoStats.pool([r["report"]["stats"] for r in records.values()], "3d")
     figures["merge_pooled_s"] = time.perf_counter() - t
+    write_stats_yaml(big / "normalization_stats.yaml", normalization_stats(total))
+    figures["write_statistics_before_s"] = time.perf_counter() - t + figures["completed_videos_s"]
+    before = (big / "normalization_stats.yaml").read_text()
+    # Now: without Redis (every marker), then with the partials hash.
     t = time.perf_counter()
-    agg.write_statistics(big, "3d")
-    figures["write_statistics_s"] = time.perf_counter() - t
+    agg.write_statistics(big, "3d", None)
+    figures["write_statistics_markers_s"] = time.perf_counter() - t
+    same = before == (big / "normalization_stats.yaml").read_text()
     t = time.perf_counter()
-    agg.aggregate.run(results, {"run_id": "scale", "output_root": str(big), "started": now})
+    agg.write_statistics(big, "3d", r)
+    figures["write_statistics_hash_s"] = time.perf_counter() - t
+    figures["same_statistics"] = same and before == (big / "normalization_stats.yaml").read_text()
+    run = {"run_id": "scale", "output_root": str(big), "started": now, "videos": n, "already_complete": 0}
+    t = time.perf_counter()
+    agg.aggregate.run(run)
     figures["aggregate_callback_s"] = time.perf_counter() - t
+    return figures
+
+
+def continue_phase(n: int, work: Path, url: str) -> dict[str, Any]:
+    """--continue over ``n`` complete videos: incomplete() alone, then the whole enqueue."""
+    import redis
+
+    from tasks.celery_app import settings
+    from tasks.cli.enqueue import enqueue
+    from tasks.dataset import incomplete
+
+    big = work / f"complete-{n}"
+    entries = [{"video_id": p.name.removesuffix(".hdf5.done.json")} for p in (big / "markers").iterdir()]
+    r = redis.Redis.from_url(url)
+    r.flushall()
     t = time.perf_counter()
     left = incomplete(entries, big)
-    figures["incomplete_s"], figures["incomplete_found"] = time.perf_counter() - t, len(left)
-    sample = entries[:200]
+    figures: dict[str, Any] = {"videos": n, "incomplete_s": time.perf_counter() - t, "incomplete_found": len(left)}
+    fill_partials(r, big, [e["video_id"] for e in entries])
     t = time.perf_counter()
-    from tasks.stage_io import dataset_file
-
-    for e in sample:
-        h5, marker = dataset_file(big, e["video_id"])
-        read_marker(h5, marker, check_hash=True)
-    figures["hash_every_file_s_scaled"] = (time.perf_counter() - t) * n / len(sample)
-    figures["hdf5_bytes"] = (big / "v000000.hdf5").stat().st_size
+    left = incomplete(entries, big, r)
+    figures["incomplete_hash_s"], figures["incomplete_hash_found"] = time.perf_counter() - t, len(left)
+    (big / "manifest.json").unlink(missing_ok=True)
     t = time.perf_counter()
-    sha256_file(big / "v000000.hdf5")
-    figures["sha256_one_file_s"] = time.perf_counter() - t
+    record = enqueue(settings(), empty_videos(n, work), big, resume=True)
+    figures["enqueue_continue_s"] = time.perf_counter() - t
+    figures["enqueue_continue_sent"] = record["videos"]
     return figures
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--videos", default="10000,50000", help="complete videos for the callback and --continue")
-    parser.add_argument("--enqueue-videos", help="videos to enqueue (default: --videos)")
+    parser.add_argument("--enqueue-videos", default="1000,2000,10000,50000", help="videos to enqueue now")
+    parser.add_argument("--chord-videos", default="1000,2000", help="videos to enqueue as one chord (before)")
+    parser.add_argument("--window", type=int, default=64, help="videos in flight when enqueued now")
     parser.add_argument("--work", type=Path, default=Path("/tmp/ff-scale"))
     parser.add_argument("--end-videos", type=int, default=20)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--skip", default="", help="phases to skip: enqueue,end,callback")
+    parser.add_argument("--skip", default="", help="phases to skip: enqueue,end,callback,continue")
     args = parser.parse_args(argv)
     counts = [int(v) for v in args.videos.split(",")]
     args.work.mkdir(parents=True, exist_ok=True)
     skip = set(args.skip.split(","))
-    results: dict[str, Any] = {"load_before": os.getloadavg()[0]}
+    results: dict[str, Any] = {"load_before": os.getloadavg()}
     with private_redis() as url:
         os.environ["REDIS_URL"] = url  # before tasks is imported: the settings read it once
         if "enqueue" not in skip:
-            sizes = [int(v) for v in args.enqueue_videos.split(",")] if args.enqueue_videos else counts
-            results["enqueue"] = [enqueue_phase(n, args.work) for n in sizes]
-            for e in results["enqueue"]:
+            plan = [("chord", int(v)) for v in args.chord_videos.split(",") if v]
+            plan += [("window", int(v)) for v in args.enqueue_videos.split(",") if v]
+            results["enqueue"] = []
+            for how, n in plan:
+                e = enqueue_phase(n, args.work, how, args.window)
+                results["enqueue"].append(e)
                 print(
-                    f"enqueue {e['videos']}: {e['total_s']:.1f} s (find {e['find_s']:.1f}, manifest "
-                    f"{e['manifest_s']:.1f}, build {e['build_chord_s']:.1f}, send {e['send_s']:.1f}); "
-                    f"Redis {e['redis_bytes_per_video']:.0f} B per video in flight",
+                    f"enqueue {n} as {how} ({e['window']} sent): {e['total_s']:.2f} s (find {e['find_s']:.2f}, "
+                    f"manifest {e['manifest_s']:.2f}, build {e['build_s']:.2f}, send {e['send_s']:.2f}); "
+                    f"Redis {e['redis_bytes'] / 2**20:.1f} MiB, {e['redis_bytes_per_video']:.0f} B per video; "
+                    f"{e['waiting_messages']} messages waiting",
                     flush=True,
                 )
         out = args.work / "tiny-out"
@@ -271,18 +355,33 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         if "callback" not in skip:
-            results["callback"] = [callback_phase(out, n, args.work, url) for n in counts]
-            for c in results["callback"]:
+            results["callback"] = []
+            for n in counts:
+                c = callback_phase(out, n, args.work, url)
+                results["callback"].append(c)
                 print(
-                    f"{c['videos']} complete videos: completed_videos {c['completed_videos_s']:.2f} s, "
-                    f"write_statistics {c['write_statistics_s']:.2f} s (merge one by one "
-                    f"{c['merge_one_by_one_s']:.2f} s, pooled {c['merge_pooled_s']:.2f} s), aggregate callback "
-                    f"{c['aggregate_callback_s']:.2f} s, incomplete() {c['incomplete_s']:.2f} s "
-                    f"(hashing every file instead: {c['hash_every_file_s_scaled']:.1f} s); chord results "
-                    f"{c['results_json_bytes'] / 2**20:.1f} MiB",
+                    f"{n} complete videos: write_statistics before {c['write_statistics_before_s']:.2f} s, now "
+                    f"from the markers {c['write_statistics_markers_s']:.2f} s, "
+                    f"from the hash {c['write_statistics_hash_s']:.2f} s (same file: {c['same_statistics']}; "
+                    f"completed_videos {c['completed_videos_s']:.2f} s, pooled merge {c['merge_pooled_s']:.2f} s); "
+                    f"aggregate callback {c['aggregate_callback_s']:.2f} s; chord message "
+                    f"{c['chord_message_bytes'] / 2**20:.1f} MiB; in Redis: outcomes "
+                    f"{c['outcomes_hash_bytes'] / 2**20:.1f} MiB, partials {c['partials_hash_bytes'] / 2**20:.1f} MiB",
                     flush=True,
                 )
-    results["load_after"] = os.getloadavg()[0]
+        if "continue" not in skip:
+            results["continue"] = []
+            for n in counts:
+                c = continue_phase(n, args.work, url)
+                results["continue"].append(c)
+                print(
+                    f"--continue over {n} complete videos: incomplete() from the markers {c['incomplete_s']:.2f} s "
+                    f"({c['incomplete_found']} found), with the hash {c['incomplete_hash_s']:.2f} s "
+                    f"({c['incomplete_hash_found']} found), the whole enqueue {c['enqueue_continue_s']:.2f} s "
+                    f"({c['enqueue_continue_sent']} sent)",
+                    flush=True,
+                )
+    results["load_after"] = os.getloadavg()
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
     return 0

@@ -1,4 +1,8 @@
-"""The chord callback: merge every completed video's partial statistics and write the run summary."""
+"""The statistics callback: merge every completed video's partial statistics and write the run summary.
+
+tasks.completion sends it once every video of the run has finished; it reads the videos'
+outcomes from Redis (an earlier version's chord passed them as its first argument).
+"""
 
 from __future__ import annotations
 
@@ -13,10 +17,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tasks import quarantine, requeues, runs
+import numpy as np
+
+from tasks import completion, partials, progress, quarantine, requeues, runs
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.flower_view import VideoTask
-from tasks.job import Job
+from tasks.job import IDENTITY, Job
 from tasks.redis_client import get_redis
 from tasks.stage_io import MARKERS_DIR, read_done
 from tasks.stages import dataset_stage
@@ -26,6 +32,20 @@ log = logging.getLogger("framefleet.aggregate")
 REPORT_TIMEOUT_S = 120
 
 
+def _candidates(root: Path) -> tuple[set[str], set[str]]:
+    """(video ids with a marker in OUT/markers/, video ids with a work folder: markers of earlier versions)."""
+    try:
+        folders = {e.name for e in os.scandir(root / "work") if e.is_dir(follow_symlinks=False)}
+    except FileNotFoundError:
+        folders = set()
+    suffix = ".hdf5.done.json"
+    try:
+        marked = {e.name.removesuffix(suffix) for e in os.scandir(root / MARKERS_DIR) if e.name.endswith(suffix)}
+    except FileNotFoundError:
+        marked = set()
+    return marked, folders
+
+
 def completed_videos(out_root: Path) -> dict[str, dict[str, Any]]:
     """Return the h5 marker of every video of ``out_root`` whose HDF5 file is complete, any run.
 
@@ -33,29 +53,53 @@ def completed_videos(out_root: Path) -> dict[str, dict[str, Any]]:
     those of earlier versions in OUT/work/<video>/. A work folder that is a link is not followed.
     """
     root = out_root.resolve()
-    try:
-        folders = [e.name for e in os.scandir(root / "work") if e.is_dir(follow_symlinks=False)]
-    except FileNotFoundError:
-        folders = []
+    marked, folders = _candidates(root)
     found = {}
     final = dataset_stage().name
-    candidates = {p.name.removesuffix(".hdf5.done.json") for p in (root / MARKERS_DIR).glob("*.hdf5.done.json")}
-    candidates |= set(folders)  # markers of earlier versions
-    for vid in sorted(candidates):
+    for vid in sorted(marked | folders):
         record = read_done(root, vid, final, check_hash=False)
         if record is not None and "stats" in record.get("report", {}):
             found[vid] = record
     return found
 
 
-def write_statistics(out_root: Path, track_type: str) -> int:
-    """Write normalization_stats.yaml from every completed video; return how many were merged."""
-    from tasks.stats import VideoStats, normalization_stats, write_stats_yaml
+def completed_partials(out_root: Path, track_type: str, r: Any = None) -> np.ndarray:
+    """Return the partial statistics of every video of ``out_root`` whose HDF5 file is complete, any
+    run, as rows (tasks.stats.to_row) in video id order.
 
-    records = completed_videos(out_root)
-    total = VideoStats.pool([r["report"]["stats"] for r in records.values()], track_type)
-    write_stats_yaml(out_root / "normalization_stats.yaml", normalization_stats(total))
-    return len(records)
+    The same videos and partials as ``completed_videos``, read from the Redis hash of tasks.partials
+    (one HVALS and a stat per file) where its entry matches the file, else from the marker.
+    Raises ValueError on a partial of another track type.
+    """
+    root = out_root.resolve()
+    marked, folders = _candidates(root)
+    kept = partials.read(r, root)
+    final = dataset_stage().name
+    rows = []
+    prefix = str(root) + os.sep  # strings, not Paths: 50,000 of them
+    for vid in sorted(marked | folders):
+        entry = kept.get(vid) if vid in marked else None  # only beside a marker, as the marker path counts
+        row = partials.current(entry, prefix + vid + ".hdf5", track_type) if entry is not None else None
+        if row is None:
+            record = read_done(root, vid, final, check_hash=False)
+            stats = (record or {}).get("report", {}).get("stats")
+            if stats is None:
+                continue
+            row = partials.encode(stats, track_type)
+        rows.append(row)
+    return np.frombuffer(b"".join(rows), dtype="<f8").reshape(len(rows), partials.row_width(track_type))
+
+
+def write_statistics(out_root: Path, track_type: str, r: Any = None) -> int:
+    """Write normalization_stats.yaml from every completed video; return how many were merged.
+
+    ``r``: the Redis client whose copy of the partials spares reading the markers (None: markers only).
+    """
+    from tasks.stats import normalization_stats, pool_rows, write_stats_yaml
+
+    rows = completed_partials(out_root, track_type, r)
+    write_stats_yaml(out_root / "normalization_stats.yaml", normalization_stats(pool_rows(rows, track_type)))
+    return int(rows.shape[0])
 
 
 def stage_timings(results: list[Job]) -> dict[str, Any]:
@@ -114,18 +158,29 @@ def write_report(out_root: Path) -> None:
 
 
 @app.task(name=TASK_PREFIX + "aggregate", acks_late=True, base=VideoTask)
-def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any]:
-    """Chord callback: write normalization_stats.yaml and run_summary.json; return the summary."""
-    out_root = Path(run["output_root"])
-    track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
-    merged = write_statistics(out_root, track_type)
-    jobs = [Job.from_dict(r) for r in results]
-    done = sorted(j.video_id for j in jobs if not j.failed)
-    failed = [{"video_id": j.video_id, "video": j.video, **j.failed.to_dict()} for j in jobs if j.failed]
+def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Statistics callback of a run: write normalization_stats.yaml and run_summary.json; return the summary.
+
+    Called as ``aggregate(run)`` by tasks.completion (the outcomes are read from Redis), or as
+    ``aggregate(results, run)`` by the chord of an earlier version.
+    """
     try:
         r = get_redis(settings().redis_url)
+        r.ping()
     except Exception:
         r = None
+    if run is None:
+        run = first
+        results = completion.outcomes(r, run["run_id"]) if r is not None else []
+    else:
+        results = first
+    out_root = Path(run["output_root"])
+    track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
+    merged = write_statistics(out_root, track_type, r)
+    # A chord's results are whole job messages; an outcome (tasks.completion) is a part of one.
+    jobs = [Job.from_dict({"run_id": run["run_id"], **v}, required=IDENTITY) for v in results]
+    done = sorted(j.video_id for j in jobs if not j.failed)
+    failed = [{"video_id": j.video_id, "video": j.video, **j.failed.to_dict()} for j in jobs if j.failed]
     quarantined = quarantine.update(out_root, failed, done, r)
     summary = {
         "run_id": run["run_id"],
@@ -152,6 +207,11 @@ def aggregate(results: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, A
     write_text_atomic(out_root / "run_summary.json", json.dumps(summary, indent=2, sort_keys=True))
     runs.finished(out_root, run["run_id"], summary)
     log.info("run %s: %d done, %d failed; statistics over %d videos", run["run_id"], len(done), len(failed), merged)
+    if r is not None:
+        try:  # how often the callback ran (once per run: tasks.completion)
+            progress.record(r, run["run_id"], "aggregate", True, settings().result_expires_s)
+        except Exception as exc:
+            log.warning("callback of run %s not counted: %s", run["run_id"], exc)
     write_report(out_root)
     keys = ("run_id", "videos", "done", "failed", "quarantined", "statistics_videos", "wall_s")
     return {k: summary[k] for k in keys}

@@ -1,4 +1,4 @@
-"""A dataset run: find the videos, give them stable ids, write the manifest, build the chord."""
+"""A dataset run: find the videos, give them stable ids, write the manifest, build each video's chain."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from celery import chain, chord
+from celery import chain
 
 from tasks.errors import FramefleetError
+from tasks.job import Job
 from tasks.storage import write_text_atomic
 
 VIDEO_SUFFIXES = {".mp4", ".mov", ".mkv", ".webm", ".avi"}
@@ -26,10 +27,16 @@ def find_videos(raw_dir: Path) -> list[Path]:
     """Return the videos under ``raw_dir`` (any depth, case-insensitive suffix), sorted by path."""
     if not raw_dir.is_dir():
         raise DatasetError(f"the input folder {raw_dir} does not exist or is not a folder")
-    found = sorted(p for p in raw_dir.rglob("*") if p.is_file() and p.suffix.lower() in VIDEO_SUFFIXES)
+    # Sorted by parts, the order of Path's own comparison (y2r's numeric clip ids follow it), ten
+    # times faster for 50,000 paths than comparing Path objects.
+    found = sorted((p for p in raw_dir.rglob("*") if p.is_file() and p.suffix.lower() in VIDEO_SUFFIXES), key=_parts)
     if not found:
         raise DatasetError(f"no videos in {raw_dir} (looked for {', '.join(sorted(VIDEO_SUFFIXES))}, any case)")
     return found
+
+
+def _parts(path: Path) -> tuple[str, ...]:
+    return path.parts
 
 
 def video_id(relative: Path) -> str:
@@ -115,37 +122,57 @@ def write_manifest(
             )
         known[entry["video_id"]] = entry
         entries.append(entry)
-    manifest = {
-        "dataset_root": first_root,
-        "last_run": run_id,
-        "updated": time.time(),
-        "videos": sorted(known.values(), key=lambda v: (v.get("root", ""), v["path"])),
-    }
+    head = json.dumps({"dataset_root": first_root, "last_run": run_id, "updated": time.time()})[:-1]
+    ordered = sorted(known.values(), key=lambda v: (v.get("root", ""), v["path"]))
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(manifest, indent=1))
+    # One video a line: json.dumps with indent runs the pure-Python encoder (9 s for 50,000 videos).
+    lines = ",\n".join(json.dumps(v) for v in ordered)
+    write_text_atomic(path, f'{head}, "videos": [\n{lines}\n]}}\n')
     return entries
 
 
-def incomplete(entries: list[dict[str, Any]], out_dir: Path) -> list[dict[str, Any]]:
+def incomplete(entries: list[dict[str, Any]], out_dir: Path, r: Any = None) -> list[dict[str, Any]]:
     """Return the entries whose HDF5 output is missing, of another size, or altered since its marker.
 
     A file whose size and modification time are those its marker recorded is taken as complete
     without reading it; one touched since (same size, other time) is hashed. (verify_dataset.py
-    reads every file in full.)
+    reads every file in full.) With Redis (``r``), a video whose marker exists and whose file has
+    the size and time of its entry in tasks.partials is complete without reading its marker.
     """
-    from tasks.stage_io import read_done
+    import os
+
+    from tasks import partials
+    from tasks.stage_io import MARKERS_DIR, read_done
     from tasks.stages import dataset_stage
     from tasks.storage import IF_TOUCHED
 
     final, root = dataset_stage().name, out_dir.resolve()
-    return [e for e in entries if read_done(root, e["video_id"], final, check_hash=IF_TOUCHED) is None]
+    kept = partials.read(r, root)
+    try:
+        marked = set(os.listdir(root / MARKERS_DIR)) if kept else set()
+    except FileNotFoundError:
+        marked = set()
+    prefix = str(root) + os.sep  # strings, not Paths: 50,000 of them
+    todo = []
+    for e in entries:
+        vid = e["video_id"]
+        entry = kept.get(vid)
+        if (
+            entry is not None
+            and f"{vid}.hdf5.done.json" in marked
+            and partials.unchanged(entry, prefix + vid + ".hdf5")
+        ):
+            continue
+        if read_done(root, vid, final, check_hash=IF_TOUCHED) is None:
+            todo.append(e)
+    return todo
 
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
-def build_chord(
+def build_jobs(
     entries: list[dict[str, Any]],
     raw_dir: Path,
     out_dir: Path,
@@ -154,15 +181,9 @@ def build_chord(
     force: bool = False,
     already_complete: int = 0,
     intermediates: str = "keep",
-) -> tuple[Any, dict[str, Any]]:
-    """Return (the chord of one chain per video, the run record the callback receives).
-
-    With no entries, the canvas is the callback alone: the statistics are still rebuilt.
-    """
-    from tasks.aggregate import aggregate
+) -> tuple[list[Job], dict[str, Any]]:
+    """Return (each video's job for its first stage, the run's record for the statistics callback)."""
     from tasks.celery_app import settings
-    from tasks.job import Job
-    from tasks.pipeline import STAGE_TASKS
 
     run: dict[str, Any] = {
         "run_id": run_id,
@@ -171,14 +192,14 @@ def build_chord(
         "videos": len(entries),
         "already_complete": already_complete,
     }
-    order = settings().enabled_stages()
-    chains = []
-    for entry in entries:
-        job = Job(
+    order = tuple(settings().enabled_stages())
+    dataset_root = str(raw_dir.resolve())
+    jobs = [
+        Job(
             run_id=run_id,
             video_id=entry["video_id"],
             video=entry["path"],
-            dataset_root=str(raw_dir.resolve()),
+            dataset_root=dataset_root,
             output_root=run["output_root"],
             gpus=None if gpus is None else tuple(gpus),
             gpu=None,
@@ -186,10 +207,16 @@ def build_chord(
             intermediates=intermediates,
             text=entry.get("text", ""),
             noun=entry.get("noun", ""),
-            chain=tuple(order),
+            chain=order,
         )
-        first, *rest = (STAGE_TASKS[name] for name in order)
-        chains.append(chain(first.s(job.to_dict()), *(t.s() for t in rest)))
-    if not chains:
-        return aggregate.s([], run), run
-    return chord(chains, aggregate.s(run)), run
+        for entry in entries
+    ]
+    return jobs, run
+
+
+def video_chain(job: Job) -> Any:
+    """The Celery chain of one video: a task per stage of its chain, each passing the job message on."""
+    from tasks.pipeline import STAGE_TASKS
+
+    first, *rest = (STAGE_TASKS[name] for name in job.chain)
+    return chain(first.s(job.to_dict()), *(t.s() for t in rest))

@@ -33,6 +33,8 @@ def describe(args: Sequence[Any] | None) -> str | None:
     if isinstance(first, dict) and "video" in first:
         name = PurePosixPath(str(first["video"])).name
         return f"{name} · run {first.get('run_id', '?')}"
+    if len(args) == 1 and isinstance(first, dict) and "run_id" in first and "videos" in first:
+        return f"run {first['run_id']} · statistics over {first['videos']} videos"
     if len(args) == 2 and isinstance(args[1], dict) and "run_id" in args[1] and isinstance(first, list):
         return f"run {args[1]['run_id']} · statistics over {len(first)} videos"
     return None

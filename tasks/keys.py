@@ -21,6 +21,12 @@ REBALANCE_LOCK = "ff:rebalance-lock"
 
 # runs, results and records (tasks.progress, tasks.quarantine, tasks.oom, tasks.metrics)
 RUN_PREFIX = "ff:run:"  # + run id: per-stage done/failed counters
+# + run id + one of these (tasks.completion): the run's completion counter and its enqueue window
+RUN_FINISHED_SUFFIX = ":finished"  # hash video id -> the video's outcome (its count: HLEN)
+RUN_ORDER_SUFFIX = ":order"  # hash video id -> k: it was the k-th video to finish
+RUN_PENDING_SUFFIX = ":pending"  # hash i -> the job of a video not sent yet (beyond the window)
+RUN_AGGREGATED_SUFFIX = ":aggregated"  # set NX once, by the task that sends the statistics callback
+PARTIALS_PREFIX = "ff:partials:"  # + output-root hash: hash video id -> its partial statistics (tasks.partials)
 QUARANTINE_PREFIX = "ff:quarantine:"  # + output-root hash: the quarantined videos of that root
 OOM_LOG = "ff:oom"  # list of out-of-memory records, newest first
 STAGE_LOG = "ff:stages"  # list of stage spans (the report's source)

@@ -13,7 +13,7 @@ import redis
 from celery import Task, current_task
 from celery.exceptions import Ignore, Reject
 
-from tasks import cancel, claims, intermediates, leases, metrics, oom, progress, worker
+from tasks import cancel, claims, completion, intermediates, leases, metrics, oom, partials, progress, worker
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.errors import (
     ClaimLost,
@@ -257,16 +257,29 @@ def run_stage(task: Task, stage_name: str, payload: dict[str, Any]) -> dict[str,
     """Run ``stage_name`` for the job message ``payload`` and return the job for the next stage, or a failure record.
 
     A Redis error anywhere here becomes a retry of this task, or, when not even the retry can
-    be sent, a failure record for this one video: never an exception that fails the chord.
+    be sent, a failure record for this one video: never an exception that ends the video's chain.
+    The chain's last stage counts the video as finished in its run, a success or a failure record.
     A message lacking a key it needs raises BadJobMessage.
     """
-    job = Job.from_dict(payload)
-    if job.failed:
-        return job.to_dict()
-    if cancel.cancelled_quietly(_redis_or_none(settings().redis_url), job.run_id):
-        cancel.stop(task, stage_name, job)
-    job = _run_stage(task, stage_name, job)
-    return dataclasses.replace(job, claim_waits=0).to_dict()  # the next stage counts its own
+    given = job = Job.from_dict(payload)
+    if not job.failed:
+        if cancel.cancelled_quietly(_redis_or_none(settings().redis_url), job.run_id):
+            cancel.stop(task, stage_name, job)
+        job = dataclasses.replace(_run_stage(task, stage_name, job), claim_waits=0)  # the next stage counts its own
+    if stage_name == chain_of(job)[-1]:
+        _video_ended(task, given, job)
+    return job.to_dict()
+
+
+def _video_ended(task: Task, given: Job, job: Job) -> None:
+    """Count the video as finished in its run (tasks.completion); a Redis or broker error retries this
+    task with the job it was ``given`` (the stage then finds its output made, and counts again)."""
+    conf = settings()
+    try:
+        completion.video_ended(get_redis(conf.redis_url), job, conf.result_expires_s)
+    except Exception as exc:
+        log.warning("end of %s not counted in run %s (%s); retrying", job.video_id, job.run_id, exc)
+        _retry_later(task, given, 10.0, max_retries=task.request.retries + 1)
 
 
 def _run_stage(task: Task, stage_name: str, job: Job) -> Job:
@@ -317,6 +330,7 @@ def _run_stage(task: Task, stage_name: str, job: Job) -> Job:
             job = dataclasses.replace(job, gpu=worker.ROLE.gpu)
         if stage_class(stage_name).writes == "hdf5":
             job = dataclasses.replace(job, report={k: v for k, v in report.items() if k not in ("stats", "run_s")})
+            _keep_partial(job, stage_name, report)
             if job.intermediates == "drop":
                 _drop_intermediates(job)
         if report.get("notes"):
@@ -390,6 +404,20 @@ def _record(stage_name: str, job: Job, ok: bool) -> None:
     metrics.record_stage(conf.redis_url, stage_name, job)
 
 
+def _keep_partial(job: Job, stage_name: str, report: dict[str, Any]) -> None:
+    """Copy the video's partial statistics to Redis for the statistics callback (tasks.partials); never
+    raises: without the copy the callback reads the marker."""
+    if "stats" not in report:
+        return
+    conf = settings()
+    out_root = Path(job.output_root)
+    try:
+        output = output_path(out_root, job.video_id, stage_name)
+        partials.keep(get_redis(conf.redis_url), out_root, job.video_id, output, report["stats"], conf.result_expires_s)
+    except Exception as exc:
+        log.warning("partial statistics of %s not kept in Redis: %s", job.video_id, exc)
+
+
 def _drop_intermediates(job: Job) -> None:
     """Delete a finished video's OUT/work/ folder (``--intermediates drop``); a failure is only logged."""
     try:
@@ -412,6 +440,6 @@ def _stage_task(stage_name: str) -> Task:
 STAGE_TASKS: dict[str, Task] = {name: _stage_task(name) for name in STAGE_NAMES}
 
 from tasks import (
-    aggregate,  # noqa: E402,F401  (registers the chord callback)
+    aggregate,  # noqa: E402,F401  (registers the statistics callback)
     keys,
 )

@@ -143,6 +143,44 @@ class VideoStats:
         return cls(track_type, *pooled)
 
 
+def row_layout(track_type: str) -> list[tuple[str, int]]:
+    """(field, features) in the order ``to_row`` writes them; a row holds count, mean and M2 of each."""
+    empty = VideoStats.empty(track_type)
+    return [(f, getattr(empty, f).dim) for f in _FIELDS]
+
+
+def to_row(part: Mapping[str, Any], track_type: str) -> np.ndarray:
+    """One video's partial (a ``to_dict`` mapping) as a flat float64 row: count, mean, M2 per field.
+
+    Raises ValueError on a partial of another track type (as ``VideoStats.pool``).
+    """
+    if part["track_type"] != track_type:
+        raise ValueError(f"cannot add {track_type} and {part['track_type']} statistics")
+    values: list[float] = []
+    for f, dim in row_layout(track_type):
+        m = part[f]
+        if len(m["mean"]) != dim or len(m["m2"]) != dim:
+            raise ValueError(f"{f} of a {track_type} partial must have {dim} features, got {len(m['mean'])}")
+        values += [m["count"], *m["mean"], *m["m2"]]
+    return np.asarray(values, dtype=np.float64)
+
+
+def pool_rows(rows: np.ndarray, track_type: str) -> VideoStats:
+    """Pool k videos' rows (k, width) of ``to_row``: bit for bit what ``VideoStats.pool`` gives for the
+    same partials in the same order (the same contiguous arrays go through ``Moments.pool``)."""
+    rows = np.asarray(rows, dtype=np.float64)
+    if rows.shape[0] == 0:
+        return VideoStats.empty(track_type)
+    pooled, at = [], 0
+    for _f, dim in row_layout(track_type):
+        counts = np.ascontiguousarray(rows[:, at])
+        means = np.ascontiguousarray(rows[:, at + 1 : at + 1 + dim])
+        m2s = np.ascontiguousarray(rows[:, at + 1 + dim : at + 1 + 2 * dim])
+        pooled.append(Moments.pool(counts, means, m2s))
+        at += 1 + 2 * dim
+    return VideoStats(track_type, *pooled)
+
+
 def _mean_std(m: Moments) -> tuple[list[float], list[float]]:
     if m.count == 0:
         return [0.0] * m.dim, [1.0] * m.dim

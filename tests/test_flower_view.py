@@ -19,6 +19,7 @@ def test_a_stage_task_and_the_callback_read_as_their_video_and_run():
     job = {"run_id": "20261126-110102-c8400d", "video_id": "clip_00-23068ef4cb", "video": "kitchen/clip 00.mp4"}
     assert describe((job,)) == "clip 00.mp4 · run 20261126-110102-c8400d"
     assert describe(([job, job], {"run_id": "r1", "output_root": "/out"})) == "run r1 · statistics over 2 videos"
+    assert describe(({"run_id": "r1", "output_root": "/out", "videos": 3},)) == "run r1 · statistics over 3 videos"
     assert describe(("something else",)) is None and describe(()) is None
     assert progress_text({**job, "stage": "depth", "done": 8, "total": 40}) == "8/40 frames of kitchen/clip 00.mp4"
 

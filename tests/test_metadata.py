@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.dataset import build_chord, write_manifest
+from tasks.dataset import build_jobs, write_manifest
 from tasks.metadata import ClipText, MetadataError, texts_for
 from tests.conftest import PIPELINE_ENV, ROOT, run_script
 
@@ -54,9 +54,9 @@ def test_the_manifest_and_the_job_carry_text_and_noun(raw: Path, tmp_path: Path)
         ("b.mp4", "", ""),
         ("kitchen/take_2.mov", "", ""),
     ]
-    canvas, _ = build_chord(entries[:1], raw, out, "run1")
-    job = canvas.tasks[0].tasks[0].args[0]
-    assert (job["text"], job["noun"]) == ("lift the cup", "cup")
+    jobs, _ = build_jobs(entries[:1], raw, out, "run1")
+    job = jobs[0]
+    assert (job.text, job.noun) == ("lift the cup", "cup")
 
 
 def test_a_video_without_a_row_warns_or_with_require_text_fails(raw: Path, caplog) -> None:

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.stats import Moments, VideoStats, normalization_stats, write_stats_yaml
+from tasks.stats import Moments, VideoStats, normalization_stats, pool_rows, to_row, write_stats_yaml
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False, allow_subnormal=False)
 
@@ -103,7 +103,22 @@ def test_pooling_many_videos_at_once_equals_one_numpy_pass(chunks: list[np.ndarr
     assert pooled.hand_uvd.count == 0 and pooled.depth.count == 0
 
 
+@settings(max_examples=100, deadline=None)
+@given(parts())
+def test_pooling_rows_gives_the_bits_of_pooling_the_partials(chunks: list[np.ndarray]) -> None:
+    # The statistics callback pools rows (from Redis or markers); they must not move a single bit.
+    videos = [VideoStats("3d", Moments.from_samples(c), pose=Moments.from_samples(np.tile(c, 3))) for c in chunks]
+    dicts = [json.loads(json.dumps(v.to_dict())) for v in videos]
+    rows = np.stack([to_row(d, "3d") for d in dicts]) if dicts else np.zeros((0, 49))
+    by_rows, by_dicts = pool_rows(rows, "3d").to_dict(), VideoStats.pool(dicts, "3d").to_dict()
+    assert json.dumps(by_rows) == json.dumps(by_dicts)
+    assert_matches_numpy(pool_rows(rows, "3d").displacement, chunks)
+
+
 def test_pooling_no_videos_and_refusing_another_track_type() -> None:
+    assert pool_rows(np.zeros((0, 47)), "2d").displacement.dim == 2
+    with pytest.raises(ValueError, match="3d and 2d"):
+        to_row(VideoStats.empty("2d").to_dict(), "3d")
     assert VideoStats.pool([], "2d").displacement.dim == 2
     with pytest.raises(ValueError, match="3d and 2d"):
         VideoStats.pool([VideoStats.empty("2d").to_dict()], "3d")

@@ -105,6 +105,8 @@ class Settings(BaseSettings):
     registry_ttl_s: float = Field(default=10.0, gt=0)
     stall_after_s: float = Field(default=60.0, gt=0)
     result_expires_s: int = Field(default=30 * 24 * 3600, ge=3600)
+    # Videos of a run in flight at once (tasks.completion); 0: 4 per live worker at enqueue, at least 32.
+    enqueue_window: int = Field(default=0, ge=0)
     max_tasks_per_worker: int = Field(default=0, ge=0)
     max_rss_mib: float = Field(default=0, ge=0)
     # Later stages of a video first on every queue (tasks.queues.stage_priority); false: first in, first out.

@@ -13,7 +13,7 @@ import argparse
 import time
 from pathlib import Path
 
-from tasks import cancel, registry, runs, stall
+from tasks import cancel, completion, registry, runs, stall
 from tasks.cli import common
 from tasks.redis_client import get_redis
 
@@ -39,14 +39,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if record.get("status") == "finished":
         return common.fail(f"run {run_id} has finished already; nothing to cancel", code=1)
     cancel.request(r, run_id, conf.result_expires_s)
+    unsent = completion.drop_pending(r, run_id)  # first, so no finishing task sends one of them
     removed = cancel.remove_waiting(broker, stall.queue_names(broker, r, conf), run_id)
     from tasks import app
 
     cancel.tell_flower(app, removed)
     running = [w["hostname"] for w in registry.live_workers(r) if (w.get("current") or {}).get("run") == run_id]
-    runs.update(out, run_id, status="cancelled", cancelled=time.time(), waiting_revoked=len(removed))
+    runs.update(out, run_id, status="cancelled", cancelled=time.time(), waiting_revoked=len(removed), unsent=unsent)
     print(
         f"run {run_id} cancelled: {common.plural(len(removed), 'waiting task')} revoked"
+        + (f", {common.plural(unsent, 'video')} not sent yet dropped" if unsent else "")
         + (
             f"; {common.plural(len(running), 'running task')} stop at their next check ({', '.join(running)})"
             if running

@@ -1,12 +1,15 @@
 """Send a folder of videos to the running workers as one dataset run, and follow it until its statistics exist.
 
-    framefleet enqueue RAW_DIR --out OUT [--limit N] [--gpus 0,2] [--no-wait]
+    framefleet enqueue RAW_DIR --out OUT [--limit N] [--gpus 0,2] [--no-wait] [--window N]
                        [--continue [--add] | --force | --retry-quarantined] [--intermediates keep|drop]
                        [--metadata FILE] [--require-text]
 
 Text for each video's root/text (and the noun the masks stage prompts with) comes from
 RAW_DIR/metadata.csv, or --metadata FILE: columns clip_id, noun, text, where clip_id is the
 video's path under RAW_DIR without its extension, or y2r's index of it in sorted order.
+
+Only --window videos are sent at once (default: 4 per live worker, at least 32); the others wait
+in Redis, and each video that finishes sends the next, so the run goes on without this process.
 
 Ctrl-C stops watching, not the run: `framefleet status --watch RUN` follows it again and
 `framefleet cancel RUN` stops it. Exit status 0 when every video is done; 1 when some failed
@@ -26,9 +29,18 @@ from typing import Any
 import yaml
 from celery.utils import uuid
 
-from tasks import cancel, intermediates, quarantine, registry, runs, stall
+from tasks import cancel, completion, intermediates, quarantine, registry, runs, stall
 from tasks.cli import common, watch
-from tasks.dataset import DatasetError, build_chord, check_folders, find_videos, incomplete, new_run_id, write_manifest
+from tasks.dataset import (
+    DatasetError,
+    build_jobs,
+    check_folders,
+    find_videos,
+    incomplete,
+    new_run_id,
+    video_chain,
+    write_manifest,
+)
 from tasks.metadata import MetadataError, texts_for
 from tasks.redis_client import get_redis
 from tasks.storage import write_text_atomic
@@ -48,9 +60,12 @@ def enqueue(
     keep: str = intermediates.DEFAULT,
     metadata: Path | None = None,
     require_text: bool = False,
+    window: int | None = None,
 ) -> dict[str, Any]:
-    """Send the run's chord; return its record (run_id, callback_id, videos, ...).
+    """Send the run: its first ``window`` videos' chains, the others kept in Redis (tasks.completion);
+    return its record (run_id, callback_id, videos, window, ...).
 
+    ``window`` None: the settings' ``enqueue_window``, or when that is 0, 4 per live worker (at least 32).
     Raises DatasetError or MetadataError.
     """
     every_video = find_videos(raw_dir)
@@ -66,8 +81,9 @@ def enqueue(
             raise DatasetError(f"no quarantined videos in {out_dir / quarantine.FILE}; nothing to retry")
         entries, resume = [e for e in entries if e["video_id"] in held], True
     write_text_atomic(out_dir / "settings.resolved.yaml", yaml.safe_dump(resolved_dict(conf), sort_keys=True))
-    todo = entries if force or not resume else incomplete(entries, out_dir)
-    canvas, run = build_chord(
+    r = get_redis(conf.redis_url)
+    todo = entries if force or not resume else incomplete(entries, out_dir, r)
+    jobs, run = build_jobs(
         todo,
         raw_dir,
         out_dir,
@@ -77,6 +93,7 @@ def enqueue(
         already_complete=len(entries) - len(todo),
         intermediates=keep,
     )
+    width = window or conf.enqueue_window or completion.auto_window(len(registry.live_workers(r)))
     record = {
         "run_id": run_id,
         "videos": len(todo),
@@ -86,13 +103,19 @@ def enqueue(
         "raw_dir": str(raw_dir.resolve()),
         "output_root": str(out_dir.resolve()),
         "intermediates": keep,
+        "window": width,
         "status": "running",
     }
-    # The record exists before the first task can finish, so cancel and status find the run at once.
+    # The record exists before the first task can finish, so cancel and status find the run at once,
+    # and so do the tasks that count the run's videos; the held videos too, before any can be released.
     record["callback_id"] = uuid()
     runs.write(out_dir, record)
-    runs.publish(get_redis(conf.redis_url), record, conf.result_expires_s)
-    canvas.apply_async(task_id=record["callback_id"])
+    runs.publish(r, record, conf.result_expires_s)
+    completion.hold(r, run_id, jobs[width:], conf.result_expires_s)
+    if not jobs:  # nothing to run: the statistics are still rebuilt
+        completion.start_statistics(r, record, conf.result_expires_s)
+    for job in jobs[:width]:
+        video_chain(job).apply_async()
     release_result_subscriptions()
     return record
 
@@ -156,6 +179,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="CSV with columns clip_id, noun, text (default: RAW_DIR/metadata.csv if present)",
     )
     parser.add_argument(
+        "--window",
+        type=common.positive_int,
+        metavar="N",
+        help="videos in flight at once; each one that finishes sends the next (default: the settings' "
+        "enqueue_window, or 4 per live worker and at least 32)",
+    )
+    parser.add_argument(
         "--require-text",
         action="store_true",
         help="refuse to start unless every video has a non-empty text in the metadata",
@@ -203,6 +233,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             args.intermediates,
             args.metadata,
             args.require_text,
+            args.window,
         )
     except (DatasetError, MetadataError) as exc:
         return common.fail(str(exc))
@@ -242,6 +273,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     keep=args.intermediates,
                     metadata=args.metadata,
                     require_text=args.require_text,
+                    window=args.window,
                 )
 
         return follow(conf, record, args.out, resend=resend)

@@ -349,6 +349,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             keep=args.intermediates,
             metadata=args.metadata,
             require_text=args.require_text,
+            window=args.window,
         )
         print(f"run {record['run_id']}: {_cli.plural(record['videos'], 'video')}", flush=True)
         code = follow(conf, record, args.out, detachable=False)  # its workers stop with it

@@ -1,0 +1,150 @@
+"""A run's end without a Celery chord: finished videos are counted in Redis, and the count starts the statistics.
+
+Why not a chord (DESIGN.md, "a run"): a chord of N chains must be sent whole before anything runs
+(50,000 videos: about 15 minutes of sending on a loaded host and 180 MiB of waiting messages in
+Redis), and its callback message carries every chain's last result (35 MiB at 50,000 videos).
+Instead:
+
+- the enqueuer sends the first ``window`` chains and keeps the other videos' jobs in a Redis hash
+  (``ff:run:<id>:pending``, about 0.6 KB each), so the run never depends on the enqueuer staying up;
+- the task that ends a video's chain (its last stage, with the video's result or its failure record)
+  records the video in ``ff:run:<id>:finished``, one field per video id, so a redelivered task
+  counts its video once; the k-th video to finish sends pending job k-1, keeping ``window`` videos
+  in flight;
+- the task whose record brings the count to the run's size sets ``ff:run:<id>:aggregated`` NX and
+  sends ``aggregate`` with the run's callback id: once, however often the last task is delivered.
+  The callback reads the outcomes from Redis, not from a message.
+
+A pending job is sent before its field is deleted: a worker killed in between sends it again on
+redelivery (its stage done-mark is set only after it returns, tasks.claims.finish), and the second
+chain skips the outputs the first one made and counts the same video id once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import redis
+
+from tasks import keys, runs
+from tasks.job import Job
+
+log = logging.getLogger("framefleet.completion")
+WINDOW_PER_WORKER = 4  # videos in flight per live worker: each worker's next task is already waiting
+MIN_WINDOW = 32  # the automatic window with few (or not yet any) workers
+OUTCOME_KEYS = ("video_id", "video", "failed", "timings", "notes", "gpu")
+
+# KEYS: finished, order; ARGV: video id, outcome, ttl. The newest outcome replaces the one before
+# (a second chain of a video that failed may succeed); the order is given once. Returns {k, count}.
+_RECORD = """
+local k = redis.call('HGET', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local count = redis.call('HLEN', KEYS[1])
+if not k then
+  k = count
+  redis.call('HSET', KEYS[2], ARGV[1], k)
+end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return {tonumber(k), count}
+"""
+
+
+def key(run_id: str, suffix: str) -> str:
+    return keys.RUN_PREFIX + run_id + suffix
+
+
+def auto_window(live_workers: int) -> int:
+    """The default number of videos in flight: WINDOW_PER_WORKER per live worker, at least MIN_WINDOW."""
+    return max(MIN_WINDOW, WINDOW_PER_WORKER * live_workers)
+
+
+def hold(r: redis.Redis, run_id: str, jobs: list[Job], ttl_s: int) -> None:
+    """Keep ``jobs`` (the videos beyond the window, in sending order) for finishing tasks to send."""
+    if not jobs:
+        return
+    pending = key(run_id, keys.RUN_PENDING_SUFFIX)
+    pipe = r.pipeline(transaction=False)
+    for start in range(0, len(jobs), 1000):  # one HSET of 1,000 fields at a time: no huge command
+        pipe.hset(
+            pending, mapping={str(i): json.dumps(j.to_dict()) for i, j in enumerate(jobs[start : start + 1000], start)}
+        )
+    pipe.expire(pending, ttl_s)
+    pipe.execute()
+
+
+def drop_pending(r: redis.Redis, run_id: str) -> int:
+    """Forget the run's unsent videos (``framefleet cancel``); return how many there were."""
+    pending = key(run_id, keys.RUN_PENDING_SUFFIX)
+    pipe = r.pipeline()
+    pipe.hlen(pending)
+    pipe.delete(pending)
+    return int(pipe.execute()[0])
+
+
+def pending_count(r: redis.Redis, run_id: str) -> int:
+    return int(r.hlen(key(run_id, keys.RUN_PENDING_SUFFIX)))
+
+
+def outcomes(r: redis.Redis, run_id: str) -> list[dict[str, Any]]:
+    """The outcome of every finished video of the run (what the chord's results were), by video id."""
+    found = r.hgetall(key(run_id, keys.RUN_FINISHED_SUFFIX))
+    return [json.loads(found[vid]) for vid in sorted(found)]
+
+
+def video_ended(r: redis.Redis, job: Job, ttl_s: int) -> None:
+    """Count ``job``'s video as finished; send the next pending video and, last, the statistics callback.
+
+    Raises redis.RedisError or the broker's error when a message cannot be sent (the caller retries
+    the task: every step here may be repeated).
+    """
+    run_id = job.run_id
+    message = job.to_dict()
+    outcome = json.dumps({k: message[k] for k in OUTCOME_KEYS if k in message})
+    finished, order = key(run_id, keys.RUN_FINISHED_SUFFIX), key(run_id, keys.RUN_ORDER_SUFFIX)
+    k, count = r.eval(_RECORD, 2, finished, order, job.video_id, outcome, ttl_s)
+    send_pending(r, run_id, int(k) - 1)
+    record = runs.lookup(r, run_id)
+    if record is None:
+        log.error("run %s has no record in Redis (expired or flushed): its statistics are not started", run_id)
+        return
+    if int(count) >= int(record["videos"]):
+        start_statistics(r, record, ttl_s)
+
+
+def send_pending(r: redis.Redis, run_id: str, index: int) -> bool:
+    """Send pending job ``index`` if it was not sent yet; return whether it was sent now."""
+    from tasks.dataset import video_chain
+
+    pending = key(run_id, keys.RUN_PENDING_SUFFIX)
+    raw = r.hget(pending, str(index))
+    if raw is None:
+        return False
+    job = Job.from_dict(json.loads(raw))
+    video_chain(job).apply_async()
+    r.hdel(pending, str(index))  # after the send: a crash in between sends it twice, never zero times
+    log.info("sent %s of run %s (pending video %d)", job.video_id, run_id, index)
+    return True
+
+
+def start_statistics(r: redis.Redis, record: dict[str, Any], ttl_s: int) -> bool:
+    """Send the run's statistics callback unless it was sent already; return whether it was sent now."""
+    from tasks.aggregate import aggregate
+
+    flag = key(record["run_id"], keys.RUN_AGGREGATED_SUFFIX)
+    if not r.set(flag, record["callback_id"], nx=True, ex=ttl_s):
+        return False
+    try:
+        aggregate.apply_async((callback_run(record),), task_id=record["callback_id"])
+    except BaseException:
+        r.delete(flag)  # not sent: the task's retry must be able to send it
+        raise
+    log.info("run %s: every video finished; statistics callback %s sent", record["run_id"], record["callback_id"])
+    return True
+
+
+def callback_run(record: dict[str, Any]) -> dict[str, Any]:
+    """The part of the run's record the statistics callback needs."""
+    return {k: record.get(k) for k in ("run_id", "output_root", "started", "videos", "already_complete")}

@@ -1,0 +1,213 @@
+"""A run's end without a chord: the completion counter, the enqueue window held in Redis, the partials hash.
+
+Real Redis and, for the runs, real `celery worker` processes and real videos.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from tests.conftest import ROOT, run_script, settings_env, task_result, wait_until
+
+SLOW_GPU = "stages:\n  depth:\n    params: {matmuls_per_frame: 20}\n"
+
+
+def configure_for(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    """Point this process's Celery app and settings at the test's Redis."""
+    monkeypatch.setenv("REDIS_URL", url)
+    from tasks import configure
+    from worker_config.settings import load_settings
+
+    configure(load_settings())
+
+
+def waiting(r: redis.Redis, queue: str = "cpu") -> list[tuple[str, str]]:
+    """(task name, task id) of every message waiting in ``queue`` (any of its priority lists)."""
+    from tasks.cancel import decode
+    from tasks.queues import waiting as queued
+
+    return [decode(raw)[:2] for _, raw in queued(r, queue)]
+
+
+def test_the_count_is_per_video_and_the_callback_is_sent_once(redis_url, monkeypatch, tmp_path):
+    configure_for(monkeypatch, redis_url)
+    from tasks import completion, runs
+    from tasks.dataset import build_jobs
+    from tasks.job import Failure, StageTiming
+
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    entries = [{"video_id": f"v{i}", "path": f"v{i}.mp4"} for i in range(3)]
+    jobs, run = build_jobs(entries, tmp_path, tmp_path / "out", "run1")
+    record = {**run, "callback_id": "callback-1"}
+    runs.publish(r, record, 3600)
+    completion.hold(r, "run1", jobs[1:], 3600)  # a window of one: v0 in flight, v1 and v2 held
+    assert completion.pending_count(r, "run1") == 2
+
+    first = replace(jobs[0], timings={"h5": StageTiming(start=1.0, end=2.0, worker="w", skipped=False)})
+    completion.video_ended(r, first, 3600)
+    assert [name for name, _ in waiting(r)] == ["framefleet.preprocess"]  # v1 released
+    completion.video_ended(r, first, 3600)  # a redelivery of v0's last task: neither counted nor releasing
+    assert len(waiting(r)) == 1 and completion.pending_count(r, "run1") == 1
+
+    failed = replace(jobs[1], failed=Failure("preprocess", "BadInput", "x", 1, "w", 0.0))
+    completion.video_ended(r, failed, 3600)
+    assert len(waiting(r)) == 2 and completion.pending_count(r, "run1") == 0
+
+    last = jobs[2]
+    threads = [threading.Thread(target=completion.video_ended, args=(r, last, 3600)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    callbacks = [task_id for name, task_id in waiting(r) if name == "framefleet.aggregate"]
+    assert callbacks == ["callback-1"], waiting(r)  # eight deliveries of the last task, one callback
+    completion.video_ended(r, last, 3600)
+    assert len(waiting(r)) == 3
+    found = completion.outcomes(r, "run1")
+    assert [o["video_id"] for o in found] == ["v0", "v1", "v2"]
+    assert found[1]["failed"]["stage"] == "preprocess" and "dataset_root" not in found[0]
+
+
+def test_a_cancelled_run_sends_none_of_its_held_videos(redis_url, monkeypatch, tmp_path):
+    configure_for(monkeypatch, redis_url)
+    from tasks import completion, runs
+    from tasks.dataset import build_jobs
+
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    entries = [{"video_id": f"v{i}", "path": f"v{i}.mp4"} for i in range(3)]
+    jobs, run = build_jobs(entries, tmp_path, tmp_path / "out", "run2")
+    runs.publish(r, {**run, "callback_id": "callback-2"}, 3600)
+    completion.hold(r, "run2", jobs[1:], 3600)
+    assert completion.drop_pending(r, "run2") == 2  # what `framefleet cancel` does first
+    completion.video_ended(r, jobs[0], 3600)  # v0 ends after the cancel
+    assert waiting(r) == []
+
+
+def _enqueue_background(raw: Path, out: Path, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli.main", "enqueue", str(raw), "--out", str(out), *extra],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def test_a_window_of_one_finishes_every_video_without_its_enqueuer_and_counts_failures(
+    video_factory, workers, pipeline_env, tmp_path, monkeypatch
+):
+    from tasks.cli.sample import make_corrupt_inputs
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for clip in video_factory(3).iterdir():
+        shutil.copy(clip, raw / clip.name)  # not links: an input may not lead out of its folder
+    shutil.copy(make_corrupt_inputs(tmp_path / "bad")["truncated"], raw)  # fails in preprocess
+    videos = sorted(p for p in raw.iterdir() if p.suffix == ".mp4")
+    env = settings_env(tmp_path, SLOW_GPU)
+    workers.start("cpu", env=env)
+    workers.start("gpu0", env=env)
+    out = tmp_path / "out"
+    enqueuer = _enqueue_background(raw, out, {**pipeline_env, **env}, "--window", "1")
+    line = enqueuer.stdout.readline()
+    assert " enqueued" in line, line + enqueuer.stderr.read()
+    enqueuer.send_signal(signal.SIGKILL)  # the run must not need it any more
+    enqueuer.wait(timeout=30)
+
+    record = json.loads(next((out / "runs").glob("*.json")).read_text())
+    assert record["window"] == 1 and record["videos"] == len(videos)
+    meta = wait_until(lambda: task_result(pipeline_env["REDIS_URL"], record["callback_id"]), 400, "the statistics")
+    assert meta["status"] == "SUCCESS", meta
+    summary = json.loads((out / "run_summary.json").read_text())
+    good = len(list(out.glob("*.hdf5")))
+    assert summary["videos"] == len(videos) and summary["done"] == good == summary["statistics_videos"]
+    assert len(summary["failed"]) == len(videos) - good >= 1 and summary["quarantined"]
+    assert good >= 3
+
+    configure_for(monkeypatch, pipeline_env["REDIS_URL"])
+    from tasks import completion, progress
+    from tasks.cli.verify import verify
+
+    r = redis.Redis.from_url(pipeline_env["REDIS_URL"], decode_responses=True)
+    assert verify(out) == []  # the statistics of one NumPy pass over the files
+    # A window of one: each video started after the one before it had ended.
+    spans = sorted(
+        (o["timings"]["preprocess"]["start"], max(t["end"] for t in o["timings"].values()))
+        for o in completion.outcomes(r, record["run_id"])
+        if not o.get("failed")
+    )
+    assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:], strict=False)), spans
+    assert progress.read(r, record["run_id"]).get("aggregate.done") == 1
+
+    # The last stage of a finished video delivered again: it counts nothing and sends no second callback.
+    from tasks.dataset import build_jobs
+    from tasks.pipeline import STAGE_TASKS
+
+    last = next(o for o in completion.outcomes(r, record["run_id"]) if not o.get("failed"))
+    entry = {"video_id": last["video_id"], "path": last["video"]}
+    job = build_jobs([entry], raw, out, record["run_id"])[0][0]
+    again = STAGE_TASKS[job.chain[-1]].apply_async((job.to_dict(),))
+    wait_until(lambda: task_result(pipeline_env["REDIS_URL"], again.id), 120, "the repeated last stage")
+    assert task_result(pipeline_env["REDIS_URL"], again.id)["status"] == "SUCCESS"
+    assert progress.read(r, record["run_id"]).get("aggregate.done") == 1
+    assert len(completion.outcomes(r, record["run_id"])) == len(videos)
+    assert waiting(r) == []
+
+
+def test_the_statistics_read_the_partials_hash_and_fall_back_to_the_markers(
+    video_factory, workers, pipeline_env, tmp_path, monkeypatch
+):
+    raw = video_factory(3)
+    workers.start("cpu")
+    workers.start("gpu0")
+    out = tmp_path / "out"
+    done = run_script("enqueue_dataset.py", str(raw), "--out", str(out), env=pipeline_env, timeout_s=400)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    configure_for(monkeypatch, pipeline_env["REDIS_URL"])
+    from tasks import aggregate, partials
+    from tasks.cli.verify import verify
+
+    r = redis.Redis.from_url(pipeline_env["REDIS_URL"], decode_responses=True)
+    key = partials.redis_key(out)
+    ids = sorted(p.stem for p in out.glob("*.hdf5"))
+    assert sorted(r.hkeys(key)) == ids
+    markers_only = tmp_path / "markers-only.yaml"
+    assert aggregate.write_statistics(out, "3d", None) == 3
+    (out / "normalization_stats.yaml").rename(markers_only)
+
+    def statistics(client) -> str:
+        assert aggregate.write_statistics(out, "3d", client) == 3
+        assert verify(out) == []
+        return (out / "normalization_stats.yaml").read_text()
+
+    # Every entry current: no marker is read.
+    real_read_done = aggregate.read_done
+    monkeypatch.setattr(aggregate, "read_done", lambda *a, **k: pytest.fail(f"marker read: {a}"))
+    assert statistics(r) == markers_only.read_text()
+    monkeypatch.setattr(aggregate, "read_done", real_read_done)
+
+    # Partial (one entry gone) and stale (an output redone since its entry: other mtime, other
+    # numbers): each such video's statistics come from its marker.
+    r.hdel(key, ids[0])
+    raw = redis.Redis.from_url(pipeline_env["REDIS_URL"])  # the entries are binary
+    size, mtime_ns, kind = partials.HEADER.unpack_from(raw.hget(key, ids[1]))
+    row = raw.hget(key, ids[1])[partials.HEADER.size : partials.HEADER.size + 8 * partials.row_width("3d")]
+    doubled = np.frombuffer(row, dtype="<f8").copy()
+    doubled[0] *= 2  # the displacement count
+    raw.hset(key, ids[1], partials.HEADER.pack(size, mtime_ns - 1, kind) + doubled.tobytes() + ids[1].encode())
+    assert statistics(r) == markers_only.read_text()
+    r.delete(key)  # a flushed Redis
+    assert statistics(r) == markers_only.read_text()
