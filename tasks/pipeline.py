@@ -29,7 +29,7 @@ from tasks.flower_view import VideoTask, finished_earlier, progress_text
 from tasks.redis_client import get_redis
 from tasks.routing import route_task
 from tasks.stage_io import check_roots, gather_inputs, marker_of, output_path, read_done
-from tasks.stages import STAGE_NAMES, stage_class
+from tasks.stages import STAGE_NAMES, dataset_stage, stage_class
 from tasks.storage import atomic_write, clear_temporaries, save_npz, write_marker
 
 log = logging.getLogger("framefleet.pipeline")
@@ -86,7 +86,8 @@ def _execute(stage_name: str, job: dict[str, Any], fence: Callable[[], None] | N
     # The first event waits as long as the next ones: a task shorter than the interval sends none
     # (each event is an event publish plus a state write, 2-3 Redis round trips per task).
     last_sent = [time.monotonic()]
-    check_cancelled = cancel.Checker(_redis_or_none(settings().redis_url), job["run_id"])
+    # No ping first: the client connects lazily and the checker treats a Redis error as "not cancelled".
+    check_cancelled = cancel.Checker(get_redis(settings().redis_url), job["run_id"])
 
     def on_progress(done_frames: int, total_frames: int) -> None:
         check_cancelled()  # `framefleet cancel`: stop here, before the output is written
@@ -187,7 +188,12 @@ def _claim_or_wait(task: Task, key: str, stage_name: str, job: dict[str, Any]) -
     conf = settings()
     try:
         verdict = claims.decide(
-            get_redis(conf.redis_url), key, task.request.id, task.request.hostname, conf.lease_ttl_s
+            get_redis(conf.redis_url),
+            key,
+            task.request.id,
+            task.request.hostname,
+            conf.lease_ttl_s,
+            cancel_key=cancel.flag_key(job["run_id"]),  # `framefleet cancel`: checked in the same round trip
         )
     except redis.RedisError as exc:
         log.warning(
@@ -200,6 +206,8 @@ def _claim_or_wait(task: Task, key: str, stage_name: str, job: dict[str, Any]) -
         _wait(task, job, conf.lease_ttl_s / 2)
     if verdict.action == "run":
         return
+    if verdict.action == "cancelled":
+        cancel.stop(task, stage_name, job)
     if verdict.action == "drop":
         log.warning(
             "dropped a second delivery of task %s (%s of %s): %s",
@@ -257,9 +265,7 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
     """
     if job.get("failed"):
         return job
-    if cancel.cancelled_quietly(_redis_or_none(settings().redis_url), job["run_id"]):
-        cancel.stop(task, stage_name, job)
-    job = _run_stage(task, stage_name, job)
+    job = _run_stage(task, stage_name, job)  # a cancelled run stops at the claim, before any work
     job.pop(WAITS, None)  # the next stage counts its own
     return job
 
@@ -283,7 +289,7 @@ def _run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, An
     started = time.time()
     attempts = _failed_tries(task, job) + 1
     try:
-        attempts = _count_start(task, conf.result_expires_s)
+        attempts = _count_start(task, claims.marks_ttl_s(conf.visibility_timeout_s))
         stage_conf = conf.stages[stage_name]
         if attempts > stage_conf.max_retries + 1:
             raise WorkerLost(
@@ -381,13 +387,22 @@ def _failed(task: Task, stage_name: str, job: dict[str, Any], failure: Exception
 
 
 def _record(stage_name: str, job: dict[str, Any], ok: bool) -> None:
-    """Count the stage in the run's progress and the metrics; never raises."""
+    """Count the stage in the run's progress and the metrics, in one round trip; never raises.
+
+    Before the task returns (not after, off the chain's path): the dataset stage's entry must be in
+    Redis when the run's callback, which the return can start, reads the counters and the stage log.
+    """
     conf = settings()
     try:
-        progress.record(get_redis(conf.redis_url), job["run_id"], stage_name, ok, conf.result_expires_s)
-    except Exception as exc:  # progress display is not worth failing a video for
-        log.warning("progress not recorded: %s", exc)
-    metrics.record_stage(conf.redis_url, stage_name, job)
+        pipe = get_redis(conf.redis_url).pipeline(transaction=False)
+        progress.add(pipe, job["run_id"], stage_name, ok, conf.result_expires_s)
+        try:
+            metrics.add_stage(pipe, stage_name, job)
+        except Exception as exc:  # a job without the entry's fields: the progress still counts
+            log.warning("metrics of %s not recorded: %s", stage_name, exc)
+        pipe.execute()
+    except Exception as exc:  # progress display and metrics are not worth failing a video for
+        log.warning("progress and metrics of %s not recorded: %s", stage_name, exc)
 
 
 def _drop_intermediates(job: dict[str, Any]) -> None:
@@ -405,7 +420,20 @@ def _stage_task(stage_name: str) -> Task:
 
     body.__name__ = stage_name
     body.__doc__ = f"Run the {stage_name} stage for one video; return the job for the next stage."
-    return app.task(bind=True, name=TASK_PREFIX + stage_name, acks_late=True, base=VideoTask)(body)
+    # Only the last stage's result is read (it feeds the run's chord, tasks/dataset.py build_chord); a
+    # chain hands every other result to the next task in its message. Not storing those saves two
+    # result-backend writes per transition (the result, and the STARTED state: Celery's trace skips
+    # track_started for an ignored result, celery/app/trace.py build_tracer). update_state (PROGRESS,
+    # REVOKED) still writes, and failures are stored. Revert: drop ignore_result when the chord goes.
+    ignored = stage_name != dataset_stage().name
+    return app.task(
+        bind=True,
+        name=TASK_PREFIX + stage_name,
+        acks_late=True,
+        base=VideoTask,
+        ignore_result=ignored,
+        store_errors_even_if_ignored=True,
+    )(body)
 
 
 # One task per stage, named framefleet.<stage>.

@@ -80,10 +80,15 @@ def queue_loads(
     if not per_queue:
         return []
     names = sorted(per_queue)
-    lengths = (broker or r).pipeline()
-    for name in names:
-        lengths.llen(name)
     return [
         QueueLoad(name, per_queue[name]["gpu"], per_queue[name]["workers"], waiting, per_queue[name]["busy"])
-        for name, waiting in zip(names, lengths.execute(), strict=True)
+        for name, waiting in zip(names, queue_lengths(broker or r, names), strict=True)
     ]
+
+
+def queue_lengths(broker: redis.Redis, names: list[str]) -> list[int]:
+    """How many messages wait in each queue of ``names`` (one round trip), in that order."""
+    pipe = broker.pipeline()
+    for name in names:
+        pipe.llen(name)
+    return [int(n) for n in pipe.execute()]

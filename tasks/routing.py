@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import time
 from typing import Any
 
 import redis
@@ -14,12 +16,33 @@ from tasks.stages import GPU_STAGES
 from worker_config.routing import choose_gpu_queue
 
 log = logging.getLogger(__name__)
+# How long a read of the worker registry is reused (s). Workers publish their state every heartbeat
+# (2 s by default), so the registry is already that old; re-reading it (a SCAN and an MGET) on every
+# task sent was two of a transition's round trips. Queue lengths are read on every send.
+REGISTRY_REUSE_S = 1.0
+_registry_reads: dict[tuple[int, str], tuple[float, list[dict[str, Any]]]] = {}
 
 
 def job_of(args: Any, kwargs: Any) -> dict[str, Any] | None:
     """Return the job dict a stage task carries as its first argument, if any."""
     job = args[0] if args else (kwargs or {}).get("job")
     return job if isinstance(job, dict) else None
+
+
+def _live_workers(r: redis.Redis, url: str) -> list[dict[str, Any]]:
+    """The live workers of the registry at ``url``, read at most every REGISTRY_REUSE_S in this process."""
+    key = (os.getpid(), url)  # a forked child reads its own
+    now = time.monotonic()
+    read = _registry_reads.get(key)
+    if read is None or now - read[0] > REGISTRY_REUSE_S:
+        read = (now, registry.live_workers(r))
+        _registry_reads[key] = read
+    return read[1]
+
+
+def forget_registry() -> None:
+    """Read the registry afresh at the next send (after registering or removing workers by hand)."""
+    _registry_reads.clear()
 
 
 def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any) -> Any:
@@ -34,7 +57,8 @@ def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None
     allowed = job.get("gpus")
     previous = job.get("gpu")
     try:
-        loads = registry.queue_loads(get_redis(conf.redis_url), stage, broker=get_redis(conf.broker))
+        r = get_redis(conf.redis_url)
+        loads = registry.queue_loads(r, stage, _live_workers(r, conf.redis_url), broker=get_redis(conf.broker))
         choice = choose_gpu_queue(loads, allowed, previous, job.get("avoid_gpu"))
     except redis.RedisError as exc:
         log.warning("routing %s without load readings (%s)", stage, exc)

@@ -293,7 +293,8 @@ def on_task_end(task_id: str | None = None, state: str | None = None, retval: An
     conf = settings()
     if task_id is not None:
         leases.forget(task_id)
-        claims.finish(get_redis(conf.redis_url), task_id, state == "SUCCESS", conf.result_expires_s)
+        done_ttl_s = claims.marks_ttl_s(conf.visibility_timeout_s)
+        claims.finish(get_redis(conf.redis_url), task_id, state == "SUCCESS", done_ttl_s)
     rss = _rss_mib()
     if (conf.max_tasks_per_worker and STATE["tasks_done"] >= conf.max_tasks_per_worker) or (
         conf.max_rss_mib and rss > conf.max_rss_mib

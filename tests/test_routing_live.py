@@ -10,7 +10,15 @@ import redis
 from tasks import registry
 from tasks.pipeline import STAGE_TASKS
 from tasks.rebalance import rebalance
-from tasks.routing import route_task
+from tasks.routing import forget_registry, route_task
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry_reads():
+    """Each test registers its own workers: the router must not reuse another test's registry read."""
+    forget_registry()
+    yield
+    forget_registry()
 
 
 @pytest.fixture
