@@ -65,7 +65,8 @@ def install() -> None:
         _patch(pipeline, name, name)
     _patch(claims, "finish", "claims.finish")
     _patch(claims, "confirm", "claims.confirm")
-    _patch(cancel, "cancelled_quietly", "cancel.cancelled_quietly")
+    if hasattr(cancel, "cancelled_quietly"):  # the base commit's start-of-task check
+        _patch(cancel, "cancelled_quietly", "cancel.cancelled_quietly")
     _patch(leases, "on_task_received", "leases.on_task_received")
     _patch(progress, "record", "progress.record")
     _patch(metrics, "record_stage", "metrics.record_stage")

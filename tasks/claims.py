@@ -17,8 +17,9 @@ import hashlib
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 
@@ -162,28 +163,33 @@ def _remember(task_id: str, key: str) -> None:
         PENDING[task_id] = key
 
 
-def finish(r: redis.Redis, task_id: str, succeeded: bool, done_ttl_s: int) -> None:
+def finish(
+    r: redis.Redis, task_id: str, succeeded: bool, done_ttl_s: int, before: Callable[[Any], None] | None = None
+) -> None:
     """Mark ``task_id`` done when it succeeded, then release its claim; never raises.
 
     Called after Celery has sent the task's continuation, so a duplicate delivery is dropped
-    only once the chain has moved on.
+    only once the chain has moved on. ``before`` queues the task's other end-of-task writes on
+    the same pipeline (one round trip for all).
     """
     with _lock:
         key = PENDING.pop(task_id, None)
         owner = HELD.pop(key, None) if key is not None else None
-    if not succeeded and owner is None:
-        return
     # One round trip; Redis runs a pipeline's commands in order, so the done mark is set before the
     # claim goes (if the connection breaks between them, the claim's TTL ends it).
     pipe = r.pipeline(transaction=False)
+    if before is not None:
+        before(pipe)
     if succeeded:
         pipe.set(DONE_PREFIX + task_id, "1", ex=done_ttl_s)
     if owner is not None:
         pipe.eval(_RELEASE, 1, key, owner)
+    if not len(pipe):
+        return
     try:
         pipe.execute()
     except redis.RedisError as exc:  # the claim's TTL ends it; a duplicate then finds the output made
-        log.warning("claim of task %s not released: %s", task_id, exc)
+        log.warning("end of task %s not recorded, its claim not released: %s", task_id, exc)
 
 
 def confirm(r: redis.Redis, key: str, ttl_s: float) -> None:

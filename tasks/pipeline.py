@@ -34,6 +34,7 @@ from tasks.storage import atomic_write, clear_temporaries, save_npz, write_marke
 
 log = logging.getLogger("framefleet.pipeline")
 PROGRESS_EVENT_INTERVAL_S = 0.5  # at most 2 task-progress events a second per task
+PROGRESS_STORED: set[str] = set()  # ids of this process's running tasks whose PROGRESS state was stored
 WAITS = "claim_waits"  # job key: how many of this stage's retries waited for a claim (not failures)
 
 
@@ -151,8 +152,23 @@ def _announce_progress(meta: dict[str, Any]) -> None:
     try:
         task.send_event("task-progress", result=progress_text(meta), **meta)
         task.update_state(state="PROGRESS", meta=meta)
+        PROGRESS_STORED.add(task.request.id)
     except Exception as exc:  # progress display is not worth failing a video for
         log.warning("progress of %s not sent: %s", task.request.id, exc)
+
+
+def _end_progress(task: Task, job: dict[str, Any]) -> None:
+    """Replace the PROGRESS state of a task whose result is not stored by SUCCESS (a short record); never raises.
+
+    Without it a result reader would see such a task in PROGRESS for good; tasks that sent no
+    progress (shorter than PROGRESS_EVENT_INTERVAL_S) have no state to replace and write nothing.
+    """
+    if task.request.id not in PROGRESS_STORED or not task.ignore_result:
+        return  # nothing to replace, or Celery stores this task's end itself
+    try:
+        task.update_state(state="SUCCESS", meta={"video_id": job["video_id"], "stage": task.name})
+    except Exception as exc:
+        log.warning("end of %s not stored: %s", task.request.id, exc)
 
 
 def _redis_or_none(url: str) -> Any:
@@ -265,7 +281,11 @@ def run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, Any
     """
     if job.get("failed"):
         return job
-    job = _run_stage(task, stage_name, job)  # a cancelled run stops at the claim, before any work
+    try:
+        job = _run_stage(task, stage_name, job)  # a cancelled run stops at the claim, before any work
+        _end_progress(task, job)
+    finally:
+        PROGRESS_STORED.discard(task.request.id)
     job.pop(WAITS, None)  # the next stage counts its own
     return job
 
@@ -322,7 +342,7 @@ def _run_stage(task: Task, stage_name: str, job: dict[str, Any]) -> dict[str, An
                 _drop_intermediates(job)
         if report.get("notes"):
             job["notes"] = {**job.get("notes", {}), stage_name: report["notes"]}
-        _record(stage_name, job, ok=True)
+        _record(task, stage_name, job, ok=True)
     return job
 
 
@@ -382,24 +402,33 @@ def _failed(task: Task, stage_name: str, job: dict[str, Any], failure: Exception
             "time": time.time(),
         },
     }
-    _record(stage_name, job, ok=False)
+    _record(task, stage_name, job, ok=False)
     return job
 
 
-def _record(stage_name: str, job: dict[str, Any], ok: bool) -> None:
-    """Count the stage in the run's progress and the metrics, in one round trip; never raises.
+def _record(task: Task, stage_name: str, job: dict[str, Any], ok: bool) -> None:
+    """Count the stage in the run's progress and the metrics; never raises.
 
-    Before the task returns (not after, off the chain's path): the dataset stage's entry must be in
-    Redis when the run's callback, which the return can start, reads the counters and the stage log.
+    A stage before the last leaves the writes to its end (worker.on_task_end), where they share
+    the round trip that releases its claim, after Celery has sent the next stage: off the chain's
+    path. The dataset stage writes them now, before it returns: its return can start the run's
+    callback, which reads the counters and the stage log.
     """
     conf = settings()
-    try:
-        pipe = get_redis(conf.redis_url).pipeline(transaction=False)
+
+    def queue(pipe: Any) -> None:
         progress.add(pipe, job["run_id"], stage_name, ok, conf.result_expires_s)
         try:
             metrics.add_stage(pipe, stage_name, job)
         except Exception as exc:  # a job without the entry's fields: the progress still counts
             log.warning("metrics of %s not recorded: %s", stage_name, exc)
+
+    if stage_name != dataset_stage().name and not task.request.called_directly and task.request.id:
+        worker.AT_END[task.request.id] = queue
+        return
+    try:
+        pipe = get_redis(conf.redis_url).pipeline(transaction=False)
+        queue(pipe)
         pipe.execute()
     except Exception as exc:  # progress display and metrics are not worth failing a video for
         log.warning("progress and metrics of %s not recorded: %s", stage_name, exc)
