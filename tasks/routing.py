@@ -16,11 +16,14 @@ from tasks.stages import GPU_STAGES
 from worker_config.routing import choose_gpu_queue
 
 log = logging.getLogger(__name__)
-# How long a read of the worker registry is reused (s). Workers publish their state every heartbeat
-# (2 s by default), so the registry is already that old; re-reading it (a SCAN and an MGET) on every
-# task sent was two of a transition's round trips. Queue lengths are read on every send.
+# How long the router reuses its own read of the worker registry (s). Workers publish their state
+# every heartbeat (2 s by default), so the registry is already that old; re-reading it (a SCAN and an
+# MGET) on every task sent was two of a transition's round trips. A worker's heartbeat also reads it
+# each tick for the router (refresh_registry), so a worker sending its next stage rarely reads it at
+# all. Queue lengths are read on every send.
 REGISTRY_REUSE_S = 1.0
-_registry_reads: dict[tuple[int, str], tuple[float, list[dict[str, Any]]]] = {}
+# (pid, url) -> (when read, monotonic s; the live workers; how long it may be used, s)
+_registry_reads: dict[tuple[int, str], tuple[float, list[dict[str, Any]], float]] = {}
 
 
 def job_of(args: Any, kwargs: Any) -> dict[str, Any] | None:
@@ -30,14 +33,19 @@ def job_of(args: Any, kwargs: Any) -> dict[str, Any] | None:
 
 
 def _live_workers(r: redis.Redis, url: str) -> list[dict[str, Any]]:
-    """The live workers of the registry at ``url``, read at most every REGISTRY_REUSE_S in this process."""
+    """The live workers of the registry at ``url``: the last read while it is fresh enough, else a new one."""
     key = (os.getpid(), url)  # a forked child reads its own
     now = time.monotonic()
     read = _registry_reads.get(key)
-    if read is None or now - read[0] > REGISTRY_REUSE_S:
-        read = (now, registry.live_workers(r))
+    if read is None or now - read[0] > read[2]:
+        read = (now, registry.live_workers(r), REGISTRY_REUSE_S)
         _registry_reads[key] = read
     return read[1]
+
+
+def refresh_registry(r: redis.Redis, url: str, keep_s: float) -> None:
+    """Read the registry at ``url`` now, for the router to use for up to ``keep_s`` (a worker's heartbeat)."""
+    _registry_reads[(os.getpid(), url)] = (time.monotonic(), registry.live_workers(r), keep_s)
 
 
 def forget_registry() -> None:
