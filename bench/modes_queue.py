@@ -168,7 +168,9 @@ def framefleet_one_by_one(raw_dir: Path, out_dir: Path, videos: int) -> dict[str
         env = {**os.environ, "REDIS_URL": url}
         with processes(out_dir / "logs") as start:
             start("gpu0", worker_argv("gpu0", "gpu0"), env)
-            start("cpu", worker_argv("cpu", "cpu", "prefork", 2), env)
+            # A solo worker, as run_local.py's CPU workers are (one supervised solo process per core)
+            # and as the raw chain's are: a prefork pool adds its parent-to-child hand-off.
+            start("cpu", worker_argv("cpu", "cpu"), env)
             _wait_registered(url, ["gpu0", "cpu"])
             spans = []
             jobs = jobs_for(raw_dir, out_dir, videos + 1)

@@ -34,16 +34,6 @@ def is_cancelled(r: redis.Redis, run_id: str) -> bool:
     return bool(r.exists(flag_key(run_id)))
 
 
-def cancelled_quietly(r: redis.Redis | None, run_id: str) -> bool:
-    """Like is_cancelled, but False when there is no Redis or it does not answer (a task then runs)."""
-    if r is None:
-        return False
-    try:
-        return is_cancelled(r, run_id)
-    except redis.RedisError:
-        return False
-
-
 def request(r: redis.Redis, run_id: str, ttl_s: int) -> bool:
     """Mark ``run_id`` cancelled; return False when it already was."""
     return bool(r.set(flag_key(run_id), str(time.time()), ex=ttl_s, nx=True))

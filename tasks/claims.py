@@ -17,8 +17,9 @@ import hashlib
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 
@@ -28,6 +29,7 @@ from tasks.errors import ClaimLost, ClaimUnconfirmed
 log = logging.getLogger("framefleet.claims")
 CLAIM_PREFIX = keys.CLAIM_PREFIX
 DONE_PREFIX = keys.DONE_PREFIX
+MARKS_MARGIN_S = 24 * 3600  # a redelivered message's wait in a long queue, past the visibility timeout
 
 # claim key → owner value, for the heartbeat to renew; task id → its claim key, to finish at postrun
 HELD: dict[str, str] = {}
@@ -47,6 +49,15 @@ if v == ARGV[1] or not v then
 end
 return 0
 """
+# The start of a delivery in one round trip: a cancelled run (KEYS[1], optional), a finished task
+# (KEYS[2]), else the claim (KEYS[3]) taken, or its holder's value. Atomic, so the holder read after
+# a refused SET NX cannot have lapsed in between.
+_BEGIN = """
+if KEYS[1] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then return {'cancelled', ''} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'done', ''} end
+if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then return {'claimed', ''} end
+return {'held', redis.call('GET', KEYS[3]) or ''}
+"""
 # Take a claim over from a holder proven gone, only if it is still that holder's.
 _TAKE_OVER = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -59,9 +70,10 @@ return 0
 
 @dataclass(frozen=True)
 class Verdict:
-    """What a delivery should do: run the stage, drop itself as a duplicate, or wait for the holder."""
+    """What a delivery should do: run the stage, drop itself as a duplicate, wait for the holder, or stop
+    (its run was cancelled)."""
 
-    action: Literal["run", "drop", "wait"]
+    action: Literal["run", "drop", "wait", "cancelled"]
     holder: str = ""
     why: str = ""
 
@@ -108,20 +120,31 @@ def holder_running(r: redis.Redis, hostname: str, task_id: str) -> bool:
     return current.get("task_id") == task_id
 
 
-def decide(r: redis.Redis, key: str, task_id: str, hostname: str, ttl_s: float) -> Verdict:
-    """Claim ``key`` for this delivery of ``task_id``, or say why it must drop itself or wait.
+def decide(
+    r: redis.Redis, key: str, task_id: str, hostname: str, ttl_s: float, cancel_key: str | None = None
+) -> Verdict:
+    """Claim ``key`` for this delivery of ``task_id``, or say why it must drop itself, wait, or stop.
 
     A delivery is dropped only when its task is done or its holder is provably alive and
-    running that very task; a holder that died hands its claim over at once.
-    Raises redis.RedisError when Redis cannot be asked.
+    running that very task; a holder that died hands its claim over at once. With ``cancel_key``
+    (the run's cancel flag) set in Redis, the verdict is "cancelled" and nothing is claimed.
+    The common case, a free claim, is one round trip. Raises redis.RedisError when Redis cannot be asked.
     """
-    if r.exists(DONE_PREFIX + task_id):
-        return Verdict("drop", why="it has finished")
     owner = owner_value(hostname, task_id)
-    holder = acquire(r, key, owner, ttl_s)
-    if holder is None:
+    status, holder = r.eval(_BEGIN, 3, cancel_key or "", DONE_PREFIX + task_id, key, owner, int(ttl_s * 1000))
+    if status == "cancelled":
+        return Verdict("cancelled", why="its run was cancelled")
+    if status == "done":
+        return Verdict("drop", why="it has finished")
+    if status == "claimed" or holder == owner:  # free, or our own claim (e.g. after a retry of this very task)
+        _hold(key, owner)
         _remember(task_id, key)
         return Verdict("run")
+    if not holder:  # cannot happen (the script is atomic); take the claim the usual way
+        holder = acquire(r, key, owner, ttl_s)
+        if holder is None:
+            _remember(task_id, key)
+            return Verdict("run")
     holder_host, _, holder_task = holder.partition(" ")
     if holder_task != task_id:
         return Verdict("wait", holder, "another run of this stage holds the claim")
@@ -140,21 +163,33 @@ def _remember(task_id: str, key: str) -> None:
         PENDING[task_id] = key
 
 
-def finish(r: redis.Redis, task_id: str, succeeded: bool, done_ttl_s: int) -> None:
+def finish(
+    r: redis.Redis, task_id: str, succeeded: bool, done_ttl_s: int, before: Callable[[Any], None] | None = None
+) -> None:
     """Mark ``task_id`` done when it succeeded, then release its claim; never raises.
 
     Called after Celery has sent the task's continuation, so a duplicate delivery is dropped
-    only once the chain has moved on.
+    only once the chain has moved on. ``before`` queues the task's other end-of-task writes on
+    the same pipeline (one round trip for all).
     """
     with _lock:
         key = PENDING.pop(task_id, None)
+        owner = HELD.pop(key, None) if key is not None else None
+    # One round trip; Redis runs a pipeline's commands in order, so the done mark is set before the
+    # claim goes (if the connection breaks between them, the claim's TTL ends it).
+    pipe = r.pipeline(transaction=False)
+    if before is not None:
+        before(pipe)
+    if succeeded:
+        pipe.set(DONE_PREFIX + task_id, "1", ex=done_ttl_s)
+    if owner is not None:
+        pipe.eval(_RELEASE, 1, key, owner)
+    if not len(pipe):
+        return
     try:
-        if succeeded:
-            r.set(DONE_PREFIX + task_id, "1", ex=done_ttl_s)
-        if key is not None:
-            release(r, key)
+        pipe.execute()
     except redis.RedisError as exc:  # the claim's TTL ends it; a duplicate then finds the output made
-        log.warning("claim of task %s not released: %s", task_id, exc)
+        log.warning("end of task %s not recorded, its claim not released: %s", task_id, exc)
 
 
 def confirm(r: redis.Redis, key: str, ttl_s: float) -> None:
@@ -204,6 +239,15 @@ def renew(r: redis.Redis, ttl_s: float) -> list[str]:
     for key in lost:
         log.warning("claim %s is held by %s now, not by this worker", key, r.get(key))
     return lost
+
+
+def marks_ttl_s(visibility_timeout_s: int) -> int:
+    """How long a task's done mark and start count live (s): past any redelivery of its message.
+
+    A second delivery exists only while the first is unacknowledged (kombu restores it after the
+    visibility timeout, the reaper after a lost worker); the margin covers its wait in the queue.
+    """
+    return visibility_timeout_s + MARKS_MARGIN_S
 
 
 def mark_done(r: redis.Redis, task_id: str, ttl_s: int) -> None:

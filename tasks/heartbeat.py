@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import celery
 
-from tasks import claims, flower_view, leases, registry
+from tasks import claims, flower_view, leases, registry, routing
 from tasks.celery_app import settings
 from tasks.rebalance import rebalance
 from tasks.redis_client import get_redis
@@ -24,7 +24,8 @@ log = logging.getLogger("framefleet.heartbeat")
 
 
 class Heartbeat(threading.Thread):
-    """Every ``heartbeat_interval_s``: send worker-heartbeat, re-assert leases, publish state, reap, rebalance."""
+    """Every ``heartbeat_interval_s``: send worker-heartbeat, re-assert leases, publish state, read the registry
+    for routing, reap, rebalance."""
 
     running: ClassVar[dict[str, Heartbeat]] = {}
 
@@ -110,6 +111,10 @@ class Heartbeat(threading.Thread):
             return
         if self.redis_back_at is None:
             self.redis_back_at = now  # back: give every holder a lease TTL to re-assert before reaping
+        try:  # one heartbeat old at most, like the registry itself: the state it holds is that old
+            routing.refresh_registry(get_redis(conf.redis_url), conf.redis_url, conf.heartbeat_interval_s + 0.5)
+        except Exception:
+            self.failed("reading the registry for routing")
         try:
             if now - self.redis_back_at >= conf.lease_ttl_s:
                 leases.reap(self.app, get_redis(conf.broker), get_redis(conf.redis_url), conf.lease_ttl_s)

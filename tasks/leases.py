@@ -48,6 +48,15 @@ end
 return 0
 """
 
+# Take or extend the lease when it is free or ours, and record its owner; else return the holder.
+_GRANT = """
+local v = redis.call('GET', KEYS[1])
+if v and v ~= ARGV[1] then return v end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[3])
+return false
+"""
+
 
 @dataclass
 class Held:
@@ -78,14 +87,10 @@ def grant(r: redis.Redis, tag: str, task_id: str, hostname: str, ttl_s: float, e
     owner = owner_value(hostname, task_id)
     with _lock:
         HELD[tag] = Held(task_id, entry)
-    if r.set(LEASE_PREFIX + tag, owner, nx=True, px=int(ttl_s * 1000)):
-        r.set(OWNER_PREFIX + tag, owner, ex=OWNER_TTL_S)
-        return None
-    current = r.get(LEASE_PREFIX + tag)
-    if current in (None, owner):
-        reassert(r, tag, owner, ttl_s)
-        return None
-    return current  # renewals take the lease over only once the holder lets it lapse
+    # One round trip (it runs as each message arrives, before its task starts); renewals take the
+    # lease over only once the holder lets it lapse.
+    current = r.eval(_GRANT, 2, LEASE_PREFIX + tag, OWNER_PREFIX + tag, owner, int(ttl_s * 1000), OWNER_TTL_S)
+    return current or None
 
 
 def reassert(r: redis.Redis, tag: str, owner: str, ttl_s: float) -> bool:

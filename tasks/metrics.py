@@ -69,25 +69,30 @@ def stage_record(stage: str, job: Job) -> dict[str, Any]:
 def record_stage(redis_url: str, stage: str, job: Job) -> None:
     """Count ``stage`` of ``job`` (done, skipped or failed for good) and log it in Redis; never raises."""
     try:
-        entry = stage_record(stage, job)
         pipe = get_redis(redis_url).pipeline(transaction=False)
-        pipe.rpush(STAGE_LOG_KEY, json.dumps(entry))
-        pipe.ltrim(STAGE_LOG_KEY, -STAGE_LOG_KEPT, -1)
-        outcome = "failed" if not entry["ok"] else "skipped" if entry["skipped"] else "done"
-        pipe.hincrby(COUNTS_KEY, f"stage|{stage}|{outcome}", 1)
-        if outcome == "failed":
-            pipe.hincrby(COUNTS_KEY, f"videos_failed|{stage}|{entry['error_class']}", 1)
-        elif stage == dataset_stage().name:
-            pipe.hincrby(COUNTS_KEY, "videos_done", 1)
-        if outcome == "done":
-            seconds = entry["end"] - entry["start"]
-            for le in [*DURATION_BUCKETS_S, float("inf")]:
-                if seconds <= le:
-                    pipe.hincrby(DURATIONS_KEY, f"{stage}|{le:g}", 1)
-            pipe.hincrbyfloat(DURATIONS_KEY, f"{stage}|sum", seconds)
+        add_stage(pipe, stage, job)
         pipe.execute()
     except Exception as exc:  # metrics are not worth failing a video for
         log.warning("metrics of %s not recorded: %s", stage, exc)
+
+
+def add_stage(pipe: Any, stage: str, job: Job) -> None:
+    """Queue on ``pipe`` (a Redis pipeline; the caller executes it) what record_stage writes."""
+    entry = stage_record(stage, job)
+    pipe.rpush(STAGE_LOG_KEY, json.dumps(entry))
+    pipe.ltrim(STAGE_LOG_KEY, -STAGE_LOG_KEPT, -1)
+    outcome = "failed" if not entry["ok"] else "skipped" if entry["skipped"] else "done"
+    pipe.hincrby(COUNTS_KEY, f"stage|{stage}|{outcome}", 1)
+    if outcome == "failed":
+        pipe.hincrby(COUNTS_KEY, f"videos_failed|{stage}|{entry['error_class']}", 1)
+    elif stage == dataset_stage().name:
+        pipe.hincrby(COUNTS_KEY, "videos_done", 1)
+    if outcome == "done":
+        seconds = entry["end"] - entry["start"]
+        for le in [*DURATION_BUCKETS_S, float("inf")]:
+            if seconds <= le:
+                pipe.hincrby(DURATIONS_KEY, f"{stage}|{le:g}", 1)
+        pipe.hincrbyfloat(DURATIONS_KEY, f"{stage}|sum", seconds)
 
 
 class AutoscaleTally:

@@ -31,11 +31,12 @@ from tasks.job import Failure, Job, StageTiming
 from tasks.redis_client import get_redis
 from tasks.routing import route_task
 from tasks.stage_io import check_roots, gather_inputs, marker_of, output_path, read_done
-from tasks.stages import STAGE_NAMES, stage_class
+from tasks.stages import STAGE_NAMES, dataset_stage, stage_class
 from tasks.storage import atomic_write, clear_temporaries, save_npz, write_marker
 
 log = logging.getLogger("framefleet.pipeline")
 PROGRESS_EVENT_INTERVAL_S = 0.5  # at most 2 task-progress events a second per task
+PROGRESS_STORED: set[str] = set()  # ids of this process's running tasks whose PROGRESS state was stored
 
 
 def _as_framefleet_error(exc: Exception) -> FramefleetError | Exception:
@@ -87,7 +88,8 @@ def _execute(stage_name: str, job: Job, fence: Callable[[], None] | None = None)
     # The first event waits as long as the next ones: a task shorter than the interval sends none
     # (each event is an event publish plus a state write, 2-3 Redis round trips per task).
     last_sent = [time.monotonic()]
-    check_cancelled = cancel.Checker(_redis_or_none(settings().redis_url), job.run_id)
+    # No ping first: the client connects lazily and the checker treats a Redis error as "not cancelled".
+    check_cancelled = cancel.Checker(get_redis(settings().redis_url), job.run_id)
 
     def on_progress(done_frames: int, total_frames: int) -> None:
         check_cancelled()  # `framefleet cancel`: stop here, before the output is written
@@ -151,8 +153,23 @@ def _announce_progress(meta: dict[str, Any]) -> None:
     try:
         task.send_event("task-progress", result=progress_text(meta), **meta)
         task.update_state(state="PROGRESS", meta=meta)
+        PROGRESS_STORED.add(task.request.id)
     except Exception as exc:  # progress display is not worth failing a video for
         log.warning("progress of %s not sent: %s", task.request.id, exc)
+
+
+def _end_progress(task: Task, job: Job) -> None:
+    """Replace the PROGRESS state of a task whose result is not stored by SUCCESS (a short record); never raises.
+
+    Without it a result reader would see such a task in PROGRESS for good; tasks that sent no
+    progress (shorter than PROGRESS_EVENT_INTERVAL_S) have no state to replace and write nothing.
+    """
+    if task.request.id not in PROGRESS_STORED or not task.ignore_result:
+        return  # nothing to replace, or Celery stores this task's end itself
+    try:
+        task.update_state(state="SUCCESS", meta={"video_id": job.video_id, "stage": task.name})
+    except Exception as exc:
+        log.warning("end of %s not stored: %s", task.request.id, exc)
 
 
 def _redis_or_none(url: str) -> Any:
@@ -188,7 +205,12 @@ def _claim_or_wait(task: Task, key: str, stage_name: str, job: Job) -> None:
     conf = settings()
     try:
         verdict = claims.decide(
-            get_redis(conf.redis_url), key, task.request.id, task.request.hostname, conf.lease_ttl_s
+            get_redis(conf.redis_url),
+            key,
+            task.request.id,
+            task.request.hostname,
+            conf.lease_ttl_s,
+            cancel_key=cancel.flag_key(job.run_id),  # `framefleet cancel`: checked in the same round trip
         )
     except redis.RedisError as exc:
         log.warning(
@@ -201,6 +223,8 @@ def _claim_or_wait(task: Task, key: str, stage_name: str, job: Job) -> None:
         _wait(task, job, conf.lease_ttl_s / 2)
     if verdict.action == "run":
         return
+    if verdict.action == "cancelled":
+        cancel.stop(task, stage_name, job)
     if verdict.action == "drop":
         log.warning(
             "dropped a second delivery of task %s (%s of %s): %s",
@@ -263,9 +287,12 @@ def run_stage(task: Task, stage_name: str, payload: dict[str, Any]) -> dict[str,
     """
     given = job = Job.from_dict(payload)
     if not job.failed:
-        if cancel.cancelled_quietly(_redis_or_none(settings().redis_url), job.run_id):
-            cancel.stop(task, stage_name, job)
-        job = dataclasses.replace(_run_stage(task, stage_name, job), claim_waits=0)  # the next stage counts its own
+        try:
+            job = _run_stage(task, stage_name, job)  # a cancelled run stops at the claim, before any work
+            _end_progress(task, job)
+        finally:
+            PROGRESS_STORED.discard(task.request.id)
+        job = dataclasses.replace(job, claim_waits=0)  # the next stage counts its own
     if stage_name == chain_of(job)[-1]:
         _video_ended(task, given, job)
     return job.to_dict()
@@ -301,7 +328,7 @@ def _run_stage(task: Task, stage_name: str, job: Job) -> Job:
     started = time.time()
     attempts = _failed_tries(task, job) + 1
     try:
-        attempts = _count_start(task, conf.result_expires_s)
+        attempts = _count_start(task, claims.marks_ttl_s(conf.visibility_timeout_s))
         stage_conf = conf.stages[stage_name]
         if attempts > stage_conf.max_retries + 1:
             raise WorkerLost(
@@ -335,7 +362,7 @@ def _run_stage(task: Task, stage_name: str, job: Job) -> Job:
                 _drop_intermediates(job)
         if report.get("notes"):
             job = dataclasses.replace(job, notes={**job.notes, stage_name: report["notes"]})
-        _record(stage_name, job, ok=True)
+        _record(task, stage_name, job, ok=True)
     return job
 
 
@@ -390,18 +417,37 @@ def _failed(task: Task, stage_name: str, job: Job, failure: Exception, attempts:
             time=time.time(),
         ),
     )
-    _record(stage_name, job, ok=False)
+    _record(task, stage_name, job, ok=False)
     return job
 
 
-def _record(stage_name: str, job: Job, ok: bool) -> None:
-    """Count the stage in the run's progress and the metrics; never raises."""
+def _record(task: Task, stage_name: str, job: Job, ok: bool) -> None:
+    """Count the stage in the run's progress and the metrics; never raises.
+
+    A stage before the last that succeeded leaves the writes to its end (worker.on_task_end), where
+    they share the round trip that releases its claim, after Celery has sent the next stage: off the
+    chain's path. The dataset stage and a failure write them now, before the task returns: the
+    video's end can start the run's callback (tasks.completion), which reads the counters and the
+    stage log, and a failed video reaches its chain's end at once.
+    """
     conf = settings()
+
+    def queue(pipe: Any) -> None:
+        progress.add(pipe, job.run_id, stage_name, ok, conf.result_expires_s)
+        try:
+            metrics.add_stage(pipe, stage_name, job)
+        except Exception as exc:  # a job without the entry's fields: the progress still counts
+            log.warning("metrics of %s not recorded: %s", stage_name, exc)
+
+    if ok and stage_name != dataset_stage().name and not task.request.called_directly and task.request.id:
+        worker.AT_END[task.request.id] = queue
+        return
     try:
-        progress.record(get_redis(conf.redis_url), job.run_id, stage_name, ok, conf.result_expires_s)
-    except Exception as exc:  # progress display is not worth failing a video for
-        log.warning("progress not recorded: %s", exc)
-    metrics.record_stage(conf.redis_url, stage_name, job)
+        pipe = get_redis(conf.redis_url).pipeline(transaction=False)
+        queue(pipe)
+        pipe.execute()
+    except Exception as exc:  # progress display and metrics are not worth failing a video for
+        log.warning("progress and metrics of %s not recorded: %s", stage_name, exc)
 
 
 def _keep_partial(job: Job, stage_name: str, report: dict[str, Any]) -> None:
@@ -433,7 +479,20 @@ def _stage_task(stage_name: str) -> Task:
 
     body.__name__ = stage_name
     body.__doc__ = f"Run the {stage_name} stage for one video; return the job for the next stage."
-    return app.task(bind=True, name=TASK_PREFIX + stage_name, acks_late=True, base=VideoTask)(body)
+    # Only the last stage's result is read (it feeds the run's chord, tasks/dataset.py build_chord); a
+    # chain hands every other result to the next task in its message. Not storing those saves two
+    # result-backend writes per transition (the result, and the STARTED state: Celery's trace skips
+    # track_started for an ignored result, celery/app/trace.py build_tracer). update_state (PROGRESS,
+    # REVOKED) still writes, and failures are stored. Revert: drop ignore_result when the chord goes.
+    ignored = stage_name != dataset_stage().name
+    return app.task(
+        bind=True,
+        name=TASK_PREFIX + stage_name,
+        acks_late=True,
+        base=VideoTask,
+        ignore_result=ignored,
+        store_errors_even_if_ignored=True,
+    )(body)
 
 
 # One task per stage, named framefleet.<stage>.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 
 from tasks import keys
@@ -14,15 +16,20 @@ def run_key(run_id: str) -> str:
 
 def record(r: redis.Redis, run_id: str, stage: str, ok: bool, ttl_s: int) -> None:
     """Count one finished (``ok``) or failed stage task of a run."""
-    key = run_key(run_id)
     pipe = r.pipeline()
+    add(pipe, run_id, stage, ok, ttl_s)
+    pipe.execute()
+
+
+def add(pipe: Any, run_id: str, stage: str, ok: bool, ttl_s: int) -> None:
+    """Queue on ``pipe`` (a Redis pipeline; the caller executes it) the counting of one stage task of a run."""
+    key = run_key(run_id)
     pipe.hincrby(key, f"{stage}.{'done' if ok else 'failed'}", 1)
     if not ok:
         pipe.hincrby(key, "videos.failed", 1)
     elif stage == dataset_stage().name:
         pipe.hincrby(key, "videos.done", 1)
     pipe.expire(key, ttl_s)
-    pipe.execute()
 
 
 def read(r: redis.Redis, run_id: str) -> dict[str, int]:

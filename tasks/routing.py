@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import time
 from typing import Any
 
 import redis
@@ -15,11 +17,40 @@ from tasks.stages import GPU_STAGES, STAGE_NAMES
 from worker_config.routing import choose_gpu_queue
 
 log = logging.getLogger(__name__)
+# How long the router reuses its own read of the worker registry (s). Workers publish their state
+# every heartbeat (2 s by default), so the registry is already that old; re-reading it (a SCAN and an
+# MGET) on every task sent was two of a transition's round trips. A worker's heartbeat also reads it
+# each tick for the router (refresh_registry), so a worker sending its next stage rarely reads it at
+# all. Queue lengths are read on every send.
+REGISTRY_REUSE_S = 1.0
+# (pid, url) -> (when read, monotonic s; the live workers; how long it may be used, s)
+_registry_reads: dict[tuple[int, str], tuple[float, list[dict[str, Any]], float]] = {}
 
 
 def job_of(args: Any, kwargs: Any) -> Job | None:
     """Return the job a stage task carries as its first argument, if any (``Job.peek``: its run and video suffice)."""
     return Job.peek(args[0] if args else (kwargs or {}).get("job"))
+
+
+def _live_workers(r: redis.Redis, url: str) -> list[dict[str, Any]]:
+    """The live workers of the registry at ``url``: the last read while it is fresh enough, else a new one."""
+    key = (os.getpid(), url)  # a forked child reads its own
+    now = time.monotonic()
+    read = _registry_reads.get(key)
+    if read is None or now - read[0] > read[2]:
+        read = (now, registry.live_workers(r), REGISTRY_REUSE_S)
+        _registry_reads[key] = read
+    return read[1]
+
+
+def refresh_registry(r: redis.Redis, url: str, keep_s: float) -> None:
+    """Read the registry at ``url`` now, for the router to use for up to ``keep_s`` (a worker's heartbeat)."""
+    _registry_reads[(os.getpid(), url)] = (time.monotonic(), registry.live_workers(r), keep_s)
+
+
+def forget_registry() -> None:
+    """Read the registry afresh at the next send (after registering or removing workers by hand)."""
+    _registry_reads.clear()
 
 
 def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any) -> Any:
@@ -49,7 +80,8 @@ def _queue_of(name: str, args: Any, kwargs: Any) -> dict[str, Any] | None:
     allowed = list(job.gpus) if job.gpus is not None else None
     previous = job.gpu
     try:
-        loads = registry.queue_loads(get_redis(conf.redis_url), stage, broker=get_redis(conf.broker))
+        r = get_redis(conf.redis_url)
+        loads = registry.queue_loads(r, stage, _live_workers(r, conf.redis_url), broker=get_redis(conf.broker))
         choice = choose_gpu_queue(loads, allowed, previous, job.avoid_gpu)
     except redis.RedisError as exc:
         log.warning("routing %s without load readings (%s)", stage, exc)

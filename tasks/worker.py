@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,9 @@ ROLE = WorkerRole()
 STAGES: dict[str, Any] = {}
 MODEL_LOADS: Counter[str] = Counter()
 STATE: dict[str, Any] = {"busy": False, "tasks_done": 0, "current": None}
+# Redis writes a task leaves to its end (tasks.pipeline: its progress and metrics), by task id: queued
+# on the pipeline that marks it done and releases its claim, after Celery has sent the next stage.
+AT_END: dict[str, Callable[[Any], None]] = {}
 
 
 class GpuPinningError(SystemExit):
@@ -294,7 +298,8 @@ def on_task_end(task_id: str | None = None, state: str | None = None, retval: An
     conf = settings()
     if task_id is not None:
         leases.forget(task_id)
-        claims.finish(get_redis(conf.redis_url), task_id, state == "SUCCESS", conf.result_expires_s)
+        done_ttl_s = claims.marks_ttl_s(conf.visibility_timeout_s)
+        claims.finish(get_redis(conf.redis_url), task_id, state == "SUCCESS", done_ttl_s, AT_END.pop(task_id, None))
     rss = _rss_mib()
     if (conf.max_tasks_per_worker and STATE["tasks_done"] >= conf.max_tasks_per_worker) or (
         conf.max_rss_mib and rss > conf.max_rss_mib

@@ -241,7 +241,7 @@ def workers(pipeline_env: dict[str, str], tmp_path: Path) -> Iterator[Workers]:
     pool.stop_all()
 
 
-def send_task(url: str, name: str, args: tuple, queue: str) -> str:
+def send_task(url: str, name: str, args: tuple, queue: str, **options: object) -> str:
     """Send a task message to the Redis at ``url`` as a producer would; return its id.
 
     A Celery app of its own, so the tests' process never caches a broker or result backend
@@ -252,7 +252,7 @@ def send_task(url: str, name: str, args: tuple, queue: str) -> str:
     sender = Celery("test-sender", broker=url, backend=url, set_as_current=False)
     sender.conf.update(task_serializer="json", accept_content=["json"])
     try:
-        return sender.send_task(name, args=args, queue=queue).id
+        return sender.send_task(name, args=args, queue=queue, **options).id
     finally:
         sender.close()
 

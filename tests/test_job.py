@@ -147,7 +147,8 @@ def test_a_worker_runs_an_earlier_versions_message_and_keeps_its_unknown_keys(
     video = next(raw.iterdir()).name
     waiting = {**ENQUEUED, "video": video, "dataset_root": str(raw), "output_root": str(out), "priority": 7}
     url = pipeline_env["REDIS_URL"]
-    ok = send_task(url, "framefleet.preprocess", (waiting,), "cpu")
+    # A stage before the last stores no result unless asked (the next stage's message carries it).
+    ok = send_task(url, "framefleet.preprocess", (waiting,), "cpu", ignore_result=False)
     cut = send_task(url, "framefleet.preprocess", ({k: v for k, v in waiting.items() if k != "output_root"},), "cpu")
     done = wait_until(lambda: task_result(url, ok), 60, "the preprocess result")
     assert done["status"] == "SUCCESS", done

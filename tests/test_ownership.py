@@ -10,7 +10,7 @@ import pytest
 import redis
 from celery import Celery
 
-from tasks import claims, leases, registry, stall
+from tasks import cancel, claims, leases, registry, stall
 from tasks.heartbeat import Heartbeat
 from tests.conftest import send_task, wait_until
 from worker_config.settings import Settings
@@ -106,6 +106,25 @@ def test_claim_renewal_reads_a_snapshot_while_the_task_thread_changes_the_held_s
         claims.acquire(r, claims.claim_key("/out", f"v{i}", "depth"), f"gpu0@h t{i}", TTL_S)
     claims.renew(_Interleaved(r), TTL_S)  # no "dictionary changed size during iteration"
     assert len(claims.HELD) == 6 and all(r.get(key) for key in list(claims.HELD)[:3])
+
+
+def test_a_task_of_a_cancelled_run_stops_at_its_claim_and_takes_none(r):
+    key = claims.claim_key("/out", "v1", "depth")
+    flag = cancel.flag_key("run1")
+    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S, cancel_key=flag).action == "run"
+    claims.finish(r, "t1", succeeded=False, done_ttl_s=60)
+    assert r.get(key) is None
+    cancel.request(r, "run1", ttl_s=60)
+    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S, cancel_key=flag).action == "cancelled"
+    assert r.get(key) is None and key not in claims.HELD
+
+
+def test_a_task_end_writes_its_counts_marks_it_done_and_releases_its_claim(r):
+    key = claims.claim_key("/out", "v1", "depth")
+    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S).action == "run"
+    claims.finish(r, "t1", succeeded=True, done_ttl_s=60, before=lambda pipe: pipe.hincrby("ff:run:x", "n", 1))
+    assert r.hget("ff:run:x", "n") == "1" and claims.is_done(r, "t1") and r.get(key) is None
+    assert 0 < r.ttl(claims.DONE_PREFIX + "t1") <= 60
 
 
 def test_a_duplicate_is_dropped_only_while_its_holder_runs_the_task(r):

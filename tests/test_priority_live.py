@@ -58,10 +58,16 @@ def test_a_worker_with_an_earlier_and_a_later_stage_waiting_takes_the_later_firs
     """Jobs already failed pass through their stages at once: the order is the worker's choice alone."""
     _, r = app_on_test_redis
     failed = {"stage": "preprocess", "error_class": "test", "reason": "test", "attempts": 1, "worker": "w", "time": 0.0}
+    # Results are kept for this test (stages before the last store none by default), to order them by their end.
     sent = [
-        STAGE_TASKS[early].apply_async(args=(job(f"early{i}", tmp_path, failed=failed),), queue=queue) for i in range(3)
+        STAGE_TASKS[early].apply_async(
+            args=(job(f"early{i}", tmp_path, failed=failed),), queue=queue, ignore_result=False
+        )
+        for i in range(3)
     ]
-    sent.insert(1, STAGE_TASKS[late].apply_async(args=(job("late", tmp_path, failed=failed),), queue=queue))
+    sent.insert(
+        1, STAGE_TASKS[late].apply_async(args=(job("late", tmp_path, failed=failed),), queue=queue, ignore_result=False)
+    )
     assert queues.length(r, queue) == 4 and r.llen(queue) < 4  # in more than one of the queue's lists
 
     workers.start(queue)

@@ -10,7 +10,16 @@ import redis
 from tasks import queues, registry
 from tasks.pipeline import STAGE_TASKS
 from tasks.rebalance import rebalance
-from tasks.routing import route_task
+from tasks.routing import forget_registry, route_task
+from tests.conftest import wait_until
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry_reads():
+    """Each test registers its own workers: the router must not reuse another test's registry read."""
+    forget_registry()
+    yield
+    forget_registry()
 
 
 @pytest.fixture
@@ -54,6 +63,14 @@ def test_router_sends_gpu_stages_to_the_least_loaded_live_queue(app_on_test_redi
     assert route_task("framefleet.tracks", (job(gpus=[1]),), {}, {})["queue"] == "gpu1"
     assert route_task("framefleet.h5", (job(),), {}, {})["queue"] == "cpu"
     assert route_task("framefleet.hands", (job(failed={"stage": "depth"}),), {}, {})["queue"] == "cpu"
+
+
+def test_router_sees_a_worker_that_registers_after_its_last_registry_read(app_on_test_redis):
+    _, r = app_on_test_redis
+    register(r, "gpu0@a", 0, busy=True)
+    assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu0"
+    register(r, "gpu1@a", 1)  # idle: the better choice once the router has read the registry again
+    wait_until(lambda: route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu1", 10, "routing to gpu1")
 
 
 def test_rebalancer_moves_waiting_tasks_off_a_queue_without_live_worker(app_on_test_redis):
