@@ -9,6 +9,7 @@ source .device/activate.sh
 set -u
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 VIDEOS=${VIDEOS:-48}; MATMULS=${MATMULS:-16}; SIZE=${SIZE:-4096}; PER_GPU=${PER_GPU:-2}; CPUW=${CPUW:-8}
+PHASES=${PHASES:-abc}  # which of (a), (b), (c) to run: a longer (c) fits one call without (a) and (b)
 NGPU=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/gpus.csv"
 rm -rf /tmp/sc-*  # a warm machine keeps earlier runs
@@ -25,9 +26,12 @@ sample() {  # GPU utilisation and memory twice a second: "epoch index util% used
   done
 }
 
+if [[ $PHASES == *a* ]]; then
 echo "(a) compute bound $(date +%T)"
-timeout 150 python3 bench/gpu_bound.py /tmp/sc-raw > "$OUT/a-bound.json" 2> "$OUT/a-bound.err"
+timeout 300 python3 bench/gpu_bound.py /tmp/sc-raw > "$OUT/a-bound.json" 2> "$OUT/a-bound.err"
+fi
 
+if [[ $PHASES == *b* ]]; then
 echo "(b) one GPU with the autoscaler $(date +%T)"
 redis-server --port 6391 --save '' --appendonly no --daemonize yes > /dev/null
 export REDIS_URL=redis://127.0.0.1:6391/0
@@ -38,7 +42,7 @@ smp=$!
 python3 scripts/autoscaler.py --gpus 0 --max-workers-per-gpu 8 --headroom-mib 2048 --tick-s 1 --cooldown-s 2 \
   --stop-grace-s 30 --log-dir /tmp/sc-as > "$OUT/b-autoscaler.log" 2>&1 &
 scaler=$!
-timeout 200 python3 scripts/enqueue_dataset.py /tmp/sc-raw --out /tmp/sc-b > "$OUT/b-enqueue.txt" 2>&1
+timeout 300 python3 scripts/enqueue_dataset.py /tmp/sc-raw --out /tmp/sc-b > "$OUT/b-enqueue.txt" 2>&1
 echo "enqueue exit $?" >> "$OUT/b-enqueue.txt"
 kill $smp; kill -TERM $scaler; wait $scaler; kill -TERM $cpu; wait $cpu
 python3 -c "import redis; r = redis.Redis(port=6391, decode_responses=True); \
@@ -46,13 +50,14 @@ print('\n'.join(r.lrange('ff:stages', 0, -1)))" > "$OUT/b-stages.jsonl"
 redis-cli -p 6391 shutdown nosave > /dev/null 2>&1
 unset REDIS_URL
 cp /tmp/sc-b/run_summary.json "$OUT/b-summary.json"
+fi
 
 for k in 1 2 4; do
-  [ "$k" -le "$NGPU" ] || continue
+  [[ $PHASES == *c* && "$k" -le "$NGPU" ]] || continue
   echo "(c) $k GPU(s) $(date +%T)"
   sample > "$OUT/c$k-samples.csv" &
   smp=$!
-  timeout 200 python3 scripts/run_local.py /tmp/sc-raw --out "/tmp/sc-c$k" --gpus "$(seq -s, 0 $((k - 1)))" \
+  timeout 300 python3 scripts/run_local.py /tmp/sc-raw --out "/tmp/sc-c$k" --gpus "$(seq -s, 0 $((k - 1)))" \
     --gpu-workers "$PER_GPU" --cpu-workers "$CPUW" > "$OUT/c$k-run_local.txt" 2>&1
   echo "run_local exit $?" >> "$OUT/c$k-run_local.txt"
   kill $smp
