@@ -31,11 +31,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.modes_local import jobs_for
     from tasks.celery_app import settings
+    from tasks.job import Job
     from tasks.stages import GPU_STAGES, build, source_stage, stage_class
 
     conf = settings()
-    jobs = jobs_for(args.raw_dir.resolve(), Path(tempfile.mkdtemp()), args.limit)
-    chain = jobs[0]["chain"]
+    jobs = [Job.from_dict(j) for j in jobs_for(args.raw_dir.resolve(), Path(tempfile.mkdtemp()), args.limit)]
+    chain = jobs[0].chain
     gpu = [s for s in chain if s in GPU_STAGES]
     first = source_stage()
     pre = build(first.name, conf.stages[first.name])

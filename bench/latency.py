@@ -90,7 +90,8 @@ def run_tree(
     """One run of ``tree``'s run_local.py (with ``more_env``); return latency, disk and wait figures."""
     shutil.rmtree(out, ignore_errors=True)
     with private_redis() as url:
-        env = {**os.environ, "REDIS_URL": url, "PYTHONPATH": str(tree), **more_env}
+        path = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))  # the GPU machine's Celery
+        env = {**os.environ, "REDIS_URL": url, "PYTHONPATH": path, **more_env}
         argv = [sys.executable, str(tree / "scripts" / "run_local.py"), str(raw), "--out", str(out)]
         argv += [*(["--limit", str(limit)] if limit else []), "--intermediates", "drop", *extra]
         sampler = DiskSampler(out / "work")
