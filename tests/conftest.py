@@ -136,18 +136,33 @@ def pipeline_env(redis_url: str, tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def video_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """Make a folder of ``n`` short real H.264 videos (cached per arguments within a session)."""
-    cache: dict[tuple[int, float], Path] = {}
+    """Make a folder of ``n`` short real H.264 videos (cached per arguments within a session).
+
+    Clip ``i`` of a given length is the same file in every folder, so each is encoded once per
+    session and hard-linked into the folders that hold it (tests copy a folder before changing it).
+    """
+    folders: dict[tuple[int, float], Path] = {}
+    clips: dict[tuple[int, float], Path] = {}
+    sizes = ((640, 360), (480, 360), (640, 480))
+
+    def clip(i: int, seconds: float) -> Path:
+        if (i, seconds) not in clips:
+            w, h = sizes[i % len(sizes)]
+            path = tmp_path_factory.mktemp("clips") / f"clip {i:02d}.mp4"
+            clips[(i, seconds)] = make_video(path, w, h, (24, 30, 15)[i % 3], seconds, seed=100 + i)
+        return clips[(i, seconds)]
 
     def make(n: int, seconds: float = 1.6) -> Path:
-        if (n, seconds) not in cache:
+        if (n, seconds) not in folders:
             folder = tmp_path_factory.mktemp(f"raw{n}")
-            sizes = ((640, 360), (480, 360), (640, 480))
             for i in range(n):
-                w, h = sizes[i % len(sizes)]
-                make_video(folder / f"clip {i:02d}.mp4", w, h, (24, 30, 15)[i % 3], seconds, seed=100 + i)
-            cache[(n, seconds)] = folder
-        return cache[(n, seconds)]
+                source = clip(i, seconds)
+                try:
+                    os.link(source, folder / source.name)
+                except OSError:  # another file system, or no hard links there
+                    shutil.copyfile(source, folder / source.name)
+            folders[(n, seconds)] = folder
+        return folders[(n, seconds)]
 
     return make
 

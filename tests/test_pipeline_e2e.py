@@ -28,11 +28,12 @@ def manifest_ids(out: Path) -> set[str]:
 def processes_using(port: int) -> list[int]:
     """Pids of processes whose environment names the Redis on ``port``."""
     found = []
-    needle = f"127.0.0.1:{port}".encode()
+    # Not followed by a digit: another test session's Redis on port 63791 is not this one on 6379.
+    needle = re.compile(rb"127\.0\.0\.1:%d(?!\d)" % port)
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if needle in (entry / "environ").read_bytes() or needle in (entry / "cmdline").read_bytes():
+                if needle.search((entry / "environ").read_bytes()) or needle.search((entry / "cmdline").read_bytes()):
                     found.append(int(entry.name))
             except OSError:
                 pass
