@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -242,11 +243,18 @@ class Workers:
             return proc.wait()
 
     def stop_all(self) -> None:
+        """End every worker at once (SIGKILL to its process group, pool children included).
+
+        The test is over: a warm shutdown here would only wait for whatever task is in hand (a
+        test that checks warm shutdown calls ``stop`` with SIGTERM itself), and the test's Redis
+        database and folders are discarded with it.
+        """
         for proc in self.procs.values():
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for name in self.procs:
-            self.stop(name, timeout_s=15)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        for proc in self.procs.values():
+            proc.wait(timeout=30)
 
 
 @pytest.fixture
