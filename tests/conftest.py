@@ -88,6 +88,10 @@ def _start_private_redis() -> str:
 
 BASE_REDIS = os.environ.get("FRAMEFLEET_TEST_REDIS") or _start_private_redis()
 TEST_DB = int(os.environ.get("FRAMEFLEET_TEST_DB", "11"))
+SHARED_DB = TEST_DB + 2  # the database of the session's shared workers (TEST_DB + 1 is test_routing_live's broker)
+# The shared gpu0 worker's one setting of its own: a model worker's torch threads (outputs do not depend on it);
+# one thread keeps it from oversubscribing a small, busy machine.
+CLUSTER_GPU_ENV = {"FRAMEFLEET_TORCH_THREADS": "1"}
 PIPELINE_ENV = ("REDIS_URL", "FRAMEFLEET_CONFIG", "FRAMEFLEET_REDIS_URL", "CUDA_VISIBLE_DEVICES")
 
 
@@ -119,20 +123,25 @@ def redis_url() -> Iterator[str]:
     client.flushdb()
 
 
-@pytest.fixture
-def pipeline_env(redis_url: str, tmp_path: Path) -> dict[str, str]:
-    """Environment for framefleet processes: this test's Redis and fast liveness settings."""
+def process_env(url: str) -> dict[str, str]:
+    """Environment for framefleet processes on the Redis database ``url``, with fast liveness settings."""
     env = {k: v for k, v in os.environ.items() if k not in PIPELINE_ENV}
     # The project first, then whatever the caller's PYTHONPATH holds (the GPU machine's packages live there).
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env.update(
-        REDIS_URL=redis_url,
+        REDIS_URL=url,
         PYTHONPATH=path,
         FRAMEFLEET_HEARTBEAT_INTERVAL_S="0.5",
         FRAMEFLEET_REGISTRY_TTL_S="3",
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+@pytest.fixture
+def pipeline_env(redis_url: str, tmp_path: Path) -> dict[str, str]:
+    """Environment for framefleet processes: this test's Redis and fast liveness settings."""
+    return process_env(redis_url)
 
 
 @pytest.fixture(scope="session")
@@ -262,6 +271,36 @@ def workers(pipeline_env: dict[str, str], tmp_path: Path) -> Iterator[Workers]:
     pool = Workers(pipeline_env, tmp_path / "logs")
     yield pool
     pool.stop_all()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+    """One ``cpu`` and one ``gpu0`` worker with the default settings (but CLUSTER_GPU_ENV), shared by a session's tests.
+
+    For tests whose runs need nothing more: each run has its own output folder and run id, so its
+    records, files and summary are its alone. A test that changes settings, stops or counts workers,
+    or reads queue lengths or the whole database starts its own with ``workers``. The workers'
+    environment (its REDIS_URL a database of their own) is ``cluster.env``. Starting a model worker
+    (torch, the models) costs seconds on every test that would otherwise start one.
+    """
+    url = f"{BASE_REDIS}/{SHARED_DB}"
+    redis.Redis.from_url(url).flushdb()
+    pool = Workers(process_env(url), tmp_path_factory.mktemp("cluster") / "logs")
+    try:
+        pool.start("cpu", wait=False)
+        pool.start("gpu0", env=CLUSTER_GPU_ENV, wait=False)
+        for name in ("cpu", "gpu0"):
+            wait_until(
+                lambda name=name: pool.state(name) or pool.procs[name].poll() is not None,
+                60,
+                f"the shared {name} worker to register",
+            )
+            if pool.procs[name].poll() is not None:
+                pytest.fail(f"the shared {name} worker exited:\n{pool.log(name)}")
+        yield pool
+    finally:
+        pool.stop_all()
+        redis.Redis.from_url(url).flushdb()
 
 
 def send_task(url: str, name: str, args: tuple, queue: str) -> str:

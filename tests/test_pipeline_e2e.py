@@ -118,14 +118,12 @@ def test_two_gpu_workers_share_the_videos_and_one_stopping_loses_nothing(
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def test_corrupt_inputs_end_as_failure_records_and_the_rest_finishes(video_factory, workers, pipeline_env, tmp_path):
+def test_corrupt_inputs_end_as_failure_records_and_the_rest_finishes(video_factory, cluster, tmp_path):
     raw = tmp_path / "raw"
     shutil.copytree(video_factory(2), raw)
     bad = make_corrupt_inputs(raw)
-    workers.start("cpu")
-    workers.start("gpu0")
     out = tmp_path / "out"
-    result = run_script("enqueue_dataset.py", str(raw), "--out", str(out), env=pipeline_env)
+    result = run_script("enqueue_dataset.py", str(raw), "--out", str(out), env=cluster.env)
     assert result.returncode == 1, result.stdout + result.stderr
     summary = json.loads((out / "run_summary.json").read_text())
     assert summary["done"] == 2 and summary["statistics_videos"] == 2

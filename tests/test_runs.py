@@ -141,10 +141,9 @@ def test_cancel_stops_the_run_and_continue_finishes_it(video_factory, workers, p
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def test_dropped_intermediates_keep_continue_and_statistics_whole(video_factory, workers, pipeline_env, tmp_path):
+def test_dropped_intermediates_keep_continue_and_statistics_whole(video_factory, cluster, tmp_path):
     raw = video_factory(2)
-    workers.start("cpu")
-    workers.start("gpu0")
+    pipeline_env = cluster.env
     out = tmp_path / "out"
 
     kept = ff("enqueue", str(raw), "--out", str(out), "--limit", "1", env=pipeline_env)
