@@ -106,6 +106,11 @@ def wait_until(condition: Callable[[], object], timeout_s: float, what: str, pol
     pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
 
 
+# run_local's worker counts for a test that needs no more than one of each (its default, a CPU worker and a
+# stand-in for gpu0 per core, is test_pipeline_e2e's): fewer processes to start on a small, busy machine.
+ONE_WORKER_EACH = ("--cpu-workers", "1", "--gpu-workers", "1")
+
+
 def settings_env(tmp_path: Path, yaml_text: str, **extra: str) -> dict[str, str]:
     """Environment for workers and scripts that read this YAML settings text (plus ``extra``)."""
     config = tmp_path / "settings.yaml"

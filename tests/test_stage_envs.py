@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_script, settings_env
+from tests.conftest import ONE_WORKER_EACH, ROOT, run_script, settings_env
 
 PACKAGE = ROOT / "tests" / "envonly_backend"
 
@@ -99,7 +99,7 @@ def test_a_stage_with_its_own_python_runs_from_that_environment(video_factory, p
     raw, out = video_factory(3), tmp_path / "out"
     env = {k: v for k, v in pipeline_env.items() if k != "REDIS_URL"}
     env.update(settings_env(tmp_path, f"stages:\n  hands:\n    backend: envonly\n    python: {python}\n"))
-    done = run_script("run_local.py", str(raw), "--out", str(out), env=env)
+    done = run_script("run_local.py", str(raw), "--out", str(out), *ONE_WORKER_EACH, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
 
     logs = out / "logs"
