@@ -8,7 +8,6 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -304,10 +303,6 @@ def stage_runs(logs: Path) -> dict[tuple[str, str], int]:
 def copy_raw(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
-
-
-def settle(seconds: float) -> None:
-    time.sleep(seconds)
 
 
 def twice(logs: Path) -> dict[tuple[str, str], int]:
