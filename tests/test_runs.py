@@ -17,7 +17,8 @@ from tests.conftest import ROOT, settings_env, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
-SLOW_DEPTH = "stages:\n  depth:\n    params: {matmuls_per_frame: 150}\n"
+# 4 s of depth per video (2 s past its midway progress), waited rather than computed: no CPU taken.
+SLOW_DEPTH = "stages:\n  depth:\n    params: {seconds_per_frame: 0.25}\n"
 
 
 def ff(*args: str, env: dict[str, str], timeout_s: float = 240) -> subprocess.CompletedProcess:

@@ -47,7 +47,7 @@ def test_status_shows_gpus_workers_queues_the_run_and_the_quarantine(
     ledger = FakeGpuLedger.create(tmp_path / "gpu.json", TWO_GPUS[1:])
     env = settings_env(
         tmp_path,
-        "stages:\n  depth: {params: {hold_mib: 3072, matmuls_per_frame: 5000}}\n",
+        "stages:\n  depth: {params: {hold_mib: 3072, seconds_per_frame: 2.0}}\n",
         FRAMEFLEET_FAKE_GPU=str(ledger.path),
     )
     workers.start("cpu", env=env, wait=False)
