@@ -14,8 +14,9 @@ LEASE_TTL_S = 6
 # Soon: a few lease TTLs, however loaded the machine (the requeue waits a TTL, the reaper and the surviving
 # worker each take a turn), and still nothing like the visibility timeout (12 h) a lost message would wait.
 RESTART_WITHIN_S = LEASE_TTL_S * 8
-# 4 s of depth per video (2 s past its midway progress), waited rather than computed: no CPU taken.
-SLOW_DEPTH = "stages:\n  depth:\n    params: {seconds_per_frame: 0.25}\n"
+# 32 s of depth per video, waited rather than computed (no CPU taken): it outlasts the start of the second
+# worker (torch, the models: seconds on a loaded machine) before the first is killed mid-depth.
+SLOW_DEPTH = "stages:\n  depth:\n    params: {seconds_per_frame: 2.0}\n"
 
 
 def test_sigkilled_worker_task_completes_on_another_within_the_lease_ttl(

@@ -17,8 +17,9 @@ from tests.conftest import ROOT, settings_env, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
-# 4 s of depth per video (2 s past its midway progress), waited rather than computed: no CPU taken.
-SLOW_DEPTH = "stages:\n  depth:\n    params: {seconds_per_frame: 0.25}\n"
+# 16 s of depth per video, waited rather than computed (no CPU taken): 8 s past its midway progress leave
+# the `framefleet cancel` process time to start and land while that depth still runs, on a loaded machine too.
+SLOW_DEPTH = "stages:\n  depth:\n    params: {seconds_per_frame: 1.0}\n"
 
 
 def ff(*args: str, env: dict[str, str], timeout_s: float = 240) -> subprocess.CompletedProcess:
