@@ -13,7 +13,8 @@ from tasks.gpu import NoGpuProbe
 from tasks.gpu.fake import FakeGpuLedger
 from tests.conftest import ROOT, run_script, settings_env, wait_until
 
-pytestmark = pytest.mark.timeout(90)
+# A safety net, not a speed check: real workers start and run here, slowly on a loaded machine.
+pytestmark = pytest.mark.timeout(240)
 
 TWO_GPUS = [
     {"total_mib": 16384, "name": "Fake GPU 16GB", "utilization_pct": 5},
