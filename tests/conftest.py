@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -87,6 +88,10 @@ def _start_private_redis() -> str:
 
 BASE_REDIS = os.environ.get("FRAMEFLEET_TEST_REDIS") or _start_private_redis()
 TEST_DB = int(os.environ.get("FRAMEFLEET_TEST_DB", "11"))
+SHARED_DB = TEST_DB + 2  # the database of the session's shared workers (TEST_DB + 1 is test_routing_live's broker)
+# The shared gpu0 worker's one setting of its own: a model worker's torch threads (outputs do not depend on it);
+# one thread keeps it from oversubscribing a small, busy machine.
+CLUSTER_GPU_ENV = {"FRAMEFLEET_TORCH_THREADS": "1"}
 PIPELINE_ENV = ("REDIS_URL", "FRAMEFLEET_CONFIG", "FRAMEFLEET_REDIS_URL", "CUDA_VISIBLE_DEVICES")
 
 
@@ -99,6 +104,11 @@ def wait_until(condition: Callable[[], object], timeout_s: float, what: str, pol
             return value
         time.sleep(poll_s)
     pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+
+
+# run_local's worker counts for a test that needs no more than one of each (its default, a CPU worker and a
+# stand-in for gpu0 per core, is test_pipeline_e2e's): fewer processes to start on a small, busy machine.
+ONE_WORKER_EACH = ("--cpu-workers", "1", "--gpu-workers", "1")
 
 
 def settings_env(tmp_path: Path, yaml_text: str, **extra: str) -> dict[str, str]:
@@ -118,14 +128,13 @@ def redis_url() -> Iterator[str]:
     client.flushdb()
 
 
-@pytest.fixture
-def pipeline_env(redis_url: str, tmp_path: Path) -> dict[str, str]:
-    """Environment for framefleet processes: this test's Redis and fast liveness settings."""
+def process_env(url: str) -> dict[str, str]:
+    """Environment for framefleet processes on the Redis database ``url``, with fast liveness settings."""
     env = {k: v for k, v in os.environ.items() if k not in PIPELINE_ENV}
     # The project first, then whatever the caller's PYTHONPATH holds (the GPU machine's packages live there).
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env.update(
-        REDIS_URL=redis_url,
+        REDIS_URL=url,
         PYTHONPATH=path,
         FRAMEFLEET_HEARTBEAT_INTERVAL_S="0.5",
         FRAMEFLEET_REGISTRY_TTL_S="3",
@@ -134,20 +143,41 @@ def pipeline_env(redis_url: str, tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.fixture
+def pipeline_env(redis_url: str, tmp_path: Path) -> dict[str, str]:
+    """Environment for framefleet processes: this test's Redis and fast liveness settings."""
+    return process_env(redis_url)
+
+
 @pytest.fixture(scope="session")
 def video_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """Make a folder of ``n`` short real H.264 videos (cached per arguments within a session)."""
-    cache: dict[tuple[int, float], Path] = {}
+    """Make a folder of ``n`` short real H.264 videos (cached per arguments within a session).
+
+    Clip ``i`` of a given length is the same file in every folder, so each is encoded once per
+    session and hard-linked into the folders that hold it (tests copy a folder before changing it).
+    """
+    folders: dict[tuple[int, float], Path] = {}
+    clips: dict[tuple[int, float], Path] = {}
+    sizes = ((640, 360), (480, 360), (640, 480))
+
+    def clip(i: int, seconds: float) -> Path:
+        if (i, seconds) not in clips:
+            w, h = sizes[i % len(sizes)]
+            path = tmp_path_factory.mktemp("clips") / f"clip {i:02d}.mp4"
+            clips[(i, seconds)] = make_video(path, w, h, (24, 30, 15)[i % 3], seconds, seed=100 + i)
+        return clips[(i, seconds)]
 
     def make(n: int, seconds: float = 1.6) -> Path:
-        if (n, seconds) not in cache:
+        if (n, seconds) not in folders:
             folder = tmp_path_factory.mktemp(f"raw{n}")
-            sizes = ((640, 360), (480, 360), (640, 480))
             for i in range(n):
-                w, h = sizes[i % len(sizes)]
-                make_video(folder / f"clip {i:02d}.mp4", w, h, (24, 30, 15)[i % 3], seconds, seed=100 + i)
-            cache[(n, seconds)] = folder
-        return cache[(n, seconds)]
+                source = clip(i, seconds)
+                try:
+                    os.link(source, folder / source.name)
+                except OSError:  # another file system, or no hard links there
+                    shutil.copyfile(source, folder / source.name)
+            folders[(n, seconds)] = folder
+        return folders[(n, seconds)]
 
     return make
 
@@ -227,11 +257,18 @@ class Workers:
             return proc.wait()
 
     def stop_all(self) -> None:
+        """End every worker at once (SIGKILL to its process group, pool children included).
+
+        The test is over: a warm shutdown here would only wait for whatever task is in hand (a
+        test that checks warm shutdown calls ``stop`` with SIGTERM itself), and the test's Redis
+        database and folders are discarded with it.
+        """
         for proc in self.procs.values():
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for name in self.procs:
-            self.stop(name, timeout_s=15)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        for proc in self.procs.values():
+            proc.wait(timeout=30)
 
 
 @pytest.fixture
@@ -239,6 +276,36 @@ def workers(pipeline_env: dict[str, str], tmp_path: Path) -> Iterator[Workers]:
     pool = Workers(pipeline_env, tmp_path / "logs")
     yield pool
     pool.stop_all()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+    """One ``cpu`` and one ``gpu0`` worker with the default settings (but CLUSTER_GPU_ENV), shared by a session's tests.
+
+    For tests whose runs need nothing more: each run has its own output folder and run id, so its
+    records, files and summary are its alone. A test that changes settings, stops or counts workers,
+    or reads queue lengths or the whole database starts its own with ``workers``. The workers'
+    environment (its REDIS_URL a database of their own) is ``cluster.env``. Starting a model worker
+    (torch, the models) costs seconds on every test that would otherwise start one.
+    """
+    url = f"{BASE_REDIS}/{SHARED_DB}"
+    redis.Redis.from_url(url).flushdb()
+    pool = Workers(process_env(url), tmp_path_factory.mktemp("cluster") / "logs")
+    try:
+        pool.start("cpu", wait=False)
+        pool.start("gpu0", env=CLUSTER_GPU_ENV, wait=False)
+        for name in ("cpu", "gpu0"):
+            wait_until(
+                lambda name=name: pool.state(name) or pool.procs[name].poll() is not None,
+                60,
+                f"the shared {name} worker to register",
+            )
+            if pool.procs[name].poll() is not None:
+                pytest.fail(f"the shared {name} worker exited:\n{pool.log(name)}")
+        yield pool
+    finally:
+        pool.stop_all()
+        redis.Redis.from_url(url).flushdb()
 
 
 def send_task(url: str, name: str, args: tuple, queue: str, **options: object) -> str:

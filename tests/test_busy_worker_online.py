@@ -7,7 +7,8 @@ import time
 
 from tests.conftest import run_script, settings_env, wait_until
 
-LONG_DEPTH = "stages:\n  depth:\n    params: {matmuls_per_frame: 4000}\n"
+# 32 s of depth (16 frames), waited rather than computed: it outlasts the 11 s observation on any machine.
+LONG_DEPTH = "stages:\n  depth:\n    params: {seconds_per_frame: 2.0}\n"
 
 
 def test_busy_worker_stays_online_through_a_long_task(video_factory, workers, pipeline_env, tmp_path, monkeypatch):

@@ -22,7 +22,8 @@ from tasks.gpu import FakeProbe
 from tasks.gpu.fake import FakeGpuLedger
 from tests.conftest import ROOT, run_script, settings_env, wait_until
 
-pytestmark = pytest.mark.timeout(90)
+# A safety net, not a speed check: real workers start and run here, slowly on a loaded machine.
+pytestmark = pytest.mark.timeout(240)
 
 MIB = 1 << 20
 DASHBOARD = ROOT / "deploy" / "grafana" / "framefleet.json"

@@ -15,12 +15,11 @@ from tasks.quarantine import redis_key
 from tests.conftest import ROOT, run_script
 
 
-def test_failures_are_quarantined_and_can_be_retried_after_a_fix(video_factory, workers, pipeline_env, tmp_path):
+def test_failures_are_quarantined_and_can_be_retried_after_a_fix(video_factory, cluster, tmp_path):
     raw = tmp_path / "raw"
     shutil.copytree(video_factory(1), raw)
     bad = make_corrupt_inputs(raw)
-    workers.start("cpu")
-    workers.start("gpu0")
+    pipeline_env = cluster.env
     out = tmp_path / "out"
     first = run_script("enqueue_dataset.py", str(raw), "--out", str(out), env=pipeline_env)
     assert first.returncode == 1 and "--retry-quarantined" in first.stdout

@@ -8,7 +8,7 @@ from pathlib import Path
 import h5py
 
 from tests.backends.real_clips import REPO, real_dir
-from tests.conftest import run_script
+from tests.conftest import ONE_WORKER_EACH, run_script
 
 
 def cut(src: Path, dst: Path, frames: int) -> None:
@@ -41,6 +41,7 @@ def test_pstudio_through_the_real_backends_gives_a_dataset_that_verifies(pipelin
         str(out),
         "--config",
         str(REPO / "configs" / "real-cpu.yaml"),
+        *ONE_WORKER_EACH,
         env=env,
         timeout_s=280,
     )

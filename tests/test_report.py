@@ -12,9 +12,10 @@ import redis
 from matplotlib.image import imread
 
 from tasks.gpu.fake import FakeGpuLedger
-from tests.conftest import run_script
+from tests.conftest import ONE_WORKER_EACH, run_script
 
-pytestmark = pytest.mark.timeout(120)
+# Generous: a whole local cluster starts and runs; on a loaded machine its start alone can take a minute.
+pytestmark = pytest.mark.timeout(300)
 
 PLOTS = ("throughput", "gpu_memory", "stage_durations")
 
@@ -47,7 +48,7 @@ def test_run_local_writes_a_report_with_plots_and_keeps_flower_password_out_of_s
     r.rpush("ff:autoscale", json.dumps(decision))
     out = tmp_path / "out"
     done = run_script(
-        "run_local.py", str(video_factory(1)), "--out", str(out), "--cpu-workers", "1", env=env, timeout_s=110
+        "run_local.py", str(video_factory(1)), "--out", str(out), *ONE_WORKER_EACH, env=env, timeout_s=240
     )
     assert done.returncode == 0, done.stdout + done.stderr
 

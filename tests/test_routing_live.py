@@ -11,7 +11,7 @@ from tasks import queues, registry
 from tasks.pipeline import STAGE_TASKS
 from tasks.rebalance import rebalance
 from tasks.routing import forget_registry, route_task
-from tests.conftest import wait_until
+from tests.conftest import TEST_DB, wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -117,7 +117,7 @@ def test_rebalancer_evens_out_live_queues_respecting_gpu_restrictions(app_on_tes
 
 def test_routing_and_the_rebalancer_read_queue_lengths_on_the_broker_when_it_is_another_redis(redis_url, monkeypatch):
     """broker_url names another database: the queues are there, the registry on redis_url."""
-    broker_url = redis_url.rsplit("/", 1)[0] + "/12"
+    broker_url = redis_url.rsplit("/", 1)[0] + f"/{TEST_DB + 1}"
     monkeypatch.setenv("REDIS_URL", redis_url)
     monkeypatch.setenv("FRAMEFLEET_BROKER_URL", broker_url)
     from tasks import configure

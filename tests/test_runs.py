@@ -17,7 +17,9 @@ from tests.conftest import ROOT, settings_env, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
-SLOW_DEPTH = "stages:\n  depth:\n    params: {matmuls_per_frame: 150}\n"
+# 16 s of depth per video, waited rather than computed (no CPU taken): 8 s past its midway progress leave
+# the `framefleet cancel` process time to start and land while that depth still runs, on a loaded machine too.
+SLOW_DEPTH = "stages:\n  depth:\n    params: {seconds_per_frame: 1.0}\n"
 
 
 def ff(*args: str, env: dict[str, str], timeout_s: float = 240) -> subprocess.CompletedProcess:
@@ -143,10 +145,9 @@ def test_cancel_stops_the_run_and_continue_finishes_it(video_factory, workers, p
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def test_dropped_intermediates_keep_continue_and_statistics_whole(video_factory, workers, pipeline_env, tmp_path):
+def test_dropped_intermediates_keep_continue_and_statistics_whole(video_factory, cluster, tmp_path):
     raw = video_factory(2)
-    workers.start("cpu")
-    workers.start("gpu0")
+    pipeline_env = cluster.env
     out = tmp_path / "out"
 
     kept = ff("enqueue", str(raw), "--out", str(out), "--limit", "1", env=pipeline_env)

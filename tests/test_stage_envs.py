@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_script, settings_env
+from tests.conftest import ONE_WORKER_EACH, ROOT, run_script, settings_env
 
 PACKAGE = ROOT / "tests" / "envonly_backend"
 
@@ -38,6 +39,16 @@ def stage_env() -> Path:
     if (env / "bin" / "python").exists():
         return env
     cache.mkdir(parents=True, exist_ok=True)
+    # Two test sessions on one machine build it once: the second waits for the first, then uses its venv.
+    with open(cache / f"stage-env-{_source_hash()}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (env / "bin" / "python").exists():
+            _build(env, cache)
+    return env
+
+
+def _build(env: Path, cache: Path) -> None:
+    """Build the stage venv in a folder of this process, then move it to ``env`` in one rename."""
     building = cache / f"building-{os.getpid()}"
     shutil.rmtree(building, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(building)], check=True)
@@ -73,9 +84,10 @@ def stage_env() -> Path:
     # venv scripts name their own folder: keep the interpreter path valid after the rename
     try:
         building.rename(env)
-    except OSError:  # another test session built it first
-        shutil.rmtree(building, ignore_errors=True)
-    return env
+    except OSError:
+        if not (env / "bin" / "python").exists():
+            raise
+        shutil.rmtree(building, ignore_errors=True)  # a session of an older checkout, without the lock, won
 
 
 def test_a_stage_with_its_own_python_runs_from_that_environment(video_factory, pipeline_env, tmp_path):
@@ -87,7 +99,7 @@ def test_a_stage_with_its_own_python_runs_from_that_environment(video_factory, p
     raw, out = video_factory(3), tmp_path / "out"
     env = {k: v for k, v in pipeline_env.items() if k != "REDIS_URL"}
     env.update(settings_env(tmp_path, f"stages:\n  hands:\n    backend: envonly\n    python: {python}\n"))
-    done = run_script("run_local.py", str(raw), "--out", str(out), env=env)
+    done = run_script("run_local.py", str(raw), "--out", str(out), *ONE_WORKER_EACH, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
 
     logs = out / "logs"

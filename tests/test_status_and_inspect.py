@@ -13,7 +13,8 @@ from tasks.gpu import NoGpuProbe
 from tasks.gpu.fake import FakeGpuLedger
 from tests.conftest import ROOT, run_script, settings_env, wait_until
 
-pytestmark = pytest.mark.timeout(90)
+# A safety net, not a speed check: real workers start and run here, slowly on a loaded machine.
+pytestmark = pytest.mark.timeout(240)
 
 TWO_GPUS = [
     {"total_mib": 16384, "name": "Fake GPU 16GB", "utilization_pct": 5},
@@ -47,7 +48,7 @@ def test_status_shows_gpus_workers_queues_the_run_and_the_quarantine(
     ledger = FakeGpuLedger.create(tmp_path / "gpu.json", TWO_GPUS[1:])
     env = settings_env(
         tmp_path,
-        "stages:\n  depth: {params: {hold_mib: 3072, matmuls_per_frame: 5000}}\n",
+        "stages:\n  depth: {params: {hold_mib: 3072, seconds_per_frame: 2.0}}\n",
         FRAMEFLEET_FAKE_GPU=str(ledger.path),
     )
     workers.start("cpu", env=env, wait=False)

@@ -7,7 +7,7 @@ import sys
 
 import redis
 
-from tests.conftest import ROOT, send_task, wait_until
+from tests.conftest import CLUSTER_GPU_ENV, ROOT, send_task, wait_until
 
 
 def test_importing_tasks_touches_no_cuda_and_loads_no_model(pipeline_env):
@@ -45,12 +45,12 @@ def test_a_failed_model_load_exits_non_zero_and_consumes_nothing(workers, pipeli
     assert r.llen("gpu0") == 1 and r.hlen("unacked") == 0  # the task still waits, untouched
 
 
-def test_without_gpu_the_gpu0_worker_runs_models_on_cpu_and_says_so(workers):
-    workers.start("gpu0")
-    state = wait_until(lambda: (s := workers.state("gpu0")) and s["model_loads"] and s, 30, "models loaded")
+def test_without_gpu_the_gpu0_worker_runs_models_on_cpu_and_says_so(cluster):
+    state = wait_until(lambda: (s := cluster.state("gpu0")) and s["model_loads"] and s, 30, "models loaded")
     assert state["device"] == "cpu" and state["gpu"] == 0
+    # However many tasks the shared worker has run, it loaded each model once.
     assert state["model_loads"] == {"depth": 1, "tracks": 1, "hands": 1}
-    assert "no GPU visible" in workers.log("gpu0")
+    assert "no GPU visible" in cluster.log("gpu0")
 
 
 def test_a_worker_recycles_itself_after_n_tasks(workers, video_factory, pipeline_env, tmp_path):
@@ -75,6 +75,6 @@ def test_a_worker_recycles_itself_after_n_tasks(workers, video_factory, pipeline
     wait_until(lambda: (out / "run_summary.json").exists(), 120, "the run to finish")
 
 
-def test_a_model_worker_gives_torch_the_threads_its_settings_say(workers):
-    workers.start("gpu0", env={"FRAMEFLEET_TORCH_THREADS": "1"})
-    wait_until(lambda: "torch uses 1 CPU threads" in workers.log("gpu0"), 30, "the thread count in the log")
+def test_a_model_worker_gives_torch_the_threads_its_settings_say(cluster):
+    threads = CLUSTER_GPU_ENV["FRAMEFLEET_TORCH_THREADS"]  # the shared gpu0 worker's setting
+    wait_until(lambda: f"torch uses {threads} CPU threads" in cluster.log("gpu0"), 30, "the thread count in the log")

@@ -31,7 +31,7 @@ from tasks.stats import VideoStats, normalization_stats
 from tasks.storage import load_npz
 from tasks.windows import frame_pixels
 from tests import y2r_oracle
-from tests.conftest import PIPELINE_ENV, ROOT, run_script
+from tests.conftest import ONE_WORKER_EACH, PIPELINE_ENV, ROOT, run_script
 
 UMASK = 0o002  # not the usual 022, so a hard-coded 0644 would fail as surely as mkstemp's 0600
 TEXTS = {"clip 00": ("cup", "pick up the red cup"), "1": ("towel", "fold the towel"), "2": ("lid", "open the lid")}
@@ -96,7 +96,14 @@ def run(video_factory, tmp_path_factory) -> Path:
     old = os.umask(UMASK)
     try:
         done = run_script(
-            "run_local.py", str(raw), "--out", str(work / "out"), "--require-text", env=env, timeout_s=280
+            "run_local.py",
+            str(raw),
+            "--out",
+            str(work / "out"),
+            "--require-text",
+            *ONE_WORKER_EACH,
+            env=env,
+            timeout_s=280,
         )
     finally:
         os.umask(old)

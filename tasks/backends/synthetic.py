@@ -8,6 +8,7 @@ throughput behave like the real models'.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +28,8 @@ class SyntheticModel:
     ``hold_mib``: memory held on the device from ``load`` on; ``activation_mib``: extra memory
     held during each call; ``matmuls_per_frame``: float32 matmuls of ``matmul_size`` squared
     (default 256) per frame processed; a large size makes a GPU model compute-bound, not launch-bound.
+    ``seconds_per_frame``: wall time per frame spent waiting, not computing, as a host waits on its GPU:
+    a task of known length that takes no CPU, whatever else the machine runs (the tests' long tasks).
     With ``$FRAMEFLEET_FAKE_GPU`` and ``$FRAMEFLEET_FAKE_GPU_INDEX`` set, both are also allocated on
     that fake GPU (tasks.gpu.fake), which raises its OutOfMemoryError past its scripted threshold.
     """
@@ -37,24 +40,26 @@ class SyntheticModel:
         activation_mib: float = 0,
         matmuls_per_frame: int = 2,
         matmul_size: int = 256,
+        seconds_per_frame: float = 0.0,
         **unknown: Any,
     ) -> None:
         if unknown:
             raise TypeError(
                 f"{type(self).__name__} got unknown parameters {sorted(unknown)}; "
-                "its knobs are hold_mib, activation_mib, matmuls_per_frame and matmul_size"
+                "its knobs are hold_mib, activation_mib, matmuls_per_frame, matmul_size and seconds_per_frame"
             )
         if matmul_size < 1:
             raise ValueError(f"matmul_size must be >= 1 (the side of the square matrices), got {matmul_size}")
-        if hold_mib < 0 or activation_mib < 0 or matmuls_per_frame < 0:
+        if hold_mib < 0 or activation_mib < 0 or matmuls_per_frame < 0 or seconds_per_frame < 0:
             raise ValueError(
-                f"hold_mib, activation_mib and matmuls_per_frame must be >= 0, "
-                f"got {hold_mib}, {activation_mib}, {matmuls_per_frame}"
+                f"hold_mib, activation_mib, matmuls_per_frame and seconds_per_frame must be >= 0, "
+                f"got {hold_mib}, {activation_mib}, {matmuls_per_frame}, {seconds_per_frame}"
             )
         self.hold_mib = hold_mib
         self.activation_mib = activation_mib
         self.matmuls_per_frame = int(matmuls_per_frame)
         self.matmul_size = int(matmul_size)
+        self.seconds_per_frame = float(seconds_per_frame)
         self.device: str | None = None
         self.peak_memory_bytes = 0
         # Fraction of the activation memory used per call; lowered after an out-of-memory retry.
@@ -107,7 +112,8 @@ class SyntheticModel:
                 del extra
 
     def spend(self, frames: int) -> None:
-        """Do the compute of ``frames`` frames: ``matmuls_per_frame`` square float32 matmuls each."""
+        """Do the compute of ``frames`` frames: ``matmuls_per_frame`` square float32 matmuls each, then wait
+        ``seconds_per_frame`` each (s)."""
         import torch
 
         self._ensure_loaded()
@@ -120,6 +126,8 @@ class SyntheticModel:
                 torch.mm(w, w, out=out)
         if self.device is not None and self.device.startswith("cuda"):
             torch.cuda.synchronize(self.device)
+        if self.seconds_per_frame:
+            time.sleep(self.seconds_per_frame * frames)
 
 
 def _luminance(frames: np.ndarray) -> np.ndarray:

@@ -207,7 +207,7 @@ def test_real_gpu_config_runs_each_model_in_its_own_environment(video_factory, p
     raw, out = video_factory(2), tmp_path / "out"
     env = {k: v for k, v in pipeline_env.items() if k != "REDIS_URL"}
     env.update(settings_env(tmp_path, real_gpu_yaml_on(models, standin_py)))
-    done = run_script("run_local.py", str(raw), "--out", str(out), env=env, timeout_s=600)
+    done = run_script("run_local.py", str(raw), "--out", str(out), "--cpu-workers", "1", env=env, timeout_s=600)
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((out / "run_summary.json").read_text())
     host = os.uname().nodename

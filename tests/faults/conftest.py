@@ -8,7 +8,6 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -180,21 +179,12 @@ def fault_raw(video_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def reference_stats(fault_raw: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """normalization_stats.yaml of a fault-free run of the same videos."""
-    folder = tmp_path_factory.mktemp("reference")
-    server = RedisServer(folder)
-    server.start()
-    pool = Workers(env_for(server.url), folder / "logs")
-    try:
-        pool.start("cpu")
-        pool.start("gpu0")
-        done = run_script("enqueue_dataset.py", str(fault_raw), "--out", str(folder / "out"), env=pool.env)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return yaml.safe_load((folder / "out" / "normalization_stats.yaml").read_text())
-    finally:
-        pool.stop_all()
-        server.stop()
+def reference_stats(fault_raw: Path, cluster: Workers, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """normalization_stats.yaml of a fault-free run of the same videos (on the session's shared workers)."""
+    out = tmp_path_factory.mktemp("reference") / "out"
+    done = run_script("enqueue_dataset.py", str(fault_raw), "--out", str(out), env=cluster.env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return yaml.safe_load((out / "normalization_stats.yaml").read_text())
 
 
 def wait_for_summary(out: Path, run_index: int = 1, timeout_s: float = 300) -> dict:
@@ -304,10 +294,6 @@ def stage_runs(logs: Path) -> dict[tuple[str, str], int]:
 def copy_raw(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
-
-
-def settle(seconds: float) -> None:
-    time.sleep(seconds)
 
 
 def twice(logs: Path) -> dict[tuple[str, str], int]:

@@ -25,7 +25,7 @@ from tests.faults.conftest import (
     wait_for_summary,
 )
 
-SLOW = "stages:\n  depth:\n    params: {matmuls_per_frame: 60}\n"
+SLOW = "stages:\n  depth:\n    params: {seconds_per_frame: 0.06}\n"  # waited, not computed: no CPU taken
 pytestmark = pytest.mark.timeout(900)  # whole runs with faults, on a loaded 2-core machine
 
 
@@ -270,7 +270,7 @@ def test_redis_errors_while_tasks_run_and_end_never_break_the_run(
 def test_a_duplicate_delivery_whose_holder_died_runs_and_nothing_is_lost(
     fault_raw, fault_workers, fault_env, redis_server, tmp_path
 ):
-    env = settings_env(tmp_path, "stages:\n  depth:\n    params: {matmuls_per_frame: 200}\n")
+    env = settings_env(tmp_path, "stages:\n  depth:\n    params: {seconds_per_frame: 0.3}\n")
     fault_workers.start("cpu", env=env)
     fault_workers.start("gpu0", env=env)
     out = tmp_path / "out"
@@ -317,7 +317,8 @@ def test_a_duplicate_dropped_while_its_holder_runs_leaves_the_holder_s_message_t
 ):
     """kombu keeps the delivery tag on restore: acking the dropped duplicate must not delete the running
     delivery's ``unacked`` entry, or the video is lost when its holder then dies."""
-    env = settings_env(tmp_path, "stages:\n  depth:\n    params: {matmuls_per_frame: 200}\n")
+    # 16 s of depth: it outlasts the duplicate's delivery, drop and ack on gpu1, however loaded the machine.
+    env = settings_env(tmp_path, "stages:\n  depth:\n    params: {seconds_per_frame: 1.0}\n")
     for queue in ("cpu", "gpu0", "gpu1"):
         fault_workers.start(queue, env=env)
     out = tmp_path / "out"
