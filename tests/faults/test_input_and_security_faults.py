@@ -100,7 +100,8 @@ def test_paths_outside_the_roots_are_refused_without_reading(fault_raw, fault_wo
             "gpus": None,
             "gpu": None,
         }
-        results[rel] = send_task(fault_env["REDIS_URL"], "framefleet.preprocess", (job,), "cpu")
+        # A stage before the last stores no result unless asked: this test reads each refusal from it.
+        results[rel] = send_task(fault_env["REDIS_URL"], "framefleet.preprocess", (job,), "cpu", ignore_result=False)
     for rel, why in jobs.items():
         value = wait_until(
             lambda rel=rel: task_result(fault_env["REDIS_URL"], results[rel]), 60, f"the result for {rel}"
