@@ -83,11 +83,15 @@ class GpuView:
 
 @dataclass(frozen=True)
 class Decision:
-    """One GPU's verdict for this tick, with the readings it was made from."""
+    """One GPU's verdict for this tick, with the readings it was made from.
+
+    ``count``: how many workers an "up" starts at once (1 for any other action).
+    """
 
     action: Action
     reason: str
     readings: dict[str, Any] = field(default_factory=dict)
+    count: int = 1
 
 
 def capacity(total_mib: float, headroom_mib: float, peak_mib: float, other_used_mib: float = 0.0) -> int:
@@ -169,9 +173,20 @@ def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -
             f"host RAM: {view.host_free_mib:.0f} MiB available < {view.worker_rss_mib:.0f} "
             f"MiB per worker + {policy.host_margin_mib:.0f} MiB margin",
         )
-    return verdict(
+    # With the peak known, go to what fits at once rather than one worker per cooldown: a short run
+    # otherwise spends its first part below capacity. Each of the new workers must fit the capacity, the
+    # live reading (what is free now, less what the workers still starting will take) and the host's RAM.
+    assert fits is not None
+    live = math.floor((view.free_mib - view.starting * view.peak_mib - policy.headroom_mib) / view.peak_mib)
+    host_room = view.host_free_mib - view.starting * view.worker_rss_mib - policy.host_margin_mib
+    host = math.floor(host_room / view.worker_rss_mib) if view.worker_rss_mib > 0 else policy.max_workers_per_gpu
+    count = max(1, min(view.backlog - have, policy.max_workers_per_gpu - have, fits - have, live, host))
+    return Decision(
         "up",
-        f"backlog {view.backlog} > {have} worker(s) and {have + 1} x {view.peak_mib:.0f} MiB fit (capacity {fits})",
+        f"backlog {view.backlog} > {have} worker(s) and {have + count} x {view.peak_mib:.0f} MiB fit "
+        f"(capacity {fits}): {count} more",
+        readings,
+        count,
     )
 
 

@@ -1,5 +1,6 @@
 """The autoscaler of one host: each tick it reads the GPUs, the workers, the backlogs and the OOM records,
-decides per worker family (tasks.autoscaler.policy) and starts or warm-stops at most one worker per GPU.
+decides per worker family (tasks.autoscaler.policy) and, on each GPU, starts the workers that fit (all at
+once, once a peak is known) or warm-stops one.
 
 Each change is logged, sent as a Celery event (autoscale-up, autoscale-down, autoscale-restart)
 and appended to the Redis list ff:autoscale.
@@ -283,12 +284,13 @@ class Autoscaler:
                 self.last_hold[queue] = kind
             return
         self.last_hold.pop(queue, None)
-        if decision.action == "up":
-            slot: Slot | None = self.supervisor.start(idx, queue)
-        else:
-            slot = self.supervisor.stop_newest(idx, queue)
         self.last_change[idx] = self.clock()
-        self._announce(decision.action, idx, decision.reason, decision.readings, slot)
+        if decision.action == "down":
+            slot = self.supervisor.stop_newest(idx, queue)
+            self._announce(decision.action, idx, decision.reason, decision.readings, slot)
+            return
+        for _ in range(decision.count):  # the policy counted each of them against the live reading
+            self._announce("up", idx, decision.reason, decision.readings, self.supervisor.start(idx, queue))
 
     def _keep_cpu_workers(self) -> list[Decision]:
         decisions = []
