@@ -16,6 +16,7 @@ DEMO_SERVE ?= --serve
 #   make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
 # Empty means pip's configured index. Keep the pin: an unpinned torch may resolve to another build.
 TORCH_SPEC ?= torch==2.13.0
+TEST_WORKERS ?= 3
 TORCH_INDEX ?=
 REDIS_HINT := redis-server not found: install it with `sudo apt-get install -y redis-server` (Debian, Ubuntu; \
   macOS: `brew install redis`), or set REDIS_URL (make demo) / FRAMEFLEET_TEST_REDIS (make test) to a Redis you have
@@ -38,9 +39,11 @@ need-redis:
 		{ echo 'framefleet: $(REDIS_HINT)' >&2; exit 2; }
 
 # Everything but GPU tests and the slow fault scenarios (Redis away for 30 s, visibility timeout).
+# TEST_WORKERS pytest sessions side by side (pytest-xdist), each with its own redis-server and
+# workers, a test file to each: most tests wait on workers rather than compute, so 3 fit 2 cores.
 # Also needs chromium (the Flower page tests) and openssl (the TLS tests).
 test: need-redis install
-	$(PY) -m pytest -q -m "not gpu and not slow" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not gpu and not slow" tests
 
 # The whole fault-injection suite.
 test-faults: need-redis install

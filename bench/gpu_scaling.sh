@@ -10,6 +10,7 @@ set -u
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 VIDEOS=${VIDEOS:-48}; MATMULS=${MATMULS:-16}; SIZE=${SIZE:-4096}; PER_GPU=${PER_GPU:-2}; CPUW=${CPUW:-8}
 PHASES=${PHASES:-abc}  # which of (a), (b), (c) to run: a longer (c) fits one call without (a) and (b)
+WARM=${WARM:-0}  # 1: (b) enqueues once the autoscaler's first worker is up (a running cluster), not at its start
 NGPU=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/gpus.csv"
 rm -rf /tmp/sc-*  # a warm machine keeps earlier runs
@@ -42,6 +43,12 @@ smp=$!
 python3 scripts/autoscaler.py --gpus 0 --max-workers-per-gpu 8 --headroom-mib 2048 --tick-s 1 --cooldown-s 2 \
   --stop-grace-s 30 --log-dir /tmp/sc-as > "$OUT/b-autoscaler.log" 2>&1 &
 scaler=$!
+if [ "$WARM" = 1 ]; then
+  for _ in $(seq 240); do
+    [ -n "$(redis-cli -p 6391 --scan --pattern 'ff:worker:gpu0*' | head -1)" ] && break
+    sleep 0.5
+  done
+fi
 timeout 300 python3 scripts/enqueue_dataset.py /tmp/sc-raw --out /tmp/sc-b > "$OUT/b-enqueue.txt" 2>&1
 echo "enqueue exit $?" >> "$OUT/b-enqueue.txt"
 kill $smp; kill -TERM $scaler; wait $scaler; kill -TERM $cpu; wait $cpu
