@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+from pathlib import Path
 
 import redis
 
@@ -23,3 +25,29 @@ def get_redis(url: str) -> redis.Redis:
         )
         _clients[key] = client
     return client
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (another process may take it before use)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_argv(port: int, folder: str | Path, persistent: bool = False) -> list[str]:
+    """The command line of a private redis-server on 127.0.0.1:``port`` keeping its files in ``folder``.
+
+    ``persistent``: an append-only file written at every command (survives a restart), else nothing on disk.
+    """
+    return [
+        "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(folder),
+        "--save",
+        "",
+        *(["--appendonly", "yes", "--appendfsync", "always"] if persistent else ["--appendonly", "no"]),
+    ]

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,12 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tasks.cli.sample import make_video  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tasks.redis_client import free_port, server_argv  # noqa: E402
 
 
 def _start_private_redis() -> str:
@@ -46,21 +40,7 @@ def _start_private_redis() -> str:
     for _ in range(5):
         port = free_port()
         proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                folder,
-                "--databases",
-                "32",
-            ],
+            [*server_argv(port, folder), "--databases", "32"],
             stdout=open(Path(folder) / "redis.log", "ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,

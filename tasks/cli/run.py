@@ -20,7 +20,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,14 +38,8 @@ from tasks.dataset import DatasetError
 from tasks.gpu import open_probe
 from tasks.metadata import MetadataError
 from tasks.metrics import GpuSampler, start_exporter
-from tasks.redis_client import get_redis
+from tasks.redis_client import free_port, get_redis, server_argv
 from worker_config.settings import Settings
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def visible_gpus() -> int:
@@ -114,19 +107,7 @@ class Cluster:
         port = free_port()
         self.start(
             "redis",
-            [
-                "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.tmp),
-            ],
+            server_argv(port, self.tmp),
             dict(os.environ),
         )
         client = redis.Redis(port=port)

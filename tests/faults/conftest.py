@@ -15,6 +15,7 @@ import pytest
 import redis
 import yaml
 
+from tasks.redis_client import server_argv
 from tests.conftest import PIPELINE_ENV, ROOT, Workers, free_port, run_script, wait_until
 
 VIDEOS = 4
@@ -34,21 +35,7 @@ class RedisServer:
         self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        argv = [
-            "redis-server",
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(self.folder),
-            "--appendonly",
-            "yes" if self.persistent else "no",
-            "--appendfsync",
-            "always",
-            "--save",
-            "",
-        ]
+        argv = server_argv(self.port, self.folder, persistent=self.persistent)
         if self.password:
             argv += ["--requirepass", self.password]
         self.proc = subprocess.Popen(argv, stdout=open(self.folder / "redis.log", "ab"), stderr=subprocess.STDOUT)
