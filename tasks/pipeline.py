@@ -11,6 +11,7 @@ from typing import Any
 
 import redis
 from celery import Task, current_task
+from celery.app.task import get_actual_ignore_result
 from celery.exceptions import Ignore, Reject
 
 from tasks import cancel, claims, completion, intermediates, leases, metrics, oom, partials, progress, worker
@@ -164,7 +165,8 @@ def _end_progress(task: Task, job: Job) -> None:
     Without it a result reader would see such a task in PROGRESS for good; tasks that sent no
     progress (shorter than PROGRESS_EVENT_INTERVAL_S) have no state to replace and write nothing.
     """
-    if task.request.id not in PROGRESS_STORED or not task.ignore_result:
+    # The per-call ignore_result (apply_async(..., ignore_result=False)) overrides the task's own.
+    if task.request.id not in PROGRESS_STORED or not get_actual_ignore_result(task, task.request):
         return  # nothing to replace, or Celery stores this task's end itself
     try:
         task.update_state(state="SUCCESS", meta={"video_id": job.video_id, "stage": task.name})

@@ -159,3 +159,32 @@ def test_a_worker_runs_an_earlier_versions_message_and_keeps_its_unknown_keys(
     refused = wait_until(lambda: task_result(url, cut), 60, "the refusal")
     assert refused["status"] == "FAILURE" and refused["result"]["exc_type"] == "BadJobMessage", refused
     assert "lacks 'output_root'" in refused["result"]["exc_message"][0]
+
+
+def test_the_end_of_progress_leaves_a_stored_result_to_celery_when_the_call_asks_for_one(monkeypatch, redis_url):
+    """A stage that showed progress replaces its PROGRESS state only when Celery will store no result.
+
+    A call that asks for the result (``apply_async(..., ignore_result=False)`` on a stage that
+    ignores it by default) gets the stage's real result: a short SUCCESS written first would
+    be what a reader polling the result sees until Celery stores the real one.
+    """
+    from tasks import configure, pipeline
+    from worker_config.settings import load_settings
+
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    configure(load_settings())
+    task = pipeline.app.tasks["framefleet.preprocess"]
+    assert task.ignore_result  # a stage before the last stores nothing by default
+    job = Job.from_dict({**ENQUEUED, "dataset_root": "/d", "output_root": "/o"})
+    for task_id, asked in (("asked-for", False), ("default", None)):
+        options = {} if asked is None else {"ignore_result": asked}
+        task.push_request(id=task_id, **options)
+        pipeline.PROGRESS_STORED.add(task_id)
+        try:
+            pipeline._end_progress(task, job)
+        finally:
+            task.pop_request()
+            pipeline.PROGRESS_STORED.discard(task_id)
+    assert task.AsyncResult("asked-for").state == "PENDING"  # left for Celery's own SUCCESS
+    default = task.AsyncResult("default")
+    assert default.state == "SUCCESS" and default.result == {"video_id": job.video_id, "stage": task.name}
