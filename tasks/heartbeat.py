@@ -142,8 +142,8 @@ class Heartbeat(threading.Thread):
         """End the process when its task runs past the stage's deadline (solo has no time limit)."""
         current = state.get("current") or {}
         task, started = current.get("task"), current.get("started")
-        if not task or not started:
-            return
+        if not task or not started or current.get("committed"):
+            return  # no task, or its output is written (tasks.worker.note_committed)
         stage = task.rsplit(".", 1)[-1]
         deadline = conf.stages[stage].deadline_s if stage in conf.stages else None
         if deadline and time.time() - started > deadline:

@@ -126,6 +126,7 @@ def _execute(stage_name: str, job: Job, fence: Callable[[], None] | None = None)
             report["notes"] = notes
         digest = save_npz(output, arrays, fence_output)
     write_marker(output, digest, marker, fence, report=report)
+    worker.note_committed()
     log.info("ran %s of %s", stage_name, vid)
     # Seconds inside the stage's own run (the model), apart from input loading and atomic writes;
     # added after the marker is written, so a marker stays the same whoever made it.

@@ -286,6 +286,17 @@ def on_task_start(task_id: str | None = None, task: Any = None, args: Any = None
     )
 
 
+def note_committed() -> None:
+    """Record that the running task's output is written: the stage's deadline no longer applies to it.
+
+    The deadline ends a process whose model hangs; ending one that only has its next stage to send
+    and its claim to finish would cost a redelivery for nothing (the redelivery finds the output).
+    """
+    current = STATE.get("current")
+    if current:
+        STATE["current"] = {**current, "committed": time.time()}  # a new dict: the heartbeat thread reads it
+
+
 @signals.task_postrun.connect
 def on_task_end(task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any) -> None:
     """Finish the task's claim (done only if it succeeded, i.e. its continuation was sent), then recycle."""

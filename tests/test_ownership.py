@@ -271,3 +271,20 @@ def test_the_heartbeat_survives_a_failing_tick_and_counts_it(redis_url, r, monke
         beat.stopping.set()
         beat.join(5)
         app.close()
+
+
+def test_the_deadline_ends_a_task_in_its_stage_but_not_one_whose_output_is_written(redis_url, monkeypatch):
+    """A task past its deadline whose output is committed only has its next stage to send: it is not killed."""
+    from tasks import heartbeat
+
+    conf = Settings(redis_url=redis_url, stages={"preprocess": {"deadline_s": 0.05}})
+    exits: list[int] = []
+    monkeypatch.setattr(heartbeat.os, "_exit", exits.append)
+    monkeypatch.setattr(heartbeat.logging, "shutdown", lambda: None)
+    beat = Heartbeat(_app(redis_url), lambda: {})
+    running = {"task": "framefleet.preprocess", "video": "v", "started": time.time() - 1.0}
+    beat.enforce_deadline({"current": {**running, "committed": time.time()}}, conf)
+    assert exits == []
+    beat.enforce_deadline({"current": running}, conf)
+    assert exits == [70]
+    beat.app.close()
