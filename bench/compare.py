@@ -101,6 +101,7 @@ def summarise(mode: str, measured: Any, result: dict[str, Any], load: float) -> 
         "cpu_s": measured.cpu_s,
         "peak_rss_mib": measured.peak_rss_mib,
         "processes": measured.peak_processes,
+        "cpu_by_kind": measured.cpu_by_kind,
         "run_wall_s": result.get("run_wall_s"),
         "load_before": load,
         "gap_median_ms": 1000 * pct(every, 0.5),
@@ -166,6 +167,11 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{med(mode, 'peak_rss_mib'):>9.0f}{med(mode, 'gap_median_ms'):>12.1f}{med(mode, 'gap_p90_ms'):>12.1f}"
             f"{model:>9.1f}{io:>12.1f}"
         )
+    for mode in by_mode:
+        kinds = by_mode[mode][0].get("cpu_by_kind") or {}
+        if len(kinds) > 1:
+            lines.append(f"\n{mode}: CPU-seconds by process (first round)")
+            lines.extend(f"  {kind:<40}{cpu:>8.1f}" for kind, cpu in kinds.items() if cpu >= 0.05)
     for mode in ("ff-1by1", "raw-chain", "framefleet"):
         if mode in by_mode:
             lines.append(f"\n{mode}: transitions (median / p90 ms, first round)")

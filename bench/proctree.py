@@ -41,11 +41,28 @@ def _stat(pid: int) -> tuple[int, float, int] | None:
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK_S, int(fields[21]) * PAGE
 
 
+def kind_of(pid: int) -> str:
+    """A short name for what ``pid`` runs: the program, and a Celery worker's queues (``celery -Q gpu0``)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    words = [a.decode(errors="replace") for a in argv if a]
+    if not words:
+        return "?"
+    names = [Path(w).name for w in words[:3]]
+    program = next((n for n in names if not n.startswith("python")), names[0])
+    if "-Q" in words[:-1]:
+        program += " -Q " + words[words.index("-Q") + 1]
+    return program
+
+
 @dataclass
 class TreeSample:
     """What the sampler saw of one process tree."""
 
     cpu_s: dict[int, float] = field(default_factory=dict)
+    kinds: dict[int, str] = field(default_factory=dict)  # pid -> what it is (see ``kind_of``)
     peak_rss_bytes: int = 0
     peak_processes: int = 0
 
@@ -77,6 +94,8 @@ class TreeSampler(threading.Thread):
         for pid in tree:
             _, cpu, rss_bytes = table[pid]
             self.seen.cpu_s[pid] = max(cpu, self.seen.cpu_s.get(pid, 0.0))
+            if pid not in self.seen.kinds:
+                self.seen.kinds[pid] = kind_of(pid)
             rss += rss_bytes
         self.seen.peak_rss_bytes = max(self.seen.peak_rss_bytes, rss)
         self.seen.peak_processes = max(self.seen.peak_processes, len(tree))
@@ -102,6 +121,7 @@ class Measured:
     cpu_s: float
     peak_rss_mib: float
     peak_processes: int
+    cpu_by_kind: dict[str, float] = field(default_factory=dict)  # sampled CPU-seconds per ``kind_of``
 
 
 def _reap_orphans() -> None:
@@ -141,4 +161,13 @@ def measure(argv: list[str], env: dict[str, str], cwd: Path, log: Path, timeout_
         max(waited, sum(seen.cpu_s.values())),
         seen.peak_rss_bytes / 2**20,
         seen.peak_processes,
+        _by_kind(seen),
     )
+
+
+def _by_kind(seen: TreeSample) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for pid, cpu in seen.cpu_s.items():
+        kind = seen.kinds.get(pid, "?")
+        totals[kind] = round(totals.get(kind, 0.0) + cpu, 2)
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
