@@ -52,6 +52,10 @@ def kind_of(pid: int) -> str:
         return "?"
     names = [Path(w).name for w in words[:3]]
     program = next((n for n in names if not n.startswith("python")), names[0])
+    if program == "-m" and len(words) > 2:  # python -m celery ...: the module
+        program = words[2]
+    if "flower" in words:
+        program += " flower"
     if "-Q" in words[:-1]:
         program += " -Q " + words[words.index("-Q") + 1]
     return program

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -65,6 +66,15 @@ def test_local_cluster_runs_a_dataset_and_leaves_nothing_behind(video_factory, p
     assert frames > 0 and windows > 0
     assert (out / "settings.resolved.yaml").exists()
     assert processes_using(port) == [], "run_local left processes behind"
+    # No GPU here: one worker per core (as memory allows) consumes gpu0 and cpu both, with its share of the cores.
+    workers = int(re.search(r"no GPU found: (\d+) CPU worker\(s\), each hosting every stage", done.stdout).group(1))
+    logs = {p.stem: p.read_text() for p in (out / "logs").glob("gpu0+cpu-*.log")}
+    assert sorted(logs) == [f"gpu0+cpu-{i}" for i in range(1, workers + 1)], sorted(logs)
+    assert not list((out / "logs").glob("cpu-*.log")) and not list((out / "logs").glob("gpu0-*.log"))
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    assert all(f"torch uses {threads} CPU threads" in log for log in logs.values())
+    ran = " ".join(logs.values())
+    assert all(f"Task framefleet.{stage}[" in ran for stage in ("preprocess", "depth", "tracks", "hands", "h5"))
     check = run_script("verify_dataset.py", str(out), env=env)
     assert check.returncode == 0, check.stdout + check.stderr
 

@@ -4,12 +4,12 @@
                    [--metadata FILE] [--require-text]
 
 Uses $REDIS_URL when it answers, else a private redis-server on a free port; starts one solo
-worker per visible GPU (or one CPU stand-in for gpu0) and one solo CPU worker per core, all
-supervised (a recycled or crashed worker is replaced), Flower and the metrics exporter on
-127.0.0.1. Flower's basic auth comes from $FLOWER_BASIC_AUTH (user:password); without
-it a random password is made for this run and written to OUT/logs/flower-auth.txt (mode 0600).
-Each run's logs are in OUT/logs/; the previous run's move to OUT/logs/previous/. With --serve,
-Flower and the metrics stay up after the run until Ctrl-C.
+worker per visible GPU and one solo CPU worker per core (without a GPU: one worker per core,
+each hosting every stage, its models on the CPU), all supervised (a recycled or crashed worker
+is replaced), Flower and the metrics exporter on 127.0.0.1. Flower's basic auth comes from
+$FLOWER_BASIC_AUTH (user:password); without it a random password is made for this run and
+written to OUT/logs/flower-auth.txt (mode 0600). Each run's logs are in OUT/logs/; the previous
+run's move to OUT/logs/previous/. With --serve, Flower and the metrics stay up after the run until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -78,6 +78,15 @@ def available_mib() -> float:
 def stand_in_workers(cores: int, free_mib: float) -> int:
     """How many CPU stand-ins for gpu0 to start: one per core, as far as host memory allows, at least one."""
     return max(1, min(cores, int(free_mib // STAND_IN_MIB)))
+
+
+def shares_cpu_queue(conf: Settings, args: argparse.Namespace) -> bool:
+    """Whether a host without a GPU runs workers that consume gpu0 and cpu both (the default there).
+
+    Not when a count of either kind is asked for, nor when a stage has an environment of its own
+    (its worker can host that stage only).
+    """
+    return not (args.gpu_workers or args.cpu_workers or conf.own_env_stages()) and bool(conf.hosted_stages())
 
 
 class Cluster:
@@ -217,14 +226,17 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     add_run_arguments(parser)
     parser.add_argument("--gpus", type=parse_gpus, help="GPU indices to run workers on (default: all)")
     parser.add_argument(
-        "--cpu-workers", type=int, default=cpu_worker_count(), help="solo CPU worker processes (default: one per core)"
+        "--cpu-workers",
+        type=int,
+        default=0,
+        help="solo CPU worker processes (default: one per core; without a GPU, see --gpu-workers)",
     )
     parser.add_argument(
         "--gpu-workers",
         type=int,
         default=0,
-        help="solo workers per GPU queue (default: 1 per GPU; without a GPU, one CPU "
-        "stand-in for gpu0 per core as memory allows)",
+        help="solo workers per GPU queue (default: 1 per GPU; without a GPU, one worker per core as memory "
+        "allows, each hosting every stage: gpu0's and cpu's, unless one of these two counts is given)",
     )
     parser.add_argument("--flower-port", type=int, default=0, help="default: a free port")
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus exporter; default: a free port")
@@ -263,27 +275,43 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             print("Redis: $REDIS_URL")
         gpus = args.gpus if args.gpus is not None else list(range(visible_gpus()))
         per_gpu = args.gpu_workers or 1
-        if not gpus:
-            per_gpu = args.gpu_workers or stand_in_workers(host_cores(), available_mib())
-            print(f"no GPU found: {per_gpu} CPU worker(s) stand in for gpu0")
-            gpus = [0]
-        model_workers = len(gpus) * ((per_gpu if conf.hosted_stages() else 0) + len(conf.own_env_stages()))
-        # Each model worker gets its share of the cores, so that together they do not oversubscribe them.
-        env.setdefault("FRAMEFLEET_TORCH_THREADS", str(max(1, host_cores() // max(1, model_workers))))
         # Supervised solo workers: per_gpu per GPU queue (and one per stage with its own environment), one
-        # per core for the CPU queue; a worker's name is its queue and a sequence number.
+        # per core for the CPU queue; a worker's name is its queues ("+" between two) and a sequence number.
         pythons: dict[str, str | None] = {conf.cpu_queue: None}
         groups: list[tuple[int, str]] = []
-        for gpu in gpus:
-            if conf.hosted_stages():
-                pythons[conf.gpu_queue(gpu)] = None
-                groups += [(gpu, conf.gpu_queue(gpu))] * per_gpu
-            for stage in conf.own_env_stages():  # a worker per stage with its own environment
-                pythons[conf.stage_queue(stage, gpu)] = conf.stages[stage].python
-                groups.append((gpu, conf.stage_queue(stage, gpu)))
-        groups += [(CPU_GROUP, conf.cpu_queue)] * max(1, args.cpu_workers)
+        if not gpus:
+            per_gpu = args.gpu_workers or stand_in_workers(host_cores(), available_mib())
+            gpus = [0]
+            if shares_cpu_queue(conf, args):
+                # No GPU: the model stages run on the cores too. One process per core hosting every stage
+                # uses each core with one process and one set of imports; a gpu0 stand-in and a cpu
+                # worker per core would be twice the processes contending for the same cores.
+                both = f"{conf.gpu_queue(0)}+{conf.cpu_queue}"
+                pythons[both] = None
+                groups += [(0, both)] * per_gpu
+                print(f"no GPU found: {per_gpu} CPU worker(s), each hosting every stage ({conf.gpu_queue(0)} and cpu)")
+            else:
+                print(f"no GPU found: {per_gpu} CPU worker(s) stand in for gpu0")
+        if not groups:
+            for gpu in gpus:
+                if conf.hosted_stages():
+                    pythons[conf.gpu_queue(gpu)] = None
+                    groups += [(gpu, conf.gpu_queue(gpu))] * per_gpu
+                for stage in conf.own_env_stages():  # a worker per stage with its own environment
+                    pythons[conf.stage_queue(stage, gpu)] = conf.stages[stage].python
+                    groups.append((gpu, conf.stage_queue(stage, gpu)))
+            groups += [(CPU_GROUP, conf.cpu_queue)] * (args.cpu_workers or cpu_worker_count())
+        model_workers = sum(1 for group, _ in groups if group != CPU_GROUP)
+        # Each model worker gets its share of the cores, so that together they do not oversubscribe them;
+        # OpenCV's thread pool (preprocess, h5) the same share.
+        threads = str(max(1, host_cores() // max(1, model_workers)))
+        env.setdefault("FRAMEFLEET_TORCH_THREADS", threads)
+        if model_workers and all(group != CPU_GROUP for group, _ in groups):
+            env.setdefault("OPENCV_FOR_THREADS_NUM", threads)
         supervisor = Supervisor(
-            lambda group, name: worker_argv(queue := name.rsplit("-", 1)[0], name, python=pythons[queue]),
+            lambda group, name: worker_argv(
+                (label := name.rsplit("-", 1)[0]).replace("+", ","), name, python=pythons[label]
+            ),
             lambda group: env,
             cluster.logs,
             stop_grace_s=20.0,
