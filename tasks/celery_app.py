@@ -7,6 +7,7 @@ import socket
 from celery import Celery
 
 from tasks import queues
+from tasks.transport import transport_for
 from worker_config.settings import ConfigError, Settings, exit_on_config_error, load_settings
 
 TASK_PREFIX = "framefleet."
@@ -51,6 +52,8 @@ def configure(new: Settings) -> Celery:
     }
     app.conf.update(
         broker_url=new.broker,
+        # redis://: kombu's transport with an ack that Redis refuses still freeing the prefetch slot.
+        broker_transport=transport_for(new.broker),
         result_backend=new.results,
         broker_transport_options=transport,
         result_backend_transport_options={"retry_policy": {"timeout": 5.0}},
