@@ -6,8 +6,7 @@ import socket
 
 from celery import Celery
 
-from tasks import queues
-from tasks.transport import transport_for
+from tasks import queues, transport
 from worker_config.settings import ConfigError, Settings, exit_on_config_error, load_settings
 
 TASK_PREFIX = "framefleet."
@@ -15,6 +14,8 @@ TASK_PREFIX = "framefleet."
 # after 3 unanswered probes, so a half-open connection fails within about 25 s.
 KEEPALIVE = {socket.TCP_KEEPIDLE: 10, socket.TCP_KEEPINTVL: 5, socket.TCP_KEEPCNT: 3}
 
+# redis://: kombu's transport with an ack that Redis refuses still freeing the prefetch slot.
+transport.install()
 app = Celery("framefleet")
 _settings: Settings | None = None
 
@@ -52,8 +53,6 @@ def configure(new: Settings) -> Celery:
     }
     app.conf.update(
         broker_url=new.broker,
-        # redis://: kombu's transport with an ack that Redis refuses still freeing the prefetch slot.
-        broker_transport=transport_for(new.broker),
         result_backend=new.results,
         broker_transport_options=transport,
         result_backend_transport_options={"retry_policy": {"timeout": 5.0}},

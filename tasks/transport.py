@@ -14,8 +14,9 @@ in ``unacked`` and comes back, after the reaper or the visibility timeout requeu
 duplicate delivery of a finished stage: the stage's done marker and claim turn it away
 (tasks.claims), so nothing runs twice.
 
-Used for ``redis://`` brokers (``broker_transport`` in tasks.celery_app); other schemes keep
-kombu's own transport.
+``install()`` (called when tasks.celery_app is imported) makes ``redis://`` brokers use it in
+this process, through kombu's own table of transport aliases, so that URLs, Flower's broker view
+and the worker banner still read ``redis://``; other schemes keep kombu's transports.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ class Transport(kombu_redis.Transport):  # type: ignore[misc]
     Channel = Channel
 
 
-def transport_for(broker_url: str) -> str | None:
-    """The ``broker_transport`` setting for ``broker_url``: this module's for redis://, kombu's otherwise."""
-    return f"{__name__}:Transport" if broker_url.startswith("redis://") else None
+def install() -> None:
+    """Make ``redis://`` broker URLs resolve to this module's Transport in this process."""
+    from kombu import transport as kombu_transport
+
+    kombu_transport.TRANSPORT_ALIASES["redis"] = f"{__name__}:Transport"
+    kombu_transport._transport_cache.pop("redis", None)  # resolved before this call: resolve it again

@@ -11,6 +11,7 @@ import kombu
 import pytest
 import redis
 
+import tasks  # noqa: F401  (installs the transport)
 from tasks import transport
 from tasks.redis_client import free_port, server_argv
 from tests.conftest import wait_until
@@ -22,7 +23,7 @@ def broker(tmp_path):
     proc = subprocess.Popen(server_argv(port, tmp_path), stdout=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     wait_until(lambda: _answers(url), 10, "the private redis-server", poll_s=0.02)
-    with kombu.Connection(url, transport=transport.Transport) as conn:
+    with kombu.Connection(url) as conn:  # redis:// resolves to tasks.transport (installed by `import tasks`)
         yield conn, proc
     proc.kill()
     proc.wait()
@@ -70,10 +71,10 @@ def test_an_ack_that_reaches_redis_removes_the_message_from_unacked(broker):
     assert client.hlen(channel.unacked_key) == 0 and channel.qos.can_consume()
 
 
-def test_redis_brokers_use_this_transport_and_others_keep_kombus():
-    from tasks import app, settings
+def test_redis_brokers_use_this_transport_and_still_read_redis_urls():
+    from tasks import app
 
-    assert transport.transport_for("redis://h:6379/0") == "tasks.transport:Transport"
-    assert transport.transport_for("sentinel://h:26379") is None
-    assert transport.transport_for("rediss://h:6380/0") is None
-    assert app.conf.broker_transport == transport.transport_for(settings().broker)
+    conn = app.connection_for_read("redis://:secret@127.0.0.1:1/0")
+    assert isinstance(conn.transport, transport.Transport)
+    assert conn.as_uri() == "redis://:**@127.0.0.1:1/0"  # Flower's broker view and the banner read this
+    assert not isinstance(app.connection_for_read("sentinel://127.0.0.1:1").transport, transport.Transport)
