@@ -10,8 +10,10 @@ order of the modes (ABC, CBA, ...) so that a load from elsewhere on the machine 
 
 Modes: ``sequential`` (one process, models loaded once); ``pool`` (the predecessor's pattern:
 per stage, a process per slot loading its model, videos round-robin); ``framefleet``
-(``scripts/run_local.py``); ``ff-before`` (run_local.py as CPU mode was: one stand-in
-worker for gpu0, torch's default threads); ``ff-1by1`` (framefleet's chain, one video at a time: its transitions
+(``scripts/run_local.py``); ``ff-split`` (run_local.py with a gpu0 stand-in and a cpu worker
+per core, apart, as CPU mode was before one worker per core hosted both); ``ff-before``
+(run_local.py as CPU mode was earlier still: one stand-in worker for gpu0, torch's default
+threads); ``ff-1by1`` (framefleet's chain, one video at a time: its transitions
 are dispatch alone); ``raw-chain`` (no-op Celery tasks routed cpu → gpu0 ×3 → cpu: the floor for
 dispatch); ``ray-stages`` and ``ray-fused`` (Ray Data, one map per stage, or one fused map).
 """
@@ -31,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODES = ("sequential", "pool", "framefleet", "ff-before", "ff-1by1", "raw-chain", "ray-stages", "ray-fused")
+MODES = ("sequential", "pool", "framefleet", "ff-split", "ff-before", "ff-1by1", "raw-chain", "ray-stages", "ray-fused")
 RESULT = "RESULT "
 
 
@@ -54,6 +56,10 @@ def child(mode: str, raw: Path, out: Path, limit: int | None, one_by_one: int, e
 
     if mode == "framefleet":
         return modes_queue.framefleet(raw, out, limit, extra)
+    if mode == "ff-split":  # a gpu0 stand-in and a cpu worker per core (CPU mode before one worker hosted both)
+        return modes_queue.framefleet(
+            raw, out, limit, [*extra, "--gpu-workers", str(cores), "--cpu-workers", str(cores)]
+        )
     if mode == "ff-before":  # CPU mode as it was: one stand-in for gpu0, torch's default threads
         os.environ.pop("FRAMEFLEET_TORCH_THREADS", None)
         return modes_queue.framefleet(raw, out, limit, [*extra, "--gpu-workers", "1"])
