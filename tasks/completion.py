@@ -12,7 +12,8 @@ Instead:
   counts its video once; the k-th video to finish sends pending job k-1, keeping ``window`` videos
   in flight;
 - the task whose record brings the count to the run's size sets ``ff:run:<id>:aggregated`` NX and
-  sends ``aggregate`` with the run's callback id: once, however often the last task is delivered.
+  sends ``aggregate`` with the run's callback id: once, however often the last task is delivered
+  (and again by that same task's redelivery if its worker died between the flag and the send).
   The callback reads the outcomes from Redis, not from a message.
 
 A pending job is sent before its field is deleted: a worker killed in between sends it again on
@@ -94,8 +95,10 @@ def outcomes(r: redis.Redis, run_id: str) -> list[dict[str, Any]]:
     return [json.loads(found[vid]) for vid in sorted(found)]
 
 
-def video_ended(r: redis.Redis, job: Job, ttl_s: int) -> None:
+def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None) -> None:
     """Count ``job``'s video as finished; send the next pending video and, last, the statistics callback.
+
+    ``sender``: the id of the task that ended the video's chain (see ``start_statistics``).
 
     Raises redis.RedisError or the broker's error when a message cannot be sent (the caller retries
     the task: every step here may be repeated).
@@ -111,7 +114,7 @@ def video_ended(r: redis.Redis, job: Job, ttl_s: int) -> None:
         log.error("run %s has no record in Redis (expired or flushed): its statistics are not started", run_id)
         return
     if int(count) >= int(record["videos"]):
-        start_statistics(r, record, ttl_s)
+        start_statistics(r, record, ttl_s, sender)
 
 
 def send_pending(r: redis.Redis, run_id: str, index: int) -> bool:
@@ -129,18 +132,34 @@ def send_pending(r: redis.Redis, run_id: str, index: int) -> bool:
     return True
 
 
-def start_statistics(r: redis.Redis, record: dict[str, Any], ttl_s: int) -> bool:
-    """Send the run's statistics callback unless it was sent already; return whether it was sent now."""
+def start_statistics(r: redis.Redis, record: dict[str, Any], ttl_s: int, sender: str | None = None) -> bool:
+    """Send the run's statistics callback unless it was sent already; return whether it was sent now.
+
+    ``sender`` is the id of the task sending it (the redelivery of a task keeps its id): the flag says
+    "sending <sender>" until the callback is sent, so a task whose worker died between setting the
+    flag and sending finds its own mark when it is delivered again, and sends it then. A second send
+    of the same callback id (the worker died after sending, before marking it sent) only writes the
+    same statistics and summary again.
+    """
     from tasks.aggregate import aggregate
 
     flag = key(record["run_id"], keys.RUN_AGGREGATED_SUFFIX)
-    if not r.set(flag, record["callback_id"], nx=True, ex=ttl_s):
-        return False
+    sending = f"sending {sender or '-'}"
+    if not r.set(flag, sending, nx=True, ex=ttl_s):
+        mark = r.get(flag)
+        if sender is None or (mark.decode() if isinstance(mark, bytes) else mark) != sending:
+            return False
+        log.warning(
+            "run %s: this task (%s) was sending the statistics callback when its worker stopped; sending it now",
+            record["run_id"],
+            sender,
+        )
     try:
         aggregate.apply_async((callback_run(record),), task_id=record["callback_id"])
     except BaseException:
         r.delete(flag)  # not sent: the task's retry must be able to send it
         raise
+    r.set(flag, f"sent {record['callback_id']}", ex=ttl_s)
     log.info("run %s: every video finished; statistics callback %s sent", record["run_id"], record["callback_id"])
     return True
 

@@ -306,7 +306,7 @@ def _video_ended(task: Task, given: Job, job: Job) -> None:
     task with the job it was ``given`` (the stage then finds its output made, and counts again)."""
     conf = settings()
     try:
-        completion.video_ended(get_redis(conf.redis_url), job, conf.result_expires_s)
+        completion.video_ended(get_redis(conf.redis_url), job, conf.result_expires_s, sender=task.request.id)
     except Exception as exc:
         log.warning("end of %s not counted in run %s (%s); retrying", job.video_id, job.run_id, exc)
         _retry_later(task, given, 10.0, max_retries=task.request.retries + 1)

@@ -79,6 +79,26 @@ def test_the_count_is_per_video_and_the_callback_is_sent_once(redis_url, monkeyp
     assert found[1]["failed"]["stage"] == "preprocess" and "dataset_root" not in found[0]
 
 
+def test_the_last_task_redelivered_after_dying_mid_send_sends_the_callback(redis_url, monkeypatch, tmp_path):
+    """A worker killed between the flag and the send: the same task, delivered again, sends the callback."""
+    configure_for(monkeypatch, redis_url)
+    from tasks import completion, keys, runs
+    from tasks.dataset import build_jobs
+
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    jobs, run = build_jobs([{"video_id": "v0", "path": "v0.mp4"}], tmp_path, tmp_path / "out", "run3")
+    runs.publish(r, {**run, "callback_id": "callback-3"}, 3600)
+    flag = completion.key("run3", keys.RUN_AGGREGATED_SUFFIX)
+    r.set(flag, "sending task-a")  # what task-a left when its worker died before the send
+    completion.video_ended(r, jobs[0], 3600, sender="task-b")  # another task: not its mark
+    assert waiting(r) == []
+    completion.video_ended(r, jobs[0], 3600, sender="task-a")  # task-a's redelivery
+    assert waiting(r) == [("framefleet.aggregate", "callback-3")]
+    assert r.get(flag) == "sent callback-3"
+    completion.video_ended(r, jobs[0], 3600, sender="task-a")  # once sent, never again
+    assert len(waiting(r)) == 1
+
+
 def test_a_cancelled_run_sends_none_of_its_held_videos(redis_url, monkeypatch, tmp_path):
     configure_for(monkeypatch, redis_url)
     from tasks import completion, runs
