@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tasks import queues
 from tests.conftest import ROOT, Workers, run_script, settings_env, wait_until
 from tests.faults.conftest import (
     VIDEOS,
@@ -111,7 +112,7 @@ def test_a_message_waiting_while_a_long_task_spans_a_redis_restart_is_delivered(
     watcher = _enqueue(fault_raw, out, {**fault_env, **env}, "--limit", "2")
     r = redis_server.client()
     wait_until(
-        lambda: _busy_on(fault_workers, "gpu0", "framefleet.depth") and r.llen("gpu0") >= 1,
+        lambda: _busy_on(fault_workers, "gpu0", "framefleet.depth") and queues.length(r, "gpu0") >= 1,
         240,
         "gpu0 busy on one video's depth while the other's waits",
     )
@@ -241,11 +242,17 @@ def test_redis_errors_while_tasks_run_and_end_never_break_the_run(
         wait_until(lambda: _busy_on(fault_workers, "gpu0", "framefleet.depth"), 240, "gpu0 busy on depth")
         ran_before = sum(stage_runs(fault_workers.logs).values())
         proxy.down()
-        # Down while a task runs (its claim renewals fail) and until a task has ended (its claim's release
-        # and its progress count fail too).
+        # Down while a task runs (its claim renewals fail) and until a task has ended: published (its claim's
+        # release and progress count fail), or, when its claim cannot be confirmed before publishing (the
+        # fence, tasks.claims.confirm), discarded and retried once Redis answers.
         wait_until(lambda: _log_lines(fault_workers, "renewing claims failed") >= 1, 60, "a failed claim renewal")
         wait_until(
-            lambda: sum(stage_runs(fault_workers.logs).values()) > ran_before, 240, "a stage to end while Redis is away"
+            lambda: (
+                sum(stage_runs(fault_workers.logs).values()) > ran_before
+                or _log_lines(fault_workers, "ClaimUnconfirmed") >= 1
+            ),
+            240,
+            "a stage to end while Redis is away",
         )
         proxy.up()
         back_at = time.time()

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+from tasks import queues
 from tests.conftest import ROOT
 from tests.faults.conftest import env_for
 
@@ -52,5 +53,5 @@ def test_a_send_to_a_new_queue_while_redis_is_away_arrives_once_redis_is_back(re
         sender.kill()
     assert sender.returncode == 0, output[-3000:]
     r = redis_server.client()
-    sent = [json.loads(m)["headers"]["task"] for m in r.lrange("cpu", 0, -1)]
+    sent = [json.loads(m)["headers"]["task"] for _, m in queues.waiting(r, "cpu")]
     assert sent == ["framefleet.h5"], output[-3000:]

@@ -6,6 +6,7 @@ import random
 import signal
 import time
 
+from tasks import queues
 from tests.conftest import run_script, settings_env, wait_until
 from tests.faults.conftest import assert_nothing_lost, record, stage_runs, wait_for_summary
 
@@ -95,4 +96,4 @@ def _waiting(env: dict[str, str]) -> list[int]:
     import redis
 
     r = redis.Redis.from_url(env["REDIS_URL"])
-    return [r.llen(q) for q in ("cpu", "gpu0", "gpu1")] + [r.hlen("unacked")]
+    return [queues.length(r, q) for q in ("cpu", "gpu0", "gpu1")] + [r.hlen("unacked")]
