@@ -108,6 +108,18 @@ def redis_url() -> Iterator[str]:
     client.flushdb()
 
 
+@pytest.fixture
+def app_on_test_redis(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> tuple[object, redis.Redis]:
+    """This process's Celery app and settings pointed at the test's Redis: (settings, a decoding client)."""
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    from tasks import configure
+    from worker_config.settings import load_settings
+
+    conf = load_settings()
+    configure(conf)
+    return conf, redis.Redis.from_url(redis_url, decode_responses=True)
+
+
 def process_env(url: str) -> dict[str, str]:
     """Environment for framefleet processes on the Redis database ``url``, with fast liveness settings."""
     env = {k: v for k, v in os.environ.items() if k not in PIPELINE_ENV}

@@ -161,18 +161,15 @@ def test_a_worker_runs_an_earlier_versions_message_and_keeps_its_unknown_keys(
     assert "lacks 'output_root'" in refused["result"]["exc_message"][0]
 
 
-def test_the_end_of_progress_leaves_a_stored_result_to_celery_when_the_call_asks_for_one(monkeypatch, redis_url):
+def test_the_end_of_progress_leaves_a_stored_result_to_celery_when_the_call_asks_for_one(app_on_test_redis):
     """A stage that showed progress replaces its PROGRESS state only when Celery will store no result.
 
     A call that asks for the result (``apply_async(..., ignore_result=False)`` on a stage that
     ignores it by default) gets the stage's real result: a short SUCCESS written first would
     be what a reader polling the result sees until Celery stores the real one.
     """
-    from tasks import configure, pipeline
-    from worker_config.settings import load_settings
+    from tasks import pipeline
 
-    monkeypatch.setenv("REDIS_URL", redis_url)
-    configure(load_settings())
     task = pipeline.app.tasks["framefleet.preprocess"]
     assert task.ignore_result  # a stage before the last stores nothing by default
     job = Job.from_dict({**ENQUEUED, "dataset_root": "/d", "output_root": "/o"})

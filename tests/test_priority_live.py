@@ -6,24 +6,12 @@ import json
 from datetime import datetime
 
 import pytest
-import redis
 
 from tasks import claims, queues, registry
 from tasks.pipeline import STAGE_TASKS
 from tests.conftest import wait_until
 
 CHAIN = ["preprocess", "depth", "tracks", "hands", "h5"]
-
-
-@pytest.fixture
-def app_on_test_redis(redis_url, monkeypatch):
-    monkeypatch.setenv("REDIS_URL", redis_url)
-    from tasks import configure
-    from worker_config.settings import load_settings
-
-    conf = load_settings()
-    configure(conf)
-    return conf, redis.Redis.from_url(redis_url, decode_responses=True)
 
 
 def job(video_id: str, tmp_path, **extra):

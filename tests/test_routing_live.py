@@ -22,17 +22,6 @@ def fresh_registry_reads():
     forget_registry()
 
 
-@pytest.fixture
-def app_on_test_redis(redis_url, monkeypatch):
-    monkeypatch.setenv("REDIS_URL", redis_url)
-    from tasks import configure
-    from worker_config.settings import load_settings
-
-    conf = load_settings()
-    configure(conf)
-    return conf, redis.Redis.from_url(redis_url, decode_responses=True)
-
-
 def register(r, name: str, gpu: int, busy: bool = False) -> None:
     registry.publish(
         r,
