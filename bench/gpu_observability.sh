@@ -29,7 +29,7 @@ import json, sys, time, urllib.request
 from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 from tasks import settings
-from tasks.metrics import start_exporter
+from tasks.observe.metrics import start_exporter
 out = Path(sys.argv[1])
 exporter = start_exporter(0, settings())
 port = exporter.port if hasattr(exporter, "port") else exporter.server.server_port

@@ -19,9 +19,9 @@ from typing import Any
 
 
 def jobs_for(raw_dir: Path, out_dir: Path, limit: int | None = None, run_id: str = "bench") -> list[dict[str, Any]]:
-    """The job message of every video of ``raw_dir``, as the enqueuer builds it (tasks.dataset.build_jobs)."""
+    """The job message of every video of ``raw_dir``, as the enqueuer builds it (tasks.run.dataset.build_jobs)."""
     from tasks.celery_app import settings
-    from tasks.dataset import find_videos, video_id
+    from tasks.run.dataset import find_videos, video_id
 
     order = list(settings().enabled_stages())
     jobs = []
@@ -63,8 +63,8 @@ def run_one(stage: str, job: dict[str, Any], who: str) -> dict[str, Any]:
 
 def preload(stages: list[str]) -> None:
     """Load each stage's model once in this process, as a worker does at start (torch threads as the settings say)."""
-    from tasks import worker
     from tasks.celery_app import settings
+    from tasks.workers import worker
 
     if settings().torch_threads:
         import torch

@@ -143,8 +143,8 @@ def framefleet(raw_dir: Path, out_dir: Path, limit: int | None, extra: list[str]
 
 
 def _wait_registered(url: str, names: list[str], timeout_s: float = 120) -> None:
-    from tasks import registry
     from tasks.redis_client import get_redis
+    from tasks.workers import registry
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     import h5py
     import numpy as np
 
-    from tasks.dataset import find_videos
+    from tasks.run.dataset import find_videos
     from tasks.stages import stage_class
 
     spec = importlib.util.spec_from_file_location("y2r_oracle", HERE / "tests" / "y2r_oracle.py")

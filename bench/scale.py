@@ -5,7 +5,7 @@
                           [--work DIR] [--end-videos 20] [--skip enqueue,end,callback,continue]
 
 Each phase measures the way a run ended before (one chord; partials read from the markers) and
-now (tasks.completion's counter and window; tasks.partials' hash) in the same sitting.
+now (tasks.run.completion's counter and window; tasks.run.partials' hash) in the same sitting.
 
 1. Enqueue: N empty ``.mp4`` files (the enqueuer only lists and stats them) against a private
    Redis with no worker, (a) as one chord of N chains (``--chord-videos``), (b) as the run is
@@ -17,7 +17,7 @@ now (tasks.completion's counter and window; tasks.partials' hash) in the same si
    file of step 2 and whose marker is that file's (so sizes and partial statistics are real);
    ``write_statistics`` from the markers and from the partials hash, the whole ``aggregate``
    callback (outcomes from Redis, report included, its stage log full), the chord's message.
-4. ``--continue`` over the N complete videos: ``tasks.dataset.incomplete`` from the markers, and
+4. ``--continue`` over the N complete videos: ``tasks.run.dataset.incomplete`` from the markers, and
    with the partials hash, and the whole ``enqueue(..., resume=True)`` (manifest, check with the
    hash, the statistics callback sent).
 """
@@ -43,7 +43,7 @@ from bench.modes_queue import private_redis  # noqa: E402
 
 def prefix_of(key: str) -> str:
     """Group keys by their family: ``ff:claim:…`` → ``ff:claim``, ``celery-task-meta-…`` → ``celery-task-meta``."""
-    if key.startswith("ff:run:") and key.count(":") == 3:  # ff:run:<id>:finished, …: tasks.completion
+    if key.startswith("ff:run:") and key.count(":") == 3:  # ff:run:<id>:finished, …: tasks.run.completion
         return "ff:run:*:" + key.rsplit(":", 1)[1]
     if key.startswith("ff:"):
         return ":".join(key.split(":")[:2])
@@ -80,13 +80,13 @@ def empty_videos(n: int, work: Path) -> Path:
 
 
 def enqueue_phase(n: int, work: Path, how: str, window: int) -> dict[str, Any]:
-    """Enqueue ``n`` videos ``how``: "chord" (one chord of every chain) or "window" (tasks.completion)."""
+    """Enqueue ``n`` videos ``how``: "chord" (one chord of every chain) or "window" (tasks.run.completion)."""
     from celery import chord
 
-    from tasks import completion, runs
-    from tasks.aggregate import aggregate
-    from tasks.dataset import build_jobs, find_videos, new_run_id, video_chain, write_manifest
     from tasks.redis_client import get_redis
+    from tasks.run import completion, runs
+    from tasks.run.aggregate import aggregate
+    from tasks.run.dataset import build_jobs, find_videos, new_run_id, video_chain, write_manifest
 
     raw, out = empty_videos(n, work), work / f"enq-out-{n}"
     shutil.rmtree(out, ignore_errors=True)
@@ -113,7 +113,7 @@ def enqueue_phase(n: int, work: Path, how: str, window: int) -> dict[str, Any]:
             video_chain(job).apply_async()
     t["send"] = time.perf_counter()
     census = redis_census(r)
-    from tasks.queues import length
+    from tasks.delivery.queues import length
 
     cpu_queue = length(r, "cpu")  # every priority list of the queue
     return {
@@ -172,8 +172,8 @@ def end_state(videos: int, work: Path) -> tuple[dict[str, Any], Path]:
 def replicate(out: Path, n: int, work: Path) -> tuple[Path, list[dict[str, Any]], dict[str, Any]]:
     """A folder of ``n`` complete videos built from one real video of ``out`` (hard links, real marker,
     an empty work folder each), with the ids of the empty videos of ``empty_videos(n)``."""
-    from tasks.dataset import video_id
-    from tasks.stage_io import MARKERS_DIR, dataset_file
+    from tasks.outputs.stage_io import MARKERS_DIR, dataset_file
+    from tasks.run.dataset import video_id
 
     vid = sorted(p.stem for p in out.glob("*.hdf5"))[0]
     h5, marker = dataset_file(out, vid)
@@ -195,8 +195,8 @@ def replicate(out: Path, n: int, work: Path) -> tuple[Path, list[dict[str, Any]]
 
 
 def fill_partials(r: Any, big: Path, ids: list[str]) -> None:
-    """The entries the h5 stage would have left in tasks.partials' hash for ``ids`` (one real partial)."""
-    from tasks import partials
+    """The entries the h5 stage would have left in tasks.run.partials' hash for ``ids`` (one real partial)."""
+    from tasks.run import partials
 
     h5 = big / f"{ids[0]}.hdf5"
     stats = json.loads((big / "markers" / f"{ids[0]}.hdf5.done.json").read_text())["report"]["stats"]
@@ -210,10 +210,10 @@ def fill_partials(r: Any, big: Path, ids: list[str]) -> None:
 def callback_phase(out: Path, n: int, work: Path, url: str) -> dict[str, Any]:
     import redis
 
-    from tasks import aggregate as agg
-    from tasks import completion, partials
-    from tasks.metrics import STAGE_LOG_KEPT, STAGE_LOG_KEY
-    from tasks.stats import VideoStats, normalization_stats, write_stats_yaml
+    from tasks.observe.metrics import STAGE_LOG_KEPT, STAGE_LOG_KEY
+    from tasks.run import aggregate as agg
+    from tasks.run import completion, partials
+    from tasks.run.stats import VideoStats, normalization_stats, write_stats_yaml
 
     big, entries, summary = replicate(out, n, work)
     r = redis.Redis.from_url(url, decode_responses=True)
@@ -291,7 +291,7 @@ def continue_phase(n: int, work: Path, url: str) -> dict[str, Any]:
 
     from tasks.celery_app import settings
     from tasks.cli.enqueue import enqueue
-    from tasks.dataset import incomplete
+    from tasks.run.dataset import incomplete
 
     big = work / f"complete-{n}"
     entries = [{"video_id": p.name.removesuffix(".hdf5.done.json")} for p in (big / "markers").iterdir()]

@@ -57,7 +57,10 @@ def install() -> None:
     from celery.events.dispatcher import EventDispatcher
     from celery.worker.request import Request
 
-    from tasks import cancel, claims, leases, metrics, pipeline, progress, routing
+    from tasks import pipeline
+    from tasks.delivery import claims, leases, routing
+    from tasks.observe import metrics, progress
+    from tasks.run import cancel
 
     _patch(routing, "route_task", "route_task")
     _patch(pipeline, "route_task", "route_task(retry)")

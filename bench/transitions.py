@@ -43,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with private_redis() as url:
         os.environ["REDIS_URL"] = url
-        from tasks import claims, metrics, progress
+        from tasks.delivery import claims
         from tasks.job import Job, StageTiming
+        from tasks.observe import metrics, progress
         from tasks.redis_client import get_redis
 
         r = get_redis(url)

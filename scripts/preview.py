@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.stage_io import output_path
+from tasks.outputs.stage_io import output_path
+from tasks.outputs.storage import load_npz
 from tasks.stages import DepthStage, HandsStage, PreprocessStage, TracksStage
-from tasks.storage import load_npz
 
 BONES = [
     (0, 1),

@@ -6,7 +6,7 @@ import socket
 
 from celery import Celery
 
-from tasks import queues, transport
+from tasks.delivery import queues, transport
 from worker_config.settings import ConfigError, Settings, exit_on_config_error, load_settings
 
 TASK_PREFIX = "framefleet."
@@ -48,7 +48,7 @@ def configure(new: Settings) -> Celery:
         # 1467-1474; redis/connection.py:1329-1344); the consumer's restart then closes that socket
         # with the popped message unread, and the message is gone. TCP keepalive finds dead peers.
         "health_check_interval": 0,
-        # A list per priority, so that a video's later stages overtake earlier ones (tasks.queues).
+        # A list per priority, so that a video's later stages overtake earlier ones (tasks.delivery.queues).
         **queues.transport_options(),
     }
     app.conf.update(
@@ -78,7 +78,7 @@ def configure(new: Settings) -> Celery:
         result_expires=new.result_expires_s,
         result_extended=True,
         task_default_queue=new.cpu_queue,
-        task_routes=("tasks.routing.route_task",),
+        task_routes=("tasks.delivery.routing.route_task",),
         worker_hijack_root_logger=True,
         worker_redirect_stdouts_level="INFO",
         worker_max_tasks_per_child=new.max_tasks_per_worker or None,

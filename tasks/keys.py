@@ -6,7 +6,7 @@ the owners' business and are documented there.
 
 from __future__ import annotations
 
-# liveness and ownership (tasks.registry, tasks.leases, tasks.claims)
+# liveness and ownership (tasks.workers.registry, tasks.delivery.leases, tasks.delivery.claims)
 WORKER_PREFIX = "ff:worker:"  # + hostname: a worker's published state, with a TTL
 WORKER_SEEN = "ff:worker-seen"  # hash hostname -> when its state was last published (unix s)
 GPU_QUEUES = "ff:gpu-queues"  # set of every GPU queue a worker ever consumed
@@ -19,20 +19,20 @@ DONE_PREFIX = "ff:done:"  # + task id: that task finished (a late duplicate is d
 ATTEMPTS_PREFIX = "ff:attempts:"  # + task id: how many times it started
 REBALANCE_LOCK = "ff:rebalance-lock"
 
-# runs, results and records (tasks.progress, tasks.quarantine, tasks.oom, tasks.metrics)
+# runs, results and records (tasks.observe.progress, tasks.run.quarantine, tasks.oom, tasks.observe.metrics)
 RUN_PREFIX = "ff:run:"  # + run id: per-stage done/failed counters
-# + run id + one of these (tasks.completion): the run's completion counter and its enqueue window
+# + run id + one of these (tasks.run.completion): the run's completion counter and its enqueue window
 RUN_FINISHED_SUFFIX = ":finished"  # hash video id -> the video's outcome (its count: HLEN)
 RUN_ORDER_SUFFIX = ":order"  # hash video id -> k: it was the k-th video to finish
 RUN_PENDING_SUFFIX = ":pending"  # hash i -> the job of a video not sent yet (beyond the window)
 RUN_AGGREGATED_SUFFIX = ":aggregated"  # set NX once, by the task that sends the statistics callback
-PARTIALS_PREFIX = "ff:partials:"  # + output-root hash: hash video id -> its partial statistics (tasks.partials)
+PARTIALS_PREFIX = "ff:partials:"  # + output-root hash: hash video id -> its partial statistics (tasks.run.partials)
 QUARANTINE_PREFIX = "ff:quarantine:"  # + output-root hash: the quarantined videos of that root
 OOM_LOG = "ff:oom"  # list of out-of-memory records, newest first
 STAGE_LOG = "ff:stages"  # list of stage spans (the report's source)
 RUN_INFO_PREFIX = "ff:runinfo:"  # + run id: the run's record (its OUT, callback id), for status and cancel
 CANCELLED_PREFIX = "ff:cancelled:"  # + run id: the run was cancelled (framefleet cancel)
-REQUEUES_PREFIX = "ff:requeues:"  # + run id: list of requeues after a lost worker (tasks.requeues)
+REQUEUES_PREFIX = "ff:requeues:"  # + run id: list of requeues after a lost worker (tasks.delivery.requeues)
 METRIC_COUNTS = "ff:metrics:counts"
 METRIC_DURATIONS = "ff:metrics:stage-seconds"
 

@@ -14,8 +14,10 @@ from celery import Task, current_task
 from celery.app.task import get_actual_ignore_result
 from celery.exceptions import Ignore, Reject
 
-from tasks import cancel, claims, completion, intermediates, leases, metrics, oom, partials, progress, worker
+from tasks import oom
 from tasks.celery_app import TASK_PREFIX, app, settings
+from tasks.delivery import claims, leases
+from tasks.delivery.routing import route_task
 from tasks.errors import (
     ClaimLost,
     FramefleetError,
@@ -27,13 +29,16 @@ from tasks.errors import (
     WorkerLost,
     error_class,
 )
-from tasks.flower_view import VideoTask, finished_earlier, progress_text
 from tasks.job import Failure, Job, StageTiming
+from tasks.observe import metrics, progress
+from tasks.observe.flower_view import VideoTask, finished_earlier, progress_text
+from tasks.outputs import intermediates
+from tasks.outputs.stage_io import check_roots, gather_inputs, marker_of, output_path, read_done
+from tasks.outputs.storage import atomic_write, clear_temporaries, save_npz, write_marker
 from tasks.redis_client import get_redis
-from tasks.routing import route_task
-from tasks.stage_io import check_roots, gather_inputs, marker_of, output_path, read_done
+from tasks.run import cancel, completion, partials
 from tasks.stages import STAGE_NAMES, dataset_stage, stage_class
-from tasks.storage import atomic_write, clear_temporaries, save_npz, write_marker
+from tasks.workers import worker
 
 log = logging.getLogger("framefleet.pipeline")
 PROGRESS_EVENT_INTERVAL_S = 0.5  # at most 2 task-progress events a second per task
@@ -302,7 +307,7 @@ def run_stage(task: Task, stage_name: str, payload: dict[str, Any]) -> dict[str,
 
 
 def _video_ended(task: Task, given: Job, job: Job) -> None:
-    """Count the video as finished in its run (tasks.completion); a Redis or broker error retries this
+    """Count the video as finished in its run (tasks.run.completion); a Redis or broker error retries this
     task with the job it was ``given`` (the stage then finds its output made, and counts again)."""
     conf = settings()
     try:
@@ -430,7 +435,7 @@ def _record(task: Task, stage_name: str, job: Job, ok: bool) -> None:
     A stage before the last that succeeded leaves the writes to its end (worker.on_task_end), where
     they share the round trip that releases its claim, after Celery has sent the next stage: off the
     chain's path. The dataset stage and a failure write them now, before the task returns: the
-    video's end can start the run's callback (tasks.completion), which reads the counters and the
+    video's end can start the run's callback (tasks.run.completion), which reads the counters and the
     stage log, and a failed video reaches its chain's end at once.
     """
     conf = settings()
@@ -454,7 +459,7 @@ def _record(task: Task, stage_name: str, job: Job, ok: bool) -> None:
 
 
 def _keep_partial(job: Job, stage_name: str, report: dict[str, Any]) -> None:
-    """Copy the video's partial statistics to Redis for the statistics callback (tasks.partials); never
+    """Copy the video's partial statistics to Redis for the statistics callback (tasks.run.partials); never
     raises: without the copy the callback reads the marker."""
     if "stats" not in report:
         return
@@ -482,7 +487,7 @@ def _stage_task(stage_name: str) -> Task:
 
     body.__name__ = stage_name
     body.__doc__ = f"Run the {stage_name} stage for one video; return the job for the next stage."
-    # Only the last stage's result is read (it feeds the run's chord, tasks/dataset.py build_chord); a
+    # Only the last stage's result is read (it feeds the run's chord, tasks/run/dataset.py build_chord); a
     # chain hands every other result to the next task in its message. Not storing those saves two
     # result-backend writes per transition (the result, and the STARTED state: Celery's trace skips
     # track_started for an ignored result, celery/app/trace.py build_tracer). update_state (PROGRESS,
@@ -501,7 +506,5 @@ def _stage_task(stage_name: str) -> Task:
 # One task per stage, named framefleet.<stage>.
 STAGE_TASKS: dict[str, Task] = {name: _stage_task(name) for name in STAGE_NAMES}
 
-from tasks import (
-    aggregate,  # noqa: E402,F401  (registers the statistics callback)
-    keys,
-)
+from tasks import keys  # noqa: F401
+from tasks.run import aggregate  # noqa: F401

@@ -18,8 +18,8 @@ import redis
 from tasks.autoscaler import profiles
 from tasks.autoscaler.supervisor import Supervisor
 from tasks.gpu.fake import LEDGER_ENV, FakeGpuLedger
-from tasks.registry import live_workers
 from tasks.stages import GPU_STAGES
+from tasks.workers.registry import live_workers
 from tests.conftest import ROOT, run_script, wait_until
 from worker_config.settings import load_settings
 
@@ -324,7 +324,7 @@ def test_tick_packs_around_other_processes_and_answers_pressure_and_oom(redis_ur
     from tasks.autoscaler.policy import AutoscalePolicy
     from tasks.autoscaler.service import Autoscaler as Scaler
     from tasks.gpu import FakeProbe
-    from tasks.registry import publish
+    from tasks.workers.registry import publish
 
     conf = load_settings()
     configure(conf)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import redis
 
-from tasks import claims
+from tasks.delivery import claims
 from tasks.errors import ClaimLost, ClaimUnconfirmed
-from tasks.storage import read_marker, save_npz, write_marker
+from tasks.outputs.storage import read_marker, save_npz, write_marker
 
 KEY = claims.claim_key("/data/out", "clip_00", "depth")
 
@@ -57,7 +57,7 @@ def test_a_run_that_cannot_reach_redis_publishes_nothing_and_retries(r, tmp_path
 
 
 def test_temporaries_of_a_writer_that_died_are_cleared_and_nothing_else(tmp_path):
-    from tasks.storage import clear_temporaries
+    from tasks.outputs.storage import clear_temporaries
 
     out = tmp_path / "depth.npz"
     (tmp_path / ".depth.npz.1a2b3c4d.tmp").write_bytes(b"torn")  # a host killed mid-write

@@ -34,17 +34,17 @@ def configure_for(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
 
 def waiting(r: redis.Redis, queue: str = "cpu") -> list[tuple[str, str]]:
     """(task name, task id) of every message waiting in ``queue`` (any of its priority lists)."""
-    from tasks.cancel import decode
-    from tasks.queues import waiting as queued
+    from tasks.delivery.queues import waiting as queued
+    from tasks.run.cancel import decode
 
     return [decode(raw)[:2] for _, raw in queued(r, queue)]
 
 
 def test_the_count_is_per_video_and_the_callback_is_sent_once(redis_url, monkeypatch, tmp_path):
     configure_for(monkeypatch, redis_url)
-    from tasks import completion, runs
-    from tasks.dataset import build_jobs
     from tasks.job import Failure, StageTiming
+    from tasks.run import completion, runs
+    from tasks.run.dataset import build_jobs
 
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     entries = [{"video_id": f"v{i}", "path": f"v{i}.mp4"} for i in range(3)]
@@ -82,8 +82,9 @@ def test_the_count_is_per_video_and_the_callback_is_sent_once(redis_url, monkeyp
 def test_the_last_task_redelivered_after_dying_mid_send_sends_the_callback(redis_url, monkeypatch, tmp_path):
     """A worker killed between the flag and the send: the same task, delivered again, sends the callback."""
     configure_for(monkeypatch, redis_url)
-    from tasks import completion, keys, runs
-    from tasks.dataset import build_jobs
+    from tasks import keys
+    from tasks.run import completion, runs
+    from tasks.run.dataset import build_jobs
 
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     jobs, run = build_jobs([{"video_id": "v0", "path": "v0.mp4"}], tmp_path, tmp_path / "out", "run3")
@@ -101,8 +102,8 @@ def test_the_last_task_redelivered_after_dying_mid_send_sends_the_callback(redis
 
 def test_a_cancelled_run_sends_none_of_its_held_videos(redis_url, monkeypatch, tmp_path):
     configure_for(monkeypatch, redis_url)
-    from tasks import completion, runs
-    from tasks.dataset import build_jobs
+    from tasks.run import completion, runs
+    from tasks.run.dataset import build_jobs
 
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     entries = [{"video_id": f"v{i}", "path": f"v{i}.mp4"} for i in range(3)]
@@ -157,8 +158,9 @@ def test_a_window_of_one_finishes_every_video_without_its_enqueuer_and_counts_fa
     assert good >= 3
 
     configure_for(monkeypatch, pipeline_env["REDIS_URL"])
-    from tasks import completion, progress
     from tasks.cli.verify import verify
+    from tasks.observe import progress
+    from tasks.run import completion
 
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"], decode_responses=True)
     assert verify(out) == []  # the statistics of one NumPy pass over the files
@@ -172,8 +174,8 @@ def test_a_window_of_one_finishes_every_video_without_its_enqueuer_and_counts_fa
     assert progress.read(r, record["run_id"]).get("aggregate.done") == 1
 
     # The last stage of a finished video delivered again: it counts nothing and sends no second callback.
-    from tasks.dataset import build_jobs
     from tasks.pipeline import STAGE_TASKS
+    from tasks.run.dataset import build_jobs
 
     last = next(o for o in completion.outcomes(r, record["run_id"]) if not o.get("failed"))
     entry = {"video_id": last["video_id"], "path": last["video"]}
@@ -197,8 +199,8 @@ def test_the_statistics_read_the_partials_hash_and_fall_back_to_the_markers(
     assert done.returncode == 0, done.stdout + done.stderr
 
     configure_for(monkeypatch, pipeline_env["REDIS_URL"])
-    from tasks import aggregate, partials
     from tasks.cli.verify import verify
+    from tasks.run import aggregate, partials
 
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"], decode_responses=True)
     key = partials.redis_key(out)

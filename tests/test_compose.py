@@ -97,7 +97,7 @@ def test_each_gpu_worker_reserves_exactly_its_gpu():
 def test_each_gpu_worker_pins_the_one_gpu_its_container_sees(monkeypatch):
     # Inside the container the reserved GPU is CUDA device 0 whatever its host index; the
     # worker's own pinning, fed the service's environment, must land on it.
-    from tasks.worker import pin_visible_device
+    from tasks.workers.worker import pin_visible_device
 
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     for index, service in gpu_workers(load_compose()["services"]).items():

@@ -278,7 +278,7 @@ def test_sbatch_workers_get_the_env_file_the_job_id_in_their_names_and_the_jobs_
         assert argv == expected[1:]
         assert (cwd, redis_url, visible) == (str(tmp_path), "redis://:secret@redis.example.internal:6379/0", "3,5")
         # What the real worker then does with that environment: queue gpuN takes the job's N-th GPU.
-        from tasks.worker import pin_visible_device
+        from tasks.workers.worker import pin_visible_device
 
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
         monkeypatch.delenv("FRAMEFLEET_DEVICE", raising=False)

@@ -9,7 +9,7 @@ import time
 import pytest
 from celery import Celery
 
-from tasks.flower_view import RecentEnds, describe, progress_text
+from tasks.observe.flower_view import RecentEnds, describe, progress_text
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(60)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.geometry import (
+from tasks.outputs.geometry import (
     axis_angle_to_matrix,
     content_seed,
     crop_intrinsics,

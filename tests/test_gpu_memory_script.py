@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from tasks.gpu import LEDGER_ENV, FakeGpuLedger
-from tasks.registry import publish
+from tasks.workers.registry import publish
 from tests.conftest import BASE_REDIS, PIPELINE_ENV, run_script
 
 pytestmark = pytest.mark.timeout(60)

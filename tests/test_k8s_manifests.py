@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tasks.autoscaler.cli import parse_args
-from tasks.flower_guard import auth_problem, flower_args
+from tasks.observe.flower_guard import auth_problem, flower_args
 from tests.test_compose import worker_options
 from tests.test_deploy import compose_argv
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.dataset import build_jobs, write_manifest
-from tasks.metadata import ClipText, MetadataError, texts_for
+from tasks.run.dataset import build_jobs, write_manifest
+from tasks.run.metadata import ClipText, MetadataError, texts_for
 from tests.conftest import PIPELINE_ENV, ROOT, run_script
 
 

@@ -33,7 +33,7 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "framefleet.json"
 def exporter(pipeline_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple]:
     """An exporter in this process on the test's Redis, reading a fake GPU ledger of one 24 GiB GPU."""
     from tasks import configure
-    from tasks.metrics import start_exporter
+    from tasks.observe.metrics import start_exporter
     from worker_config.settings import load_settings
 
     ledger = FakeGpuLedger.create(

@@ -10,8 +10,11 @@ import pytest
 import redis
 from celery import Celery
 
-from tasks import cancel, claims, leases, registry, stall
-from tasks.heartbeat import Heartbeat
+from tasks.delivery import claims, leases
+from tasks.observe import stall
+from tasks.run import cancel
+from tasks.workers import registry
+from tasks.workers.heartbeat import Heartbeat
 from tests.conftest import send_task, wait_until
 from worker_config.settings import Settings
 
@@ -275,7 +278,7 @@ def test_the_heartbeat_survives_a_failing_tick_and_counts_it(redis_url, r, monke
 
 def test_the_deadline_ends_a_task_in_its_stage_but_not_one_whose_output_is_written(redis_url, monkeypatch):
     """A task past its deadline whose output is committed only has its next stage to send: it is not killed."""
-    from tasks import heartbeat
+    from tasks.workers import heartbeat
 
     conf = Settings(redis_url=redis_url, stages={"preprocess": {"deadline_s": 0.05}})
     exits: list[int] = []

@@ -123,7 +123,7 @@ def test_two_gpu_workers_share_the_videos_and_one_stopping_loses_nothing(
     # However many videos gpu0 processed, it loaded each model once.
     assert state["tasks_done"] >= 6
     assert state["model_loads"] == {"depth": 1, "tracks": 1, "hands": 1}
-    from tasks import queues
+    from tasks.delivery import queues
 
     assert queues.length(redis.Redis.from_url(pipeline_env["REDIS_URL"]), "gpu1") == 0
     # Statistics merged from two workers' outputs equal one float64 pass over the files.

@@ -7,8 +7,9 @@ from datetime import datetime
 
 import pytest
 
-from tasks import claims, queues, registry
+from tasks.delivery import claims, queues
 from tasks.pipeline import STAGE_TASKS
+from tasks.workers import registry
 from tests.conftest import wait_until
 
 CHAIN = ["preprocess", "depth", "tracks", "hands", "h5"]
@@ -72,10 +73,11 @@ def test_a_worker_with_an_earlier_and_a_later_stage_waiting_takes_the_later_firs
 
 def test_every_reader_of_a_queue_length_counts_all_its_priority_lists(app_on_test_redis, tmp_path):
     conf, r = app_on_test_redis
-    from tasks import cancel, stall
     from tasks.cli.status import queue_rows
     from tasks.gpu import NoGpuProbe
-    from tasks.metrics import FramefleetCollector
+    from tasks.observe import stall
+    from tasks.observe.metrics import FramefleetCollector
+    from tasks.run import cancel
 
     # Three messages in gpu0's lists for priorities 1, 2 and 3, none in the list named gpu0 itself.
     for stage in ("depth", "tracks", "hands"):
@@ -106,7 +108,7 @@ def test_every_reader_of_a_queue_length_counts_all_its_priority_lists(app_on_tes
 
 def test_the_rebalancer_moves_a_message_into_the_same_priority_list(app_on_test_redis, tmp_path):
     conf, r = app_on_test_redis
-    from tasks.rebalance import rebalance
+    from tasks.delivery.rebalance import rebalance
 
     STAGE_TASKS["depth"].apply_async(args=(job("a", tmp_path),), queue="gpu1")
     STAGE_TASKS["tracks"].apply_async(args=(job("b", tmp_path),), queue="gpu1")
@@ -142,7 +144,7 @@ def test_a_retry_keeps_its_priority(app_on_test_redis, workers, tmp_path):
 
 def test_stage_priorities_off_routes_without_a_priority(app_on_test_redis, monkeypatch, tmp_path):
     from tasks import configure
-    from tasks.routing import route_task
+    from tasks.delivery.routing import route_task
     from worker_config.settings import load_settings
 
     assert route_task("framefleet.h5", (job("v", tmp_path),), {}, {}) == {"queue": "cpu", "priority": 0}

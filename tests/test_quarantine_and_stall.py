@@ -11,7 +11,7 @@ import time
 import redis
 
 from tasks.cli.sample import make_corrupt_inputs, make_video
-from tasks.quarantine import redis_key
+from tasks.run.quarantine import redis_key
 from tests.conftest import ROOT, run_script
 
 

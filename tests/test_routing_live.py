@@ -7,10 +7,11 @@ import time
 import pytest
 import redis
 
-from tasks import queues, registry
+from tasks.delivery import queues
+from tasks.delivery.rebalance import rebalance
+from tasks.delivery.routing import forget_registry, route_task
 from tasks.pipeline import STAGE_TASKS
-from tasks.rebalance import rebalance
-from tasks.routing import forget_registry, route_task
+from tasks.workers import registry
 from tests.conftest import TEST_DB, wait_until
 
 
@@ -78,7 +79,7 @@ def test_rebalancer_moves_waiting_tasks_off_a_queue_without_live_worker(app_on_t
     assert queues.length(r, "gpu1") == 1 and queues.length(r, "gpu0") == 2
     r.delete("ff:rebalance-lock")
     assert rebalance(r, conf) == 0
-    from tasks.rebalance import _decode
+    from tasks.delivery.rebalance import _decode
 
     assert [_decode(raw)[1].video_id for raw in reversed([raw for _, raw in queues.waiting(r, "gpu0")])] == [
         "a",
@@ -89,7 +90,7 @@ def test_rebalancer_moves_waiting_tasks_off_a_queue_without_live_worker(app_on_t
 def test_rebalancer_evens_out_live_queues_respecting_gpu_restrictions(app_on_test_redis):
     conf, r = app_on_test_redis
     depth = STAGE_TASKS["depth"]
-    from tasks.rebalance import _decode
+    from tasks.delivery.rebalance import _decode
 
     register(r, "gpu0@a", 0)
     register(r, "gpu1@a", 1)

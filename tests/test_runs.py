@@ -123,7 +123,7 @@ def test_cancel_stops_the_run_and_continue_finishes_it(video_factory, workers, p
     stdout, stderr = watcher.communicate(timeout=60)
     assert watcher.returncode == 4 and f"run {run_id} was cancelled" in stderr, stdout + stderr
     broker = redis.Redis.from_url(pipeline_env["REDIS_URL"])
-    from tasks import queues
+    from tasks.delivery import queues
 
     assert queues.lengths(broker, ["cpu", "gpu0", "gpu1"]) == {"cpu": 0, "gpu0": 0, "gpu1": 0}
     assert not (out / "work" / running / "depth.npz").exists()  # stopped, not half-written

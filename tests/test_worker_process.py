@@ -12,7 +12,7 @@ from tests.conftest import CLUSTER_GPU_ENV, ROOT, send_task, wait_until
 
 def test_importing_tasks_touches_no_cuda_and_loads_no_model(pipeline_env):
     code = (
-        "import sys, tasks, tasks.worker as w; "
+        "import sys, tasks, tasks.workers.worker as w; "
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')), "
         "dict(w.MODEL_LOADS), len(w.STAGES))"
     )
@@ -68,7 +68,7 @@ def test_a_worker_recycles_itself_after_n_tasks(workers, video_factory, pipeline
     assert proc.wait(timeout=120) == 0  # finished its second task, then a clean warm shutdown
     assert "recycling after 2 tasks" in workers.log("gpu0")
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
-    from tasks import queues
+    from tasks.delivery import queues
 
     assert queues.length(r, "gpu0") == 1  # the third GPU stage waits for the fresh worker
     workers.start("gpu0", name="gpu0-fresh")

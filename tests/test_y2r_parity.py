@@ -24,12 +24,12 @@ import numpy as np
 import pytest
 import yaml
 
-from tasks.geometry import crop_intrinsics, square_crop
+from tasks.outputs.geometry import crop_intrinsics, square_crop
+from tasks.outputs.storage import load_npz
+from tasks.outputs.windows import frame_pixels
+from tasks.run.stats import VideoStats, normalization_stats
 from tasks.stages import stage_class
 from tasks.stages.h5 import H5Stage
-from tasks.stats import VideoStats, normalization_stats
-from tasks.storage import load_npz
-from tasks.windows import frame_pixels
 from tests import y2r_oracle
 from tests.conftest import ONE_WORKER_EACH, PIPELINE_ENV, ROOT, run_script
 

@@ -105,11 +105,11 @@ class Settings(BaseSettings):
     registry_ttl_s: float = Field(default=10.0, gt=0)
     stall_after_s: float = Field(default=60.0, gt=0)
     result_expires_s: int = Field(default=30 * 24 * 3600, ge=3600)
-    # Videos of a run in flight at once (tasks.completion); 0: 4 per live worker at enqueue, at least 32.
+    # Videos of a run in flight at once (tasks.run.completion); 0: 4 per live worker at enqueue, at least 32.
     enqueue_window: int = Field(default=0, ge=0)
     max_tasks_per_worker: int = Field(default=0, ge=0)
     max_rss_mib: float = Field(default=0, ge=0)
-    # Later stages of a video first on every queue (tasks.queues.stage_priority); false: first in, first out.
+    # Later stages of a video first on every queue (tasks.delivery.queues.stage_priority); false: first in, first out.
     stage_priorities: bool = True
     # torch's CPU threads in each worker process; 0 keeps torch's default (one per core). Several
     # model workers on one host each with every core oversubscribe it: run_local sets cores // workers.

@@ -31,7 +31,7 @@ from tasks.autoscaler.service import Autoscaler
 from tasks.autoscaler.supervisor import Supervisor
 from tasks.cli.common import HelpFormatter, add_config_argument, fail, parse_gpus, settings_from
 from tasks.gpu import INDEX_ENV, LEDGER_ENV, open_probe
-from tasks.metrics import start_exporter
+from tasks.observe.metrics import start_exporter
 from worker_config.settings import Settings
 
 POLICY_FLAGS = {  # AutoscalePolicy field: (type, help)
@@ -61,7 +61,9 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
     p.add_argument("--cpu-workers", type=int, default=1, help="stand-in gpu0 workers when there is no GPU")
     p.add_argument("--fake-gpu", metavar="LEDGER", help=f"a fake GPU ledger instead of NVML (else ${LEDGER_ENV})")
     p.add_argument("--log-dir", type=Path, help="one log file per worker here (default: this program's output)")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics (tasks/metrics.py) here; 0: a free port")
+    p.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics (tasks/observe/metrics.py) here; 0: a free port"
+    )
     p.add_argument("--metrics-addr", default="127.0.0.1", help="the metrics' address (0.0.0.0 for a remote Prometheus)")
     add_config_argument(p)
     args = p.parse_args(argv)

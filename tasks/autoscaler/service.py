@@ -25,11 +25,11 @@ from tasks.autoscaler import profiles
 from tasks.autoscaler.families import Family, families
 from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide, one_change
 from tasks.autoscaler.supervisor import Slot, Supervisor
+from tasks.delivery.queues import lengths as queue_lengths
 from tasks.gpu import GpuProbe, GpuReading
 from tasks.oom import OOM_KEY
-from tasks.queues import lengths as queue_lengths
 from tasks.redis_client import get_redis
-from tasks.registry import live_workers
+from tasks.workers.registry import live_workers
 from worker_config.settings import Settings
 
 log = logging.getLogger("framefleet.autoscaler")

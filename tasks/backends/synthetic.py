@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from tasks.backends.base import DepthBackend, HandsBackend, Track2DBackend, TrackBackend, Tracks2DOutput
-from tasks.geometry import axis_angle_to_matrix, content_seed
 from tasks.gpu.fake import FakeGpuSlot, slot_from_env
+from tasks.outputs.geometry import axis_angle_to_matrix, content_seed
 
 MIB = 1 << 20
 SIDES = ("left", "right")

@@ -13,9 +13,11 @@ import argparse
 import time
 from pathlib import Path
 
-from tasks import cancel, completion, registry, runs, stall
 from tasks.cli import common
+from tasks.observe import stall
 from tasks.redis_client import get_redis
+from tasks.run import cancel, completion, runs
+from tasks.workers import registry
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:

@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from tasks.cli import common
-from tasks.intermediates import clean, human_bytes
+from tasks.outputs.intermediates import clean, human_bytes
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:

@@ -29,9 +29,13 @@ from typing import Any
 import yaml
 from celery.utils import uuid
 
-from tasks import cancel, completion, intermediates, quarantine, registry, runs, stall
 from tasks.cli import common, watch
-from tasks.dataset import (
+from tasks.observe import stall
+from tasks.outputs import intermediates
+from tasks.outputs.storage import write_text_atomic
+from tasks.redis_client import get_redis
+from tasks.run import cancel, completion, quarantine, runs
+from tasks.run.dataset import (
     DatasetError,
     build_jobs,
     check_folders,
@@ -41,9 +45,8 @@ from tasks.dataset import (
     video_chain,
     write_manifest,
 )
-from tasks.metadata import MetadataError, texts_for
-from tasks.redis_client import get_redis
-from tasks.storage import write_text_atomic
+from tasks.run.metadata import MetadataError, texts_for
+from tasks.workers import registry
 from worker_config.settings import Settings, resolved_dict
 
 
@@ -62,7 +65,7 @@ def enqueue(
     require_text: bool = False,
     window: int | None = None,
 ) -> dict[str, Any]:
-    """Send the run: its first ``window`` videos' chains, the others kept in Redis (tasks.completion);
+    """Send the run: its first ``window`` videos' chains, the others kept in Redis (tasks.run.completion);
     return its record (run_id, callback_id, videos, window, ...).
 
     ``window`` None: the settings' ``enqueue_window``, or when that is 0, 4 per live worker (at least 32).

@@ -29,8 +29,8 @@ from tasks.autoscaler.profiles import PROFILES_KEY, Profile, ProfileKey
 from tasks.cli import common as _cli
 from tasks.gpu import GpuProbe, GpuReading, ProcessReading, open_probe
 from tasks.redis_client import get_redis
-from tasks.registry import live_workers
 from tasks.stages import GPU_STAGES
+from tasks.workers.registry import live_workers
 from worker_config.settings import Settings, redact_url
 
 NO_GPU = "no GPU visible (no NVML or no device); nothing to show"

@@ -29,16 +29,16 @@ from pathlib import Path
 
 import redis
 
-from tasks import registry
 from tasks.autoscaler.supervisor import CPU_GROUP, Supervisor, cpu_worker_count, worker_argv
 from tasks.cli import common as _cli
 from tasks.cli.common import check_redis, parse_gpus
 from tasks.cli.enqueue import add_run_arguments, check_run_arguments, enqueue, follow
-from tasks.dataset import DatasetError
 from tasks.gpu import open_probe
-from tasks.metadata import MetadataError
-from tasks.metrics import GpuSampler, start_exporter
+from tasks.observe.metrics import GpuSampler, start_exporter
 from tasks.redis_client import free_port, get_redis, server_argv
+from tasks.run.dataset import DatasetError
+from tasks.run.metadata import MetadataError
+from tasks.workers import registry
 from worker_config.settings import Settings
 
 
@@ -248,8 +248,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     check_run_arguments(parser, args)
     conf = _cli.settings_from(args)
     try:
-        from tasks.dataset import check_folders, find_videos
-        from tasks.metadata import texts_for
+        from tasks.run.dataset import check_folders, find_videos
+        from tasks.run.metadata import texts_for
 
         videos = find_videos(args.raw_dir)
         check_folders(args.raw_dir, args.out, args.resume, args.force, args.add)

@@ -19,14 +19,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks import cancel, progress, registry, runs, stall
 from tasks.cli import common as _cli
 from tasks.cli import watch
 from tasks.cli.common import check_redis
+from tasks.delivery.queues import lengths as queue_lengths
 from tasks.gpu import GpuReading, open_probe
-from tasks.metrics import QUARANTINE_PREFIX, STAGE_LOG_KEY
-from tasks.queues import lengths as queue_lengths
+from tasks.observe import progress, stall
+from tasks.observe.metrics import QUARANTINE_PREFIX, STAGE_LOG_KEY
 from tasks.redis_client import get_redis
+from tasks.run import cancel, runs
+from tasks.workers import registry
 from worker_config.settings import Settings, redact_url
 
 STAGE_LOG_SCANNED = 20_000  # newest stage-log entries read for the latest run's rates

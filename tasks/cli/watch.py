@@ -14,10 +14,13 @@ from typing import Any
 
 import redis
 
-from tasks import cancel, progress, quarantine, registry, requeues, stall
 from tasks.cli.common import plural
-from tasks.intermediates import summary_line
+from tasks.delivery import requeues
+from tasks.observe import progress, stall
+from tasks.outputs.intermediates import summary_line
 from tasks.redis_client import get_redis
+from tasks.run import cancel, quarantine
+from tasks.workers import registry
 from worker_config.settings import Settings
 
 LOSS_CHECK_S = 10.0  # how often the run's messages are looked for; two misses in a row: lost

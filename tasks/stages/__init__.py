@@ -2,7 +2,7 @@
 
 Everything else derives from it: the Celery tasks (tasks.pipeline), the CPU/GPU split, the
 settings' stage defaults and their validation (worker_config.settings), the inputs each stage
-is given (tasks.stage_io) and the chain a video follows (``chain_order``). To add a stage,
+is given (tasks.outputs.stage_io) and the chain a video follows (``chain_order``). To add a stage,
 write its class in a module of this package and add it to ``ALL``.
 Importing this package loads neither PyAV, h5py nor torch.
 """

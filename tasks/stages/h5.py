@@ -7,11 +7,11 @@ from typing import Any
 import numpy as np
 
 from tasks.errors import BadInput
-from tasks.geometry import crop_intrinsics, pose_9d, square_crop
 from tasks.job import Job
+from tasks.outputs.geometry import crop_intrinsics, pose_9d, square_crop
+from tasks.outputs.windows import clip_depth, frame_pixels, hand_window, track_window, track_window_2d
+from tasks.run.stats import Moments, VideoStats
 from tasks.stages.base import Outputs, Progress, Stage, report, require
-from tasks.stats import Moments, VideoStats
-from tasks.windows import clip_depth, frame_pixels, hand_window, track_window, track_window_2d
 
 SIDES = ("left", "right")
 

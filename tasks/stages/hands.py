@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from tasks.errors import BadInput
-from tasks.geometry import slerp
 from tasks.job import Job
+from tasks.outputs.geometry import slerp
 from tasks.stages.base import ModelStage, Outputs, Progress, report, require
 
 SIDES = ("left", "right")

@@ -10,8 +10,8 @@ import numpy as np
 
 from tasks.errors import BadInput
 from tasks.job import Job
+from tasks.outputs.storage import confine
 from tasks.stages.base import Outputs, Progress, Stage, report
-from tasks.storage import confine
 
 
 class PreprocessStage(Stage):

@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from tasks.geometry import content_seed, unproject, window_poses, window_starts
 from tasks.job import Job
+from tasks.outputs.geometry import content_seed, unproject, window_poses, window_starts
 from tasks.stages.base import ModelStage, Outputs, Progress, report, require
 
 

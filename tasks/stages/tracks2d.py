@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from tasks.backends.convert_tracks import erode, grid_on_mask
-from tasks.geometry import content_seed, window_starts
 from tasks.job import Job
+from tasks.outputs.geometry import content_seed, window_starts
 from tasks.stages.base import ModelStage, Outputs, Progress, report, require
 from tasks.stages.tracks import sample_pixels
 

@@ -14,7 +14,7 @@ from tasks.backends.hand_geometry import (
     wrist_from_depth,
     wrist_from_pnp,
 )
-from tasks.geometry import axis_angle_to_matrix
+from tasks.outputs.geometry import axis_angle_to_matrix
 
 K = np.array([[440.0, 0, 256], [0, 440.0, 192], [0, 0, 1]])
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from tasks.backends.opencv_tracks import OpenCVTracks, OpenCVTracks2D
 from tasks.backends.point_tracks import lift_tracks, lk_step, to_gray, track_pixels
-from tasks.geometry import axis_angle_to_matrix
+from tasks.outputs.geometry import axis_angle_to_matrix
 from tests.backends.real_clips import frames
 
 K = np.array([[440.0, 0, 256], [0, 440.0, 192], [0, 0, 1]])

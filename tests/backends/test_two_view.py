@@ -7,7 +7,7 @@ import pytest
 
 from tasks.backends import two_view as tv
 from tasks.backends.classical_depth import ClassicalDepth, fallback_reason
-from tasks.geometry import axis_angle_to_matrix
+from tasks.outputs.geometry import axis_angle_to_matrix
 from tests.backends.real_clips import frames
 
 K = tv.k_matrix(tv.fov_intrinsics(512, 384, 60.0))

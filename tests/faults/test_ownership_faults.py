@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tasks import queues
+from tasks.delivery import queues
 from tests.conftest import ROOT, Workers, run_script, settings_env, wait_until
 from tests.faults.conftest import (
     VIDEOS,
@@ -244,7 +244,7 @@ def test_redis_errors_while_tasks_run_and_end_never_break_the_run(
         proxy.down()
         # Down while a task runs (its claim renewals fail) and until a task has ended: published (its claim's
         # release and progress count fail), or, when its claim cannot be confirmed before publishing (the
-        # fence, tasks.claims.confirm), discarded and retried once Redis answers.
+        # fence, tasks.delivery.claims.confirm), discarded and retried once Redis answers.
         wait_until(lambda: _log_lines(fault_workers, "renewing claims failed") >= 1, 60, "a failed claim renewal")
         wait_until(
             lambda: (

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tasks import queues
+from tasks.delivery import queues
 from tests.conftest import ROOT
 from tests.faults.conftest import env_for
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tasks.gpu import FakeGpuLedger
-from tasks.storage import read_marker
+from tasks.outputs.storage import read_marker
 from tests.conftest import PIPELINE_ENV, ROOT, run_script, wait_until
 from tests.faults.conftest import assert_nothing_lost, record
 from tests.faults.hosts import Cluster, Host, why_no_namespaces

@@ -6,7 +6,7 @@ import random
 import signal
 import time
 
-from tasks import queues
+from tasks.delivery import queues
 from tests.conftest import run_script, settings_env, wait_until
 from tests.faults.conftest import assert_nothing_lost, record, stage_runs, wait_for_summary
 

@@ -11,7 +11,7 @@ import pytest
 
 from tasks.backends import get_backend
 from tasks.errors import BadInput, UnknownBackend
-from tasks.geometry import project_uvd
+from tasks.outputs.geometry import project_uvd
 from tasks.stages.depth import DepthStage
 from tasks.stages.hands import HandsStage, fill_gaps, velocity_filter
 from tasks.stages.tracks import TracksStage
@@ -50,7 +50,7 @@ def test_importing_stages_and_backends_loads_no_torch() -> None:
     code = (
         "import sys, types; pkg = types.ModuleType('tasks'); pkg.__path__ = ['tasks']; sys.modules['tasks'] = pkg\n"
         "import tasks.stages, tasks.stages.depth, tasks.stages.tracks, tasks.stages.hands, tasks.stages.h5\n"
-        "import tasks.stages.preprocess, tasks.backends.synthetic, tasks.stats, tasks.geometry\n"
+        "import tasks.stages.preprocess, tasks.backends.synthetic, tasks.run.stats, tasks.outputs.geometry\n"
         "DS = tasks.stages.stage_class('depth'); DS(hold_mib=1)\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )

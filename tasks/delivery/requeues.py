@@ -11,8 +11,8 @@ from typing import Any
 import redis
 
 from tasks import keys
-from tasks.cancel import decode, run_of
 from tasks.job import Job
+from tasks.run.cancel import decode, run_of
 
 log = logging.getLogger("framefleet.requeues")
 

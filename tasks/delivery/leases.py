@@ -26,7 +26,9 @@ from typing import Any
 import celery
 import redis
 
-from tasks import keys, registry, requeues
+from tasks import keys
+from tasks.delivery import requeues
+from tasks.workers import registry
 
 log = logging.getLogger("framefleet.leases")
 LEASE_PREFIX = keys.LEASE_PREFIX

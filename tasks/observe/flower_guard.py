@@ -71,7 +71,7 @@ def check(argv: Sequence[str] | None = None) -> None:
     args = flower_args(argv)
     if args is None:
         return
-    from tasks.flower_view import default_columns
+    from tasks.observe.flower_view import default_columns
 
     default_columns(args)
     try:

@@ -9,11 +9,12 @@ from typing import Any
 
 import redis
 
-from tasks import queues, registry
 from tasks.celery_app import TASK_PREFIX, settings
+from tasks.delivery import queues
 from tasks.job import Job
 from tasks.redis_client import get_redis
 from tasks.stages import GPU_STAGES, STAGE_NAMES
+from tasks.workers import registry
 from worker_config.routing import choose_gpu_queue
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def forget_registry() -> None:
 def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any) -> Any:
     """Celery router: a stage task's queue (``_queue_of``) and its priority, from its place in the video's chain.
 
-    Later stages come first (tasks.queues.stage_priority), so a started video finishes before
+    Later stages come first (tasks.delivery.queues.stage_priority), so a started video finishes before
     the queues' earlier stages start more (setting ``stage_priorities``). Explicit send options win over these.
     """
     route = _queue_of(name, args, kwargs)

@@ -12,7 +12,7 @@ Here the removal is tried a few times over a few seconds (a restarting Redis is 
 by then) and the tag is forgotten either way. A message whose removal never reached Redis stays
 in ``unacked`` and comes back, after the reaper or the visibility timeout requeues it, as a
 duplicate delivery of a finished stage: the stage's done marker and claim turn it away
-(tasks.claims), so nothing runs twice.
+(tasks.delivery.claims), so nothing runs twice.
 
 ``install()`` (called when tasks.celery_app is imported) makes ``redis://`` brokers use it in
 this process, through kombu's own table of transport aliases, so that URLs, Flower's broker view

@@ -17,7 +17,7 @@ Instead:
   The callback reads the outcomes from Redis, not from a message.
 
 A pending job is sent before its field is deleted: a worker killed in between sends it again on
-redelivery (its stage done-mark is set only after it returns, tasks.claims.finish), and the second
+redelivery (its stage done-mark is set only after it returns, tasks.delivery.claims.finish), and the second
 chain skips the outputs the first one made and counts the same video id once.
 """
 
@@ -29,8 +29,9 @@ from typing import Any
 
 import redis
 
-from tasks import keys, runs
+from tasks import keys
 from tasks.job import Job
+from tasks.run import runs
 
 log = logging.getLogger("framefleet.completion")
 WINDOW_PER_WORKER = 4  # videos in flight per live worker: each worker's next task is already waiting
@@ -119,7 +120,7 @@ def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None)
 
 def send_pending(r: redis.Redis, run_id: str, index: int) -> bool:
     """Send pending job ``index`` if it was not sent yet; return whether it was sent now."""
-    from tasks.dataset import video_chain
+    from tasks.run.dataset import video_chain
 
     pending = key(run_id, keys.RUN_PENDING_SUFFIX)
     raw = r.hget(pending, str(index))
@@ -141,7 +142,7 @@ def start_statistics(r: redis.Redis, record: dict[str, Any], ttl_s: int, sender:
     of the same callback id (the worker died after sending, before marking it sent) only writes the
     same statistics and summary again.
     """
-    from tasks.aggregate import aggregate
+    from tasks.run.aggregate import aggregate
 
     flag = key(record["run_id"], keys.RUN_AGGREGATED_SUFFIX)
     sending = f"sending {sender or '-'}"

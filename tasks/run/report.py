@@ -1,7 +1,7 @@
 """Write OUT/report.html: a finished run's throughput, GPU memory with the autoscaler's decisions,
 stage durations and failures, as PNG plots in OUT/report/.
 
-    framefleet report OUT [--config FILE]      (or: python -m tasks.report OUT)
+    framefleet report OUT [--config FILE]      (or: python -m tasks.run.report OUT)
 
 Reads OUT/run_summary.json; from Redis, when it answers, the run's stage log (ff:stages) and the
 autoscaler's decisions (ff:autoscale); and OUT/logs/gpu-samples.jsonl (run_local writes it). What
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.cli import common as _cli
-from tasks.metrics import AUTOSCALE_KEY, STAGE_LOG_KEY
+from tasks.observe.metrics import AUTOSCALE_KEY, STAGE_LOG_KEY
 from tasks.redis_client import get_redis
 from tasks.stages import STAGE_NAMES, dataset_stage
 from worker_config.settings import Settings

@@ -8,7 +8,8 @@ from typing import Any
 
 import redis
 
-from tasks import keys, queues
+from tasks import keys
+from tasks.delivery import queues
 from worker_config.routing import QueueLoad
 
 WORKER_PREFIX = keys.WORKER_PREFIX

@@ -13,9 +13,9 @@ from typing import Any
 
 from celery.worker.control import inspect_command
 
-from tasks import worker
 from tasks.gpu import GpuReading, open_probe, uuid_of_visible_device
 from tasks.gpu.fake import INDEX_ENV
+from tasks.workers import worker
 
 log = logging.getLogger("framefleet.inspect")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks import keys
-from tasks.storage import write_text_atomic
+from tasks.outputs.storage import write_text_atomic
 
 FOLDER = "runs"
 

@@ -9,10 +9,12 @@ from typing import Any
 
 import redis
 
-from tasks import keys, queues, registry
+from tasks import keys
 from tasks.celery_app import TASK_PREFIX
+from tasks.delivery import queues
+from tasks.delivery.routing import job_of
 from tasks.job import Job
-from tasks.routing import job_of
+from tasks.workers import registry
 from worker_config.routing import QueueLoad, choose_gpu_queue
 from worker_config.settings import Settings
 

@@ -10,9 +10,10 @@ from typing import Any
 
 import redis
 
-from tasks import leases, queues, registry
+from tasks.delivery import leases, queues
+from tasks.delivery.routing import job_of
 from tasks.job import Job
-from tasks.routing import job_of
+from tasks.workers import registry
 from worker_config.settings import Settings
 
 

@@ -243,6 +243,6 @@ def write_stats_yaml(path: str | os.PathLike[str], stats: dict[str, Any]) -> Non
     run as another user than the pipeline, so the temporary file is created with 0666 less the
     umask (``storage.atomic_write``), never mkstemp's 0600.
     """
-    from tasks.storage import write_text_atomic
+    from tasks.outputs.storage import write_text_atomic
 
     write_text_atomic(Path(path), yaml.dump(stats, Dumper=_StatsDumper, sort_keys=True, default_flow_style=False))

@@ -18,7 +18,7 @@ from typing import Any
 
 from celery import Task
 
-from tasks import publish
+from tasks.delivery import publish
 
 # Flower's default list (name,uuid,state,received,runtime,worker) hides args and result.
 TASKS_COLUMNS = "name,uuid,state,args,result,received,started,runtime,worker"

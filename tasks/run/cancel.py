@@ -17,9 +17,9 @@ from typing import Any
 import redis
 
 from tasks import keys
+from tasks.delivery.queues import waiting
 from tasks.errors import PermanentError
 from tasks.job import Job
-from tasks.queues import waiting
 
 
 class RunCancelled(PermanentError):

@@ -32,14 +32,14 @@ def redis_key(out_root: Path) -> str:
 @functools.cache
 def row_width(track_type: str) -> int:
     """How many float64 values a row of ``track_type`` holds."""
-    from tasks.stats import row_layout
+    from tasks.run.stats import row_layout
 
     return sum(1 + 2 * dim for _f, dim in row_layout(track_type))
 
 
 def encode(stats: dict[str, Any], track_type: str) -> bytes:
-    """The partial as the bytes of its float64 row (tasks.stats.to_row): exact, and read without JSON."""
-    from tasks.stats import to_row
+    """The partial as the bytes of its float64 row (tasks.run.stats.to_row): exact, and read without JSON."""
+    from tasks.run.stats import to_row
 
     return to_row(stats, track_type).astype("<f8").tobytes()
 

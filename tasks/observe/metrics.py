@@ -21,12 +21,13 @@ from typing import Any
 
 import redis
 
-from tasks import keys, registry
+from tasks import keys
+from tasks.delivery.queues import lengths as queue_lengths
 from tasks.gpu import GpuProbe, open_probe
 from tasks.job import Job
-from tasks.queues import lengths as queue_lengths
 from tasks.redis_client import get_redis
 from tasks.stages import STAGE_NAMES, dataset_stage
+from tasks.workers import registry
 from worker_config.settings import Settings
 
 log = logging.getLogger("framefleet.metrics")
@@ -36,7 +37,7 @@ STAGE_LOG_KEPT = 100_000
 COUNTS_KEY = keys.METRIC_COUNTS
 DURATIONS_KEY = keys.METRIC_DURATIONS
 AUTOSCALE_KEY = keys.AUTOSCALE_LOG
-QUARANTINE_PREFIX = keys.QUARANTINE_PREFIX  # one hash per output root (tasks.quarantine)
+QUARANTINE_PREFIX = keys.QUARANTINE_PREFIX  # one hash per output root (tasks.run.quarantine)
 DURATION_BUCKETS_S = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 OUTCOMES = ("done", "skipped", "failed")
 MIB = float(1 << 20)

@@ -12,9 +12,9 @@ import logging
 import shutil
 from pathlib import Path
 
-from tasks.stage_io import marker_of, read_done, work_dir
+from tasks.outputs.stage_io import marker_of, read_done, work_dir
+from tasks.outputs.storage import write_text_atomic
 from tasks.stages import dataset_stage
-from tasks.storage import write_text_atomic
 
 log = logging.getLogger("framefleet.intermediates")
 MODES = ("keep", "drop")

@@ -7,8 +7,8 @@ from typing import Any
 
 from tasks.errors import PathOutsideRoot
 from tasks.job import Job
+from tasks.outputs.storage import confine, load_npz, read_marker
 from tasks.stages import dataset_stage, stage_class
-from tasks.storage import confine, load_npz, read_marker
 from worker_config.settings import Settings
 
 MARKERS_DIR = "markers"

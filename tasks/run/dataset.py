@@ -14,7 +14,7 @@ from celery import chain
 
 from tasks.errors import FramefleetError
 from tasks.job import Job
-from tasks.storage import write_text_atomic
+from tasks.outputs.storage import write_text_atomic
 
 VIDEO_SUFFIXES = {".mp4", ".mov", ".mkv", ".webm", ".avi"}
 
@@ -88,10 +88,10 @@ def write_manifest(
 ) -> list[dict[str, Any]]:
     """Write OUT/manifest.json (earlier entries kept) and return this run's entries.
 
-    ``texts`` maps clip ids to ``tasks.metadata.ClipText``; an entry carries its ``text`` and
+    ``texts`` maps clip ids to ``tasks.run.metadata.ClipText``; an entry carries its ``text`` and
     ``noun`` (empty when the video has none) to the job.
     """
-    from tasks.metadata import ClipText, clip_id
+    from tasks.run.metadata import ClipText, clip_id
 
     path = out_dir / "manifest.json"
     known: dict[str, Any] = {}
@@ -137,14 +137,14 @@ def incomplete(entries: list[dict[str, Any]], out_dir: Path, r: Any = None) -> l
     A file whose size and modification time are those its marker recorded is taken as complete
     without reading it; one touched since (same size, other time) is hashed. (verify_dataset.py
     reads every file in full.) With Redis (``r``), a video whose marker exists and whose file has
-    the size and time of its entry in tasks.partials is complete without reading its marker.
+    the size and time of its entry in tasks.run.partials is complete without reading its marker.
     """
     import os
 
-    from tasks import partials
-    from tasks.stage_io import MARKERS_DIR, read_done
+    from tasks.outputs.stage_io import MARKERS_DIR, read_done
+    from tasks.outputs.storage import IF_TOUCHED
+    from tasks.run import partials
     from tasks.stages import dataset_stage
-    from tasks.storage import IF_TOUCHED
 
     final, root = dataset_stage().name, out_dir.resolve()
     kept = partials.read(r, root)

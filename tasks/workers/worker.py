@@ -14,11 +14,12 @@ from typing import Any
 
 from celery import signals
 
-from tasks import flower_view, leases
 from tasks.celery_app import settings
+from tasks.delivery import leases
 from tasks.errors import ModelLoadError
 from tasks.gpu import INDEX_ENV, LEDGER_ENV
 from tasks.job import Job
+from tasks.observe import flower_view
 from tasks.stages import CPU_STAGES, GPU_STAGES, ModelStage, build
 
 log = logging.getLogger("framefleet.worker")
@@ -300,7 +301,7 @@ def note_committed() -> None:
 @signals.task_postrun.connect
 def on_task_end(task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any) -> None:
     """Finish the task's claim (done only if it succeeded, i.e. its continuation was sent), then recycle."""
-    from tasks import claims
+    from tasks.delivery import claims
     from tasks.redis_client import get_redis
 
     STATE.update(busy=False, current=None, frames=None, tasks_done=STATE["tasks_done"] + 1)
@@ -325,13 +326,13 @@ def on_task_end(task_id: str | None = None, state: str | None = None, retval: An
 
 @signals.worker_ready.connect
 def on_ready(sender: Any = None, **_: Any) -> None:
-    from tasks.heartbeat import Heartbeat
+    from tasks.workers.heartbeat import Heartbeat
 
     Heartbeat.start_for(sender.app, worker_state)
 
 
 @signals.worker_shutdown.connect
 def on_shutdown(**_: Any) -> None:
-    from tasks.heartbeat import Heartbeat
+    from tasks.workers.heartbeat import Heartbeat
 
     Heartbeat.stop_running(ROLE.hostname)

@@ -11,7 +11,7 @@ from typing import Any
 import redis
 
 from tasks import keys
-from tasks.storage import write_text_atomic
+from tasks.outputs.storage import write_text_atomic
 
 log = logging.getLogger("framefleet.quarantine")
 FILE = "quarantine.jsonl"

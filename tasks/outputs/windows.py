@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.geometry import project_step, rot_6d
+from tasks.outputs.geometry import project_step, rot_6d
 
 
 def clip_depth(depth: np.ndarray, depth_min: float, depth_max: float) -> np.ndarray:

@@ -23,8 +23,9 @@ from typing import Any, Literal
 
 import redis
 
-from tasks import keys, registry
+from tasks import keys
 from tasks.errors import ClaimLost, ClaimUnconfirmed
+from tasks.workers import registry
 
 log = logging.getLogger("framefleet.claims")
 CLAIM_PREFIX = keys.CLAIM_PREFIX

@@ -1,6 +1,6 @@
 """The statistics callback: merge every completed video's partial statistics and write the run summary.
 
-tasks.completion sends it once every video of the run has finished; it reads the videos'
+tasks.run.completion sends it once every video of the run has finished; it reads the videos'
 outcomes from Redis (an earlier version's chord passed them as its first argument).
 """
 
@@ -19,14 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from tasks import completion, partials, progress, quarantine, requeues, runs
 from tasks.celery_app import TASK_PREFIX, app, settings
-from tasks.flower_view import VideoTask
+from tasks.delivery import requeues
 from tasks.job import IDENTITY, Job
+from tasks.observe import progress
+from tasks.observe.flower_view import VideoTask
+from tasks.outputs.stage_io import MARKERS_DIR, read_done
+from tasks.outputs.storage import write_text_atomic
 from tasks.redis_client import get_redis
-from tasks.stage_io import MARKERS_DIR, read_done
+from tasks.run import completion, partials, quarantine, runs
 from tasks.stages import dataset_stage
-from tasks.storage import write_text_atomic
 
 log = logging.getLogger("framefleet.aggregate")
 REPORT_TIMEOUT_S = 120
@@ -65,9 +67,9 @@ def completed_videos(out_root: Path) -> dict[str, dict[str, Any]]:
 
 def completed_partials(out_root: Path, track_type: str, r: Any = None) -> np.ndarray:
     """Return the partial statistics of every video of ``out_root`` whose HDF5 file is complete, any
-    run, as rows (tasks.stats.to_row) in video id order.
+    run, as rows (tasks.run.stats.to_row) in video id order.
 
-    The same videos and partials as ``completed_videos``, read from the Redis hash of tasks.partials
+    The same videos and partials as ``completed_videos``, read from the Redis hash of tasks.run.partials
     (one HVALS and a stat per file) where its entry matches the file, else from the marker.
     Raises ValueError on a partial of another track type.
     """
@@ -95,7 +97,7 @@ def write_statistics(out_root: Path, track_type: str, r: Any = None) -> int:
 
     ``r``: the Redis client whose copy of the partials spares reading the markers (None: markers only).
     """
-    from tasks.stats import normalization_stats, pool_rows, write_stats_yaml
+    from tasks.run.stats import normalization_stats, pool_rows, write_stats_yaml
 
     rows = completed_partials(out_root, track_type, r)
     write_stats_yaml(out_root / "normalization_stats.yaml", normalization_stats(pool_rows(rows, track_type)))
@@ -126,7 +128,7 @@ def stage_timings(results: list[Job]) -> dict[str, Any]:
 
 
 def _requeued(r: Any, run_id: str) -> list[dict[str, Any]]:
-    """The run's requeues after a lost worker (tasks/requeues.py); [] when Redis does not answer."""
+    """The run's requeues after a lost worker (tasks/delivery/requeues.py); [] when Redis does not answer."""
     try:
         return requeues.read(r, run_id) if r is not None else []
     except Exception:  # the summary matters more than this part of it
@@ -142,14 +144,14 @@ def write_report(out_root: Path) -> None:
     started = time.monotonic()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "tasks.report", str(out_root)],
+            [sys.executable, "-m", "tasks.run.report", str(out_root)],
             capture_output=True,
             text=True,
             timeout=REPORT_TIMEOUT_S,
             stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("report not written: %s; run python -m tasks.report %s", exc, out_root)
+        log.warning("report not written: %s; run python -m tasks.run.report %s", exc, out_root)
         return
     if done.returncode:
         log.warning("report not written (exit status %d): %s", done.returncode, done.stderr.strip()[-2000:])
@@ -161,7 +163,7 @@ def write_report(out_root: Path) -> None:
 def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     """Statistics callback of a run: write normalization_stats.yaml and run_summary.json; return the summary.
 
-    Called as ``aggregate(run)`` by tasks.completion (the outcomes are read from Redis), or as
+    Called as ``aggregate(run)`` by tasks.run.completion (the outcomes are read from Redis), or as
     ``aggregate(results, run)`` by the chord of an earlier version.
     """
     try:
@@ -177,7 +179,7 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     out_root = Path(run["output_root"])
     track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
     merged = write_statistics(out_root, track_type, r)
-    # A chord's results are whole job messages; an outcome (tasks.completion) is a part of one.
+    # A chord's results are whole job messages; an outcome (tasks.run.completion) is a part of one.
     jobs = [Job.from_dict({"run_id": run["run_id"], **v}, required=IDENTITY) for v in results]
     done = sorted(j.video_id for j in jobs if not j.failed)
     failed = [{"video_id": j.video_id, "video": j.video, **j.failed.to_dict()} for j in jobs if j.failed]
@@ -208,7 +210,7 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     runs.finished(out_root, run["run_id"], summary)
     log.info("run %s: %d done, %d failed; statistics over %d videos", run["run_id"], len(done), len(failed), merged)
     if r is not None:
-        try:  # how often the callback ran (once per run: tasks.completion)
+        try:  # how often the callback ran (once per run: tasks.run.completion)
             progress.record(r, run["run_id"], "aggregate", True, settings().result_expires_s)
         except Exception as exc:
             log.warning("callback of run %s not counted: %s", run["run_id"], exc)

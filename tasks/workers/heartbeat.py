@@ -15,10 +15,12 @@ from typing import Any, ClassVar
 
 import celery
 
-from tasks import claims, flower_view, leases, registry, routing
 from tasks.celery_app import settings
-from tasks.rebalance import rebalance
+from tasks.delivery import claims, leases, routing
+from tasks.delivery.rebalance import rebalance
+from tasks.observe import flower_view
 from tasks.redis_client import get_redis
+from tasks.workers import registry
 
 log = logging.getLogger("framefleet.heartbeat")
 
@@ -143,7 +145,7 @@ class Heartbeat(threading.Thread):
         current = state.get("current") or {}
         task, started = current.get("task"), current.get("started")
         if not task or not started or current.get("committed"):
-            return  # no task, or its output is written (tasks.worker.note_committed)
+            return  # no task, or its output is written (tasks.workers.worker.note_committed)
         stage = task.rsplit(".", 1)[-1]
         deadline = conf.stages[stage].deadline_s if stage in conf.stages else None
         if deadline and time.time() - started > deadline:
