@@ -47,10 +47,12 @@ def jobs_for(raw_dir: Path, out_dir: Path, limit: int | None = None, run_id: str
 def run_one(stage: str, job: dict[str, Any], who: str) -> dict[str, Any]:
     """Run ``stage`` of ``job`` through framefleet's stage code; return its span."""
     from tasks.job import Job
-    from tasks.pipeline import _execute
+    from tasks.pipeline.execute import execute
+    from tasks.pipeline.hooks import StageCall
 
     start = time.time()
-    report = _execute(stage, Job.from_dict(job))
+    given = Job.from_dict(job)
+    report = execute(StageCall(None, stage, given=given, job=given))  # type: ignore[arg-type]  (no task: no hooks)
     return {
         "video": job["video_id"],
         "stage": stage,

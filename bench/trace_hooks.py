@@ -57,15 +57,18 @@ def install() -> None:
     from celery.events.dispatcher import EventDispatcher
     from celery.worker.request import Request
 
-    from tasks import pipeline
     from tasks.delivery import claims, leases, routing
     from tasks.observe import metrics, progress
+    from tasks.pipeline import claim, oom, record, retries, task
     from tasks.run import cancel
 
     _patch(routing, "route_task", "route_task")
-    _patch(pipeline, "route_task", "route_task(retry)")
-    for name in ("_record", "_redis_or_none", "_claim_or_wait", "_count_start", "_execute"):
-        _patch(pipeline, name, name)
+    _patch(retries, "route_task", "route_task(retry)")
+    _patch(record.Record, "after_stage", "_record")
+    _patch(oom, "_redis_or_none", "_redis_or_none")
+    _patch(claim, "_claim_or_wait", "_claim_or_wait")
+    _patch(claim, "_count_start", "_count_start")
+    _patch(task, "execute", "_execute")
     _patch(claims, "finish", "claims.finish")
     _patch(claims, "confirm", "claims.confirm")
     if hasattr(cancel, "cancelled_quietly"):  # the base commit's start-of-task check

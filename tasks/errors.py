@@ -67,3 +67,18 @@ def error_class(exc: BaseException) -> str:
 
 class WorkerLost(PermanentError):
     """A task was started too many times without finishing: its worker died or hit the deadline."""
+
+
+def as_framefleet_error(exc: Exception) -> FramefleetError | Exception:
+    """The framefleet error that ``exc``, raised by a stage, stands for (``exc`` itself when none does)."""
+    # torch is not imported here; its OOM error is recognised by name.
+    if type(exc).__name__ == "OutOfMemoryError":
+        return GpuOutOfMemory(str(exc).splitlines()[0] if str(exc) else "CUDA out of memory", 10.0)
+    if isinstance(exc, OSError) and not isinstance(exc, FramefleetError):
+        where = f" {exc.filename}" if exc.filename else ""
+        return TransientIO(
+            f"cannot read or write{where}: {exc.strerror or exc} (a full disk, a read-only "
+            "or unmounted output folder, or a file in the way); retrying",
+            10.0,
+        )
+    return exc

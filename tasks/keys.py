@@ -19,7 +19,7 @@ DONE_PREFIX = "ff:done:"  # + task id: that task finished (a late duplicate is d
 ATTEMPTS_PREFIX = "ff:attempts:"  # + task id: how many times it started
 REBALANCE_LOCK = "ff:rebalance-lock"
 
-# runs, results and records (tasks.observe.progress, tasks.run.quarantine, tasks.oom, tasks.observe.metrics)
+# runs, results and records (tasks.observe.progress, tasks.run.quarantine, tasks.pipeline.oom, tasks.observe.metrics)
 RUN_PREFIX = "ff:run:"  # + run id: per-stage done/failed counters
 # + run id + one of these (tasks.run.completion): the run's completion counter and its enqueue window
 RUN_FINISHED_SUFFIX = ":finished"  # hash video id -> the video's outcome (its count: HLEN)

@@ -168,20 +168,21 @@ def test_the_end_of_progress_leaves_a_stored_result_to_celery_when_the_call_asks
     ignores it by default) gets the stage's real result: a short SUCCESS written first would
     be what a reader polling the result sees until Celery stores the real one.
     """
-    from tasks import pipeline
+    from tasks.celery_app import app
+    from tasks.pipeline import progress
 
-    task = pipeline.app.tasks["framefleet.preprocess"]
+    task = app.tasks["framefleet.preprocess"]
     assert task.ignore_result  # a stage before the last stores nothing by default
     job = Job.from_dict({**ENQUEUED, "dataset_root": "/d", "output_root": "/o"})
     for task_id, asked in (("asked-for", False), ("default", None)):
         options = {} if asked is None else {"ignore_result": asked}
         task.push_request(id=task_id, **options)
-        pipeline.PROGRESS_STORED.add(task_id)
+        progress.PROGRESS_STORED.add(task_id)
         try:
-            pipeline._end_progress(task, job)
+            progress.end_progress(task, job)
         finally:
             task.pop_request()
-            pipeline.PROGRESS_STORED.discard(task_id)
+            progress.PROGRESS_STORED.discard(task_id)
     assert task.AsyncResult("asked-for").state == "PENDING"  # left for Celery's own SUCCESS
     default = task.AsyncResult("default")
     assert default.state == "SUCCESS" and default.result == {"video_id": job.video_id, "stage": task.name}

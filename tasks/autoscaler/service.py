@@ -27,7 +27,7 @@ from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide, 
 from tasks.autoscaler.supervisor import Slot, Supervisor
 from tasks.delivery.queues import lengths as queue_lengths
 from tasks.gpu import GpuProbe, GpuReading
-from tasks.oom import OOM_KEY
+from tasks.keys import OOM_LOG as OOM_KEY
 from tasks.redis_client import get_redis
 from tasks.workers.registry import live_workers
 from worker_config.settings import Settings

@@ -30,8 +30,10 @@ from typing import Any
 import redis
 
 from tasks import keys
+from tasks.celery_app import TASK_PREFIX, app
 from tasks.job import Job
 from tasks.run import runs
+from tasks.run.dataset import video_chain
 
 log = logging.getLogger("framefleet.completion")
 WINDOW_PER_WORKER = 4  # videos in flight per live worker: each worker's next task is already waiting
@@ -120,8 +122,6 @@ def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None)
 
 def send_pending(r: redis.Redis, run_id: str, index: int) -> bool:
     """Send pending job ``index`` if it was not sent yet; return whether it was sent now."""
-    from tasks.run.dataset import video_chain
-
     pending = key(run_id, keys.RUN_PENDING_SUFFIX)
     raw = r.hget(pending, str(index))
     if raw is None:
@@ -142,8 +142,7 @@ def start_statistics(r: redis.Redis, record: dict[str, Any], ttl_s: int, sender:
     of the same callback id (the worker died after sending, before marking it sent) only writes the
     same statistics and summary again.
     """
-    from tasks.run.aggregate import aggregate
-
+    aggregate = app.tasks[TASK_PREFIX + "aggregate"]  # by name: tasks.run.aggregate reads this module
     flag = key(record["run_id"], keys.RUN_AGGREGATED_SUFFIX)
     sending = f"sending {sender or '-'}"
     if not r.set(flag, sending, nx=True, ex=ttl_s):

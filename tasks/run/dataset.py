@@ -12,6 +12,7 @@ from typing import Any
 
 from celery import chain
 
+from tasks.celery_app import TASK_PREFIX, app
 from tasks.errors import FramefleetError
 from tasks.job import Job
 from tasks.outputs.storage import write_text_atomic
@@ -216,7 +217,7 @@ def build_jobs(
 
 def video_chain(job: Job) -> Any:
     """The Celery chain of one video: a task per stage of its chain, each passing the job message on."""
-    from tasks.pipeline import STAGE_TASKS
-
-    first, *rest = (STAGE_TASKS[name] for name in job.chain)
+    # By name from Celery's registry (tasks/__init__ registers the stage tasks), not by import:
+    # the run sits below the stage task, whose last stage counts the video in its run.
+    first, *rest = (app.tasks[TASK_PREFIX + name] for name in job.chain)
     return chain(first.s(job.to_dict()), *(t.s() for t in rest))

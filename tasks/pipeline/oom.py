@@ -1,4 +1,4 @@
-"""After a GPU out-of-memory error: free the cache, report it, and shape the retry."""
+"""After a GPU out-of-memory error: free the cache, report it, and shape the retry (the Oom hook of a stage task)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,13 @@ from typing import Any
 import redis
 
 from tasks import keys
+from tasks.celery_app import settings
+from tasks.errors import GpuOutOfMemory
 from tasks.job import Job
+from tasks.pipeline.hooks import StageCall, StageHook
+from tasks.redis_client import get_redis
 from tasks.stages import ModelStage
+from tasks.workers import worker
 
 log = logging.getLogger("framefleet.oom")
 OOM_KEY = keys.OOM_LOG
@@ -79,3 +84,38 @@ def after_oom(
             log.warning("OOM not recorded: %s", exc)
     scale = max(job.chunk_scale / 2, 1 / 64)
     return dataclasses.replace(job, avoid_gpu=gpu, chunk_scale=scale, oom_peak_mib=max(peak, job.oom_peak_mib))
+
+
+class Oom(StageHook):
+    """Run the model at the job's chunk scale; after an OOM, record it and halve the scale for the retry elsewhere."""
+
+    def before_run(self, call: StageCall, stage: Any) -> None:
+        set_chunk_scale(stage, float(call.job.chunk_scale))
+
+    def after_failure(self, call: StageCall, failure: Exception) -> Exception:
+        if not isinstance(failure, GpuOutOfMemory):
+            return failure
+        # Retry elsewhere if possible, with smaller chunks; the autoscaler reads the record.
+        call.job = after_oom(
+            _redis_or_none(settings().redis_url),
+            call.stage_name,
+            worker.STAGES.get(call.stage_name),
+            call.job,
+            worker.ROLE.gpu,
+            call.task.request.hostname,
+            str(failure),
+        )
+        return GpuOutOfMemory(
+            f"{failure} (peak {call.job.oom_peak_mib:.0f} MiB; chunk scale now {call.job.chunk_scale:g})",
+            failure.delay_s,
+        )
+
+
+def _redis_or_none(url: str) -> Any:
+    """A client for ``url`` that has answered a ping, or None (the client connects lazily)."""
+    try:
+        client = get_redis(url)
+        client.ping()
+        return client
+    except Exception:
+        return None

@@ -1,0 +1,102 @@
+"""Run one stage for one video unless its valid output exists, and publish the output atomically."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tasks.celery_app import settings
+from tasks.errors import ClaimLost
+from tasks.job import Job
+from tasks.outputs.stage_io import check_roots, gather_inputs, marker_of, output_path, read_done
+from tasks.outputs.storage import atomic_write, clear_temporaries, save_npz, write_marker
+from tasks.pipeline.hooks import StageCall, StageHook
+from tasks.stages import stage_class
+from tasks.workers import worker
+
+log = logging.getLogger("framefleet.pipeline")
+
+
+def chain_of(job: Job) -> tuple[str, ...]:
+    """The stages this job's video runs (decided at enqueue), or this worker's enabled stages."""
+    return tuple(job.chain or settings().enabled_stages())
+
+
+def execute(call: StageCall, hooks: Sequence[StageHook] = ()) -> dict[str, Any]:
+    """Run ``call``'s stage unless its valid output exists; return what the stage reports.
+
+    The hooks' ``fence`` is called before the output and its marker are published; what it raises
+    discards them. Their ``before_run`` and ``on_progress`` are called around the stage's ``run``.
+    """
+    stage_name, job = call.stage_name, call.job
+    check_roots(job, settings())
+    out_root = Path(job.output_root)
+    vid = job.video_id
+    output = output_path(out_root, vid, stage_name)
+    marker = marker_of(out_root, vid, stage_name)
+    if not job.force:
+        done = read_done(out_root, vid, stage_name)
+        if done is not None:
+            return {"skipped": True, **done.get("report", {})}
+    stage = worker.get_stage(stage_name)
+    for hook in hooks:
+        hook.before_run(call, stage)
+    for leftover in (output, marker):  # a worker (or a whole host) killed mid-write leaves its temporary behind
+        if cleared := clear_temporaries(leftover):
+            log.warning("removed %d temporary file(s) of %s left by a writer that died", cleared, leftover.name)
+
+    seen = _stamp(marker)  # the marker as this run found it (absent, or a damaged output's)
+
+    def fence() -> None:
+        for hook in hooks:
+            hook.fence(call)
+
+    def fence_output() -> None:
+        # A run that lost its claim for a while may find the stage finished by the run that took over:
+        # a marker written since this run looked is another run's completion.
+        if not job.force and _stamp(marker) not in (None, seen):
+            raise ClaimLost(f"{stage_name} of {vid} was completed by another run meanwhile; output discarded")
+        fence()
+
+    def on_progress(done_frames: int, total_frames: int) -> None:
+        for hook in hooks:
+            hook.on_progress(call, done_frames, total_frames)
+
+    inputs = gather_inputs(stage_name, job, chain_of(job))
+    report: dict[str, Any] = {}
+    ran_s = 0.0
+    if stage_class(stage_name).writes == "hdf5":
+
+        def write(tmp: Path) -> None:
+            nonlocal ran_s
+            began = time.perf_counter()
+            report.update(stage.run({**inputs, "out_path": str(tmp)}, progress=on_progress))
+            ran_s = time.perf_counter() - began
+
+        digest = atomic_write(output, write, fence_output)
+    else:
+        began = time.perf_counter()
+        arrays = stage.run(inputs, progress=on_progress)
+        ran_s = time.perf_counter() - began
+        notes = arrays.pop("notes", None)  # facts for the run summary, not arrays
+        if notes:
+            report["notes"] = notes
+        digest = save_npz(output, arrays, fence_output)
+    write_marker(output, digest, marker, fence, report=report)
+    worker.note_committed()
+    log.info("ran %s of %s", stage_name, vid)
+    # Seconds inside the stage's own run (the model), apart from input loading and atomic writes;
+    # added after the marker is written, so a marker stays the same whoever made it.
+    return {**report, "run_s": ran_s}
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """A file's (modification time ns, size), or None when there is none."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_mtime_ns, st.st_size

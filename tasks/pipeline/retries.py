@@ -1,0 +1,68 @@
+"""Retries of a stage task: a retryable failure is sent again with backoff, routed afresh at its stage's priority."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from celery import Task
+from celery.exceptions import Reject
+
+from tasks.celery_app import settings
+from tasks.delivery.routing import route_task
+from tasks.errors import PermanentError, RedisUnavailable, RetryableError, error_class
+from tasks.job import Job
+from tasks.pipeline.hooks import StageCall, StageHook
+
+log = logging.getLogger("framefleet.pipeline")
+
+
+def retry_later(
+    task: Task, job: Job, countdown_s: float, max_retries: int | None = None, exc: Exception | None = None
+) -> None:
+    """Send ``task`` again with ``job`` after ``countdown_s``; raises Retry (or Reject when it cannot be sent)."""
+    # Celery sends a retry back to the queue it came from; route it afresh instead, at the stage's priority.
+    payload = job.to_dict()
+    route = route_task(task.name, (payload,), {}, {})
+    queue = route["queue"]
+    raise task.retry(
+        args=(payload,),
+        exc=exc,
+        countdown=countdown_s,
+        max_retries=max_retries,
+        priority=route.get("priority"),
+        queue=queue,
+        exchange=queue,
+        routing_key=queue,
+    )
+
+
+def wait(call: StageCall, countdown_s: float) -> None:
+    """Send this task again after ``countdown_s``; waiting does not use up its retries for failures."""
+    job = dataclasses.replace(call.job, claim_waits=call.job.claim_waits + 1)
+    retry_later(call.task, job, countdown_s, max_retries=call.task.request.retries + 1)
+
+
+class Retries(StageHook):
+    """A retryable failure with tries left is retried after ``delay * 2**tries``; else it stands."""
+
+    def after_failure(self, call: StageCall, failure: Exception) -> Exception:
+        stage_conf = settings().stages[call.stage_name]
+        tries = call.failed_tries
+        if isinstance(failure, PermanentError) or tries >= stage_conf.max_retries:
+            return failure
+        delay = failure.delay_s if isinstance(failure, RetryableError) else 5.0
+        log.warning(
+            "%s of %s failed (%s: %s); retry %d of %d",
+            call.stage_name,
+            call.job.video_id,
+            error_class(failure),
+            failure,
+            call.attempts,
+            stage_conf.max_retries,
+        )
+        try:
+            retry_later(call.task, call.job, delay * 2**tries, call.job.claim_waits + stage_conf.max_retries, failure)
+        except Reject as exc:
+            return RedisUnavailable(f"{failure}; and the retry could not be sent ({exc.reason})")
+        return failure  # not reached: retry_later raises
