@@ -21,7 +21,7 @@ TORCH_INDEX ?=
 REDIS_HINT := redis-server not found: install it with `sudo apt-get install -y redis-server` (Debian, Ubuntu; \
   macOS: `brew install redis`), or set REDIS_URL (make demo) / FRAMEFLEET_TEST_REDIS (make test) to a Redis you have
 
-.PHONY: install test test-faults test-gpu lint demo demo-real clean need-redis
+.PHONY: install test test-faults test-gpu lint demo demo-real clean need-redis need-test-tools system-packages
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,17 +36,38 @@ install: $(VENV)/.installed
 # The tests start their own redis-server; demo does unless REDIS_URL answers.
 need-redis:
 	@[ -n "$$FRAMEFLEET_TEST_REDIS$$REDIS_URL" ] || command -v redis-server >/dev/null 2>&1 || \
+		$(MAKE) --no-print-directory system-packages PACKAGES=redis-server || \
 		{ echo 'framefleet: $(REDIS_HINT)' >&2; exit 2; }
+
+# What the tests need beyond Python: redis-server, chromium (the Flower page test) and openssl (the
+# TLS tests). On Debian/Ubuntu they are installed here when that needs no password (root, or
+# `sudo -n`); otherwise the target stops with the one command to run.
+TEST_COMMANDS := redis-server:redis-server chromium:chromium openssl:openssl
+need-test-tools:
+	@missing=""; for pair in $(TEST_COMMANDS); do \
+		cmd=$${pair%%:*}; pkg=$${pair#*:}; \
+		command -v $$cmd >/dev/null 2>&1 || { [ $$cmd = chromium ] && command -v chromium-browser >/dev/null 2>&1; } || missing="$$missing $$pkg"; \
+	done; \
+	[ -z "$$missing" ] || $(MAKE) --no-print-directory system-packages PACKAGES="$$missing"
+
+# Install Debian packages $(PACKAGES) as root or through a password-less sudo, else say the command.
+system-packages:
+	@if [ "$$(id -u)" = 0 ]; then sudo=""; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; else sudo=none; fi; \
+	if [ "$$sudo" = none ] || ! command -v apt-get >/dev/null 2>&1; then \
+		echo "framefleet: the tests need $(PACKAGES). Install them, e.g.: sudo apt-get install -y $(PACKAGES)" >&2; exit 2; \
+	fi; \
+	echo "framefleet: installing $(PACKAGES) (apt-get)"; \
+	$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $(PACKAGES) >/dev/null
 
 # Everything but GPU tests and the slow fault scenarios (Redis away for 30 s, visibility timeout).
 # TEST_WORKERS pytest sessions side by side (pytest-xdist), each with its own redis-server and
 # workers, a test file to each: most tests wait on workers rather than compute, so 3 fit 2 cores.
-# Also needs chromium (the Flower page tests) and openssl (the TLS tests).
-test: need-redis install
+# Installs what it needs first (need-test-tools, install): on a fresh clone it is the only command.
+test: need-test-tools install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not gpu and not slow" tests
 
 # The whole fault-injection suite.
-test-faults: need-redis install
+test-faults: need-test-tools install
 	$(PY) -m pytest -q -m "not gpu" tests/faults
 
 test-gpu: install
