@@ -73,7 +73,10 @@ def test_make_without_redis_server_says_the_command_that_installs_it(target):
     assert done.returncode == 2
     assert "apt-get install -y redis-server" in done.stderr and "brew install redis" in done.stderr
     makefile = (ROOT / "Makefile").read_text()
-    assert f"\n{target}: need-redis" in makefile
+    # make test checks redis-server among the tools it installs itself (need-test-tools)
+    assert f"\n{target}: need-redis" in makefile or (
+        f"\n{target}: need-test-tools" in makefile and "redis-server:redis-server" in makefile
+    )
 
 
 def test_autoscale_help_shows_every_default(capsys):

@@ -76,6 +76,8 @@ def _run(call: StageCall) -> None:
     except StageFailed as stop:
         _fail(call, stop.failure)
         return
+    except hooks.CONTROL:
+        raise  # a hook's Retry, Ignore or Reject ends the task here
     except Exception as exc:
         failure = as_framefleet_error(exc)
         for hook in HOOKS:
