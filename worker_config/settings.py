@@ -117,7 +117,12 @@ class Settings(BaseSettings):
     stages: dict[str, StageSettings] = Field(default_factory=_default_stages)
     # The autoscaler's policy (tasks.autoscaler.policy.AutoscalePolicy fields); its flags override it.
     autoscale: dict[str, float] = Field(default_factory=dict)
+    # framefleet's own log lines (stage start and end, model loaded, pinned GPU) in every program, and a
+    # worker's Celery lines unless -l says otherwise.
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # A GPU queue's worker may run another pool than solo or more than one process (each loads the
+    # models onto the GPU again); without it such a worker refuses to start (tasks.workers.launch).
+    allow_gpu_pool: bool = False
 
     @field_validator("redis_url", "broker_url", "result_backend")
     @classmethod
