@@ -65,7 +65,7 @@ def test_the_plain_command_runs_a_video_with_one_solo_process_and_logs_its_stage
     workers, video_factory, pipeline_env, tmp_path
 ):
     gpu = workers.launch("gpu0", ["-Q", "gpu0"])  # exactly as the design types it
-    workers.launch("cpu", ["-Q", "cpu"])
+    workers.launch("cpu", ["-Q", "cpu", "-l", "WARNING"])  # Celery's own lines quieter, framefleet's not
     client = redis.Redis.from_url(pipeline_env["REDIS_URL"])
     for queue in ("gpu0", "cpu"):
         key = f"ff:worker:{queue}@{HOST}"  # named after its queue, no -n
@@ -84,7 +84,9 @@ def test_the_plain_command_runs_a_video_with_one_solo_process_and_logs_its_stage
         assert f"start {stage} of " in log and f"end {stage} of " in log, log
     assert ": SUCCESS in " in log
     assert "mingle: searching for neighbors" not in log  # mingle off (Celery logs its search at INFO)
-    assert "start preprocess of " in workers.log("cpu")
+    cpu = workers.log("cpu")
+    assert "concurrency: 1 (solo)" in cpu and "start preprocess of " in cpu and "end h5 of " in cpu, cpu
+    assert " ready." not in cpu  # Celery's INFO line: -l WARNING is honoured for Celery's own logger
 
 
 def test_the_plain_command_with_prefork_and_two_processes_exits_with_the_fix_and_consumes_nothing(
