@@ -50,11 +50,24 @@ def test_a_gpu_worker_with_another_pool_or_more_processes_refuses_naming_the_fix
         design_options(Settings(), {"queues": ["gpu0"], **options}, {"queues", *options})
     message = str(refused.value)
     assert "\n" not in message and asked in message
-    assert "`celery -A tasks worker -Q gpu0`" in message and "FRAMEFLEET_ALLOW_GPU_POOL=1" in message
+    assert "`celery -A tasks worker -Q gpu0`" in message and "FRAMEFLEET_ALLOW_ANY_GPU_WORKER=1" in message
+
+
+def test_a_worker_of_two_queues_of_one_gpu_refuses_naming_each_queues_command():
+    with pytest.raises(WorkerDesignError) as refused:
+        design_options(Settings(), {"queues": ["gpu0", "gpu0.hands"]}, {"queues"})
+    message = str(refused.value)
+    assert "\n" not in message and "2 queues of one GPU" in message
+    assert "`celery -A tasks worker -Q gpu0`" in message
+    assert "`<stages.hands.python> -m celery -A tasks worker -Q gpu0.hands`" in message
+    # A GPU queue and the cpu queue (framefleet run's worker on a machine without a GPU) is one GPU queue.
+    assert design_options(Settings(), {"queues": ["gpu0", "cpu"]}, {"queues"})["pool"] == "solo"
+    allowed = Settings(allow_any_gpu_worker=True)
+    assert design_options(allowed, {"queues": ["gpu0", "gpu0.hands"]}, {"queues"})["pool"] == "solo"
 
 
 def test_a_gpu_worker_with_more_processes_starts_when_a_setting_says_it_is_on_purpose():
-    conf = Settings(allow_gpu_pool=True)
+    conf = Settings(allow_any_gpu_worker=True)
     changes = design_options(
         conf, {"queues": ["gpu0"], "pool": "prefork", "concurrency": 2}, {"queues", "pool", "concurrency"}
     )

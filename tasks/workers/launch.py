@@ -25,11 +25,11 @@ from worker_config.settings import Settings
 
 # framefleet's own log lines: its named loggers (framefleet.*) and its modules' (tasks.*).
 OWN_LOGGERS = ("framefleet", "tasks")
-ALLOW_ENV = "FRAMEFLEET_ALLOW_GPU_POOL"
+ALLOW = "FRAMEFLEET_ALLOW_ANY_GPU_WORKER=1 (allow_any_gpu_worker: true)"
 
 
 class WorkerDesignError(SystemExit):
-    """A GPU queue's worker asked for a pool other than solo or for more than one process."""
+    """A GPU queue's worker asked for a pool other than solo, more than one process, or several GPU queues."""
 
 
 def pool_name(pool: Any) -> str | None:
@@ -54,22 +54,16 @@ def design_options(conf: Settings, options: dict[str, Any], given: set[str]) -> 
     A GPU queue (``gpuN`` or ``gpuN.<stage>``) gets the solo pool and one process; a CPU worker
     the same unless it asks for more processes (``-c N``: Celery's prefork pool of N, as before).
     Raises WorkerDesignError (one line: what, the value, the command that works) for a GPU queue
-    with another pool or more than one process, unless ``conf.allow_gpu_pool``.
+    with another pool or more than one process, or for two queues of one GPU (``gpu0,gpu0.hands``),
+    unless ``conf.allow_any_gpu_worker``. Two GPUs' queues are refused later, whatever the settings
+    (tasks.workers.worker.role_for: one process pins one GPU).
     """
     queues = queue_list(options.get("queues")) or [conf.cpu_queue]
     gpu = [q for q in queues if conf.gpu_index(q) is not None]
     pool = pool_name(options.get("pool")) if "pool" in given else None
     concurrency = options.get("concurrency") if "concurrency" in given else None
-    if gpu and not conf.allow_gpu_pool and (pool not in (None, "solo") or (concurrency or 1) > 1):
-        asked = " ".join(
-            part for part in (f"-P {pool}" if pool else "", f"-c {concurrency}" if concurrency else "") if part
-        )
-        raise WorkerDesignError(
-            f"framefleet: {','.join(gpu)} is a GPU queue, whose worker is one solo process (each process "
-            f"would load the models onto the GPU again), but this worker asks for {asked}. Start "
-            f"`celery -A tasks worker -Q {','.join(queues)}` (solo, one process; the autoscaler packs more "
-            f"workers per GPU), or set {ALLOW_ENV}=1 (allow_gpu_pool: true) if that is on purpose."
-        )
+    if gpu and not conf.allow_any_gpu_worker:
+        _refuse_beyond_design(conf, queues, gpu, pool, concurrency)
     # Gossip and mingle: every worker would answer every other's start and each event, traffic that
     # a fleet of solo workers (deaf while busy) gains nothing from; our heartbeat thread says who is alive.
     out: dict[str, Any] = {"without_gossip": True, "without_mingle": True}
@@ -84,6 +78,37 @@ def design_options(conf: Settings, options: dict[str, Any], given: set[str]) -> 
         # Named after its queues, so that a host's workers of different queues differ without -n.
         out["hostname"] = f"{'+'.join(queues)}@%h"
     return out
+
+
+def _refuse_beyond_design(
+    conf: Settings, queues: list[str], gpu: list[str], pool: str | None, concurrency: int | None
+) -> None:
+    """Raise WorkerDesignError unless a worker of the GPU queues ``gpu`` is one solo process of one queue."""
+    if len(gpu) > 1 and len({conf.gpu_index(q) for q in gpu}) == 1:
+        raise WorkerDesignError(
+            f"framefleet: -Q {','.join(queues)} names {len(gpu)} queues of one GPU, but each GPU queue has a "
+            f"worker of its own (a gpuN.<stage> queue's runs that stage's python). Start "
+            f"{' and '.join(_command(conf, q) for q in gpu)}, or set {ALLOW} if one worker for all is on purpose."
+        )
+    if pool not in (None, "solo") or (concurrency or 1) > 1:
+        asked = " ".join(
+            part for part in (f"-P {pool}" if pool else "", f"-c {concurrency}" if concurrency else "") if part
+        )
+        raise WorkerDesignError(
+            f"framefleet: {','.join(gpu)} is a GPU queue, whose worker is one solo process (each process "
+            f"would load the models onto the GPU again), but this worker asks for {asked}. Start "
+            f"`celery -A tasks worker -Q {','.join(queues)}` (solo, one process; the autoscaler packs more "
+            f"workers per GPU), or set {ALLOW} if that is on purpose."
+        )
+
+
+def _command(conf: Settings, queue: str) -> str:
+    """The command that starts the worker of GPU queue ``queue``, from its stage's python where it has one."""
+    _, _, stage = queue.partition(".")
+    if not stage:
+        return f"`celery -A tasks worker -Q {queue}`"
+    python = conf.stages[stage].python if stage in conf.stages else None
+    return f"`{python or f'<stages.{stage}.python>'} -m celery -A tasks worker -Q {queue}`"
 
 
 def given_options(options: dict[str, Any], hostname: str | None) -> set[str]:
