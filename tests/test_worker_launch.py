@@ -43,6 +43,7 @@ def test_a_cpu_worker_is_solo_unless_it_asks_for_processes():
         ({"pool": "prefork", "concurrency": 2}, "-P prefork -c 2"),
         ({"concurrency": 2}, "-c 2"),
         ({"pool": "threads"}, "-P threads"),
+        ({"concurrency": "auto"}, "-c auto"),
     ],
 )
 def test_a_gpu_worker_with_another_pool_or_more_processes_refuses_naming_the_fix(options, asked):

@@ -67,7 +67,7 @@ def design_options(conf: Settings, options: dict[str, Any], given: set[str]) -> 
     # Gossip and mingle: every worker would answer every other's start and each event, traffic that
     # a fleet of solo workers (deaf while busy) gains nothing from; our heartbeat thread says who is alive.
     out: dict[str, Any] = {"without_gossip": True, "without_mingle": True}
-    solo = pool == "solo" or (pool is None and (bool(gpu) or (concurrency or 1) <= 1))
+    solo = pool == "solo" or (pool is None and (bool(gpu) or not _several(concurrency)))
     if pool is None and solo:
         out["pool"] = "solo"
     if concurrency is None and solo:
@@ -90,7 +90,7 @@ def _refuse_beyond_design(
             f"worker of its own (a gpuN.<stage> queue's runs that stage's python). Start "
             f"{' and '.join(_command(conf, q) for q in gpu)}, or set {ALLOW} if one worker for all is on purpose."
         )
-    if pool not in (None, "solo") or (concurrency or 1) > 1:
+    if pool not in (None, "solo") or _several(concurrency):
         asked = " ".join(
             part for part in (f"-P {pool}" if pool else "", f"-c {concurrency}" if concurrency else "") if part
         )
@@ -100,6 +100,11 @@ def _refuse_beyond_design(
             f"`celery -A tasks worker -Q {','.join(queues)}` (solo, one process; the autoscaler packs more "
             f"workers per GPU), or set {ALLOW} if that is on purpose."
         )
+
+
+def _several(concurrency: Any) -> bool:
+    """Whether ``-c`` asks for more than one process (a number above 1, or ``auto``)."""
+    return concurrency not in (None, 0, 1, "1")
 
 
 def _command(conf: Settings, queue: str) -> str:
