@@ -17,4 +17,4 @@ RUN pip install . \
 
 # /data/out must be writable by uid 1000 (or set `user:` in compose.yaml).
 USER framefleet
-CMD ["celery", "-A", "tasks", "worker", "-Q", "cpu", "-P", "solo", "-c", "1", "-n", "cpu@%h", "-E", "--without-gossip", "--without-mingle"]
+CMD ["celery", "-A", "tasks", "worker", "-Q", "cpu"]

@@ -16,7 +16,17 @@ KEEPALIVE = {socket.TCP_KEEPIDLE: 10, socket.TCP_KEEPINTVL: 5, socket.TCP_KEEPCN
 
 # redis://: kombu's transport with an ack that Redis refuses still freeing the prefetch slot.
 transport.install()
-app = Celery("framefleet")
+
+
+class App(Celery):
+    """The Celery app whose worker program applies framefleet's worker design (tasks.workers.launch)."""
+
+    @property
+    def Worker(self) -> type:  # noqa: N802  (Celery's name)
+        return self.subclass_with_self("tasks.workers.launch:Worker")  # type: ignore[no-any-return]
+
+
+app = App("framefleet")
 _settings: Settings | None = None
 
 

@@ -194,30 +194,22 @@ class Workers:
     ) -> subprocess.Popen[bytes]:
         """Start a worker on ``queue``; ``python`` names another environment's interpreter (default: this one)."""
         name = name or queue
+        args = ["-Q", queue, "-P", pool, "-c", str(concurrency), "-n", f"{name}@test", "-E", "--without-gossip"]
+        args += ["--without-mingle", "--loglevel", "INFO"]
+        proc = self.launch(name, args, env, python)
+        if wait:
+            wait_until(lambda: self.state(name) or proc.poll() is not None, 60, f"worker {name} to register")
+            if proc.poll() is not None:
+                pytest.fail(f"worker {name} exited with {proc.returncode}:\n{self.log(name)}")
+        return proc
+
+    def launch(
+        self, name: str, args: list[str], env: dict[str, str] | None = None, python: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``celery -A tasks worker ARGS`` as a user types it, logging to ``log(name)``; do not wait."""
         self.logs.mkdir(parents=True, exist_ok=True)
-        argv = [
-            python or sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tasks",
-            "worker",
-            "-Q",
-            queue,
-            "-P",
-            pool,
-            "-c",
-            str(concurrency),
-            "-n",
-            f"{name}@test",
-            "-E",
-            "--without-gossip",
-            "--without-mingle",
-            "--loglevel",
-            "INFO",
-        ]
         proc = subprocess.Popen(
-            argv,
+            [python or sys.executable, "-m", "celery", "-A", "tasks", "worker", *args],
             cwd=ROOT,
             env={**self.env, **(env or {})},
             stdout=open(self.logs / f"{name}.log", "wb"),
@@ -225,10 +217,6 @@ class Workers:
             start_new_session=True,
         )
         self.procs[name] = proc
-        if wait:
-            wait_until(lambda: self.state(name) or proc.poll() is not None, 60, f"worker {name} to register")
-            if proc.poll() is not None:
-                pytest.fail(f"worker {name} exited with {proc.returncode}:\n{self.log(name)}")
         return proc
 
     def state(self, name: str) -> dict | None:

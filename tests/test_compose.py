@@ -55,6 +55,21 @@ def worker_options(argv: list[str]) -> dict:
     return options
 
 
+def effective_worker(argv: list[str]) -> dict:
+    """The options of the worker the app makes of a ``celery ... worker`` command (tasks.workers.launch)."""
+    from tasks.workers.launch import design_options
+    from worker_config.settings import Settings
+
+    parsed = worker_options(argv)
+    given = {name for name in ("pool", "concurrency", "hostname", "loglevel") if name in parsed}
+    options = {"queues": parsed["queues"], **{name: parsed[name] for name in given}}
+    if "concurrency" in options:
+        options["concurrency"] = int(options["concurrency"])
+    options["without_gossip"] = "--without-gossip" in parsed["flags"]
+    options["without_mingle"] = "--without-mingle" in parsed["flags"]
+    return {**options, **design_options(Settings(), options, given)}
+
+
 def container_path(volume: str) -> str:
     """The container side of a short-syntax volume such as ``${HOST:-./x}:/data/x:ro``."""
     match = re.search(r":(/[^:]*)(?::(?:ro|rw))?$", volume)
@@ -78,9 +93,12 @@ def test_each_gpu_worker_consumes_one_gpu_queue_with_a_solo_pool_of_one():
         assert service["command"][0] == "celery" and options["positional"] == ["worker"]
         assert options["app"] == "tasks"
         assert options["queues"] == [f"gpu{index}"], options
-        assert options["pool"] == "solo" and options["concurrency"] == "1", options
-        assert options["hostname"] == f"gpu{index}@%h"
-        assert {"-E", "--without-gossip", "--without-mingle"} <= options["flags"]
+        worker = effective_worker(service["command"])
+        assert (worker["pool"], worker["concurrency"], worker["hostname"]) == ("solo", 1, f"gpu{index}@%h"), worker
+        assert worker["without_gossip"] and worker["without_mingle"], worker
+    from tasks import app
+
+    assert app.conf.worker_send_task_events  # -E without the flag
 
 
 def test_each_gpu_worker_reserves_exactly_its_gpu():
@@ -113,10 +131,10 @@ def test_each_gpu_worker_pins_the_one_gpu_its_container_sees(monkeypatch):
 
 
 def test_cpu_worker_consumes_the_cpu_queue_only():
-    options = worker_options(load_compose()["services"]["worker-cpu"]["command"])
-    assert options["queues"] == ["cpu"] and options["hostname"] == "cpu@%h"
+    worker = effective_worker(load_compose()["services"]["worker-cpu"]["command"])
+    assert worker["queues"] == ["cpu"] and worker["hostname"] == "cpu@%h"
     # Solo processes, several containers: every process that runs a CPU stage has the worker runtime.
-    assert (options["pool"], options["concurrency"]) == ("solo", "1")
+    assert (worker["pool"], worker["concurrency"]) == ("solo", 1)
     assert load_compose()["services"]["worker-cpu"]["deploy"]["replicas"] >= 1
 
 

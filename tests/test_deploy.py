@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_compose import load_compose, worker_options
+from tests.test_compose import effective_worker, load_compose
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMD = ROOT / "deploy" / "systemd"
@@ -53,9 +53,9 @@ def test_worker_units_stop_warm_restart_and_read_the_env_file(name):
 def test_gpu_unit_runs_the_compose_gpu_worker_command_for_its_instance(gpu):
     argv = exec_argv(read_unit("framefleet-worker@.service"), gpu)
     assert Path(argv[0]).name == "celery"
-    options = worker_options(argv)
-    assert options["queues"] == [f"gpu{gpu}"]
-    assert (options["pool"], options["concurrency"], options["hostname"]) == ("solo", "1", f"gpu{gpu}@%h")
+    worker = effective_worker(argv)
+    assert worker["queues"] == [f"gpu{gpu}"]
+    assert (worker["pool"], worker["concurrency"], worker["hostname"]) == ("solo", 1, f"gpu{gpu}@%h")
     # Token for token what compose.yaml runs, once the GPU index is the same.
     compose = [arg.replace("gpu0", f"gpu{gpu}") for arg in compose_argv("worker-gpu0")]
     assert argv[1:] == compose[1:]
@@ -63,11 +63,11 @@ def test_gpu_unit_runs_the_compose_gpu_worker_command_for_its_instance(gpu):
 
 def test_cpu_unit_runs_the_compose_cpu_worker_command_one_solo_process_per_instance():
     argv = exec_argv(read_unit("framefleet-cpu-worker@.service"), "3")
-    options = worker_options(argv)
-    assert options["queues"] == ["cpu"] and (options["pool"], options["concurrency"]) == ("solo", "1")
+    worker = effective_worker(argv)
+    assert worker["queues"] == ["cpu"] and (worker["pool"], worker["concurrency"]) == ("solo", 1)
     # Instances share the host, so each names itself; compose's containers each have their own hostname.
-    assert options["hostname"] == "cpu3@%h"
-    assert argv[1:] == [a.replace("cpu@%h", "cpu3@%h") for a in compose_argv("worker-cpu")][1:]
+    assert worker["hostname"] == "cpu3@%h"
+    assert argv[1:] == [*compose_argv("worker-cpu")[1:], "-n", "cpu3@%h"]
 
 
 def test_autoscaler_unit_runs_the_autoscaler_and_outwaits_its_warm_stop():
@@ -146,8 +146,9 @@ def test_systemd_verify_reports_a_broken_unit(tmp_path):
 def test_sbatch_starts_the_compose_gpu_worker_per_gpu():
     text = SBATCH.read_text()
     (line,) = [line.strip() for line in text.splitlines() if line.strip().startswith("celery ")]
-    argv = shlex.split(line.rstrip("&").replace('"gpu$i"', "gpu0").replace('"gpu$i.$job@%h"', "gpu0@%h"))
-    assert argv[1:] == compose_argv("worker-gpu0")[1:]
+    argv = shlex.split(line.rstrip("&").replace('"gpu$i"', "gpu0"))
+    # compose's command, named with the job id: two jobs on one node must not share a worker name.
+    assert argv[1:] == [*compose_argv("worker-gpu0")[1:], "-n", "gpu$i.$job@%h"]
     assert "#SBATCH --signal=B:TERM@660" in text  # 11 minutes' warning: 10 for the tasks in hand
     assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0
 
@@ -274,7 +275,7 @@ def test_sbatch_workers_get_the_env_file_the_job_id_in_their_names_and_the_jobs_
     for i, queue in enumerate(sorted(runs)):
         argv, (cwd, redis_url, visible) = runs[queue]
         compose = compose_argv("worker-gpu0")
-        expected = [a.replace("gpu0@%h", f"gpu{i}.4242@%h").replace("gpu0", f"gpu{i}") for a in compose]
+        expected = [*(a.replace("gpu0", f"gpu{i}") for a in compose), "-n", f"gpu{i}.4242@%h"]
         assert argv == expected[1:]
         assert (cwd, redis_url, visible) == (str(tmp_path), "redis://:secret@redis.example.internal:6379/0", "3,5")
         # What the real worker then does with that environment: queue gpuN takes the job's N-th GPU.

@@ -117,7 +117,13 @@ class Settings(BaseSettings):
     stages: dict[str, StageSettings] = Field(default_factory=_default_stages)
     # The autoscaler's policy (tasks.autoscaler.policy.AutoscalePolicy fields); its flags override it.
     autoscale: dict[str, float] = Field(default_factory=dict)
+    # framefleet's own log lines (stage start and end, model loaded, pinned GPU) in every program, and a
+    # worker's Celery lines unless -l says otherwise.
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # A GPU queue's worker may run another pool than solo, more than one process (each loads the models
+    # onto the GPU again) or several queues of one GPU; without it such a worker refuses to start
+    # (tasks.workers.launch). Two GPUs' queues in one worker stay refused: one process pins one GPU.
+    allow_any_gpu_worker: bool = False
 
     @field_validator("redis_url", "broker_url", "result_backend")
     @classmethod

@@ -41,31 +41,17 @@ def cpu_worker_count() -> int:
 def worker_argv(
     queue: str, name: str, pool: str = "solo", concurrency: int = 1, python: str | None = None
 ) -> list[str]:
-    """The command of one framefleet worker: ``celery -A tasks worker -Q queue -n name@%h`` and our flags.
+    """The command of one framefleet worker: ``celery -A tasks worker -Q queue -n name@%h``.
 
-    ``python``: the interpreter of a stage's own environment (default: this one).
+    The app gives it the rest of the design (solo, one process, events, no gossip or mingle, INFO
+    logs: tasks.workers.launch); ``-n`` tells apart the workers of one queue on this host.
+    ``pool``/``concurrency``: another pool than one solo process (a CPU worker's). ``python``: the
+    interpreter of a stage's own environment (default: this one).
     """
-    return [
-        python or sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "tasks",
-        "worker",
-        "-Q",
-        queue,
-        "-P",
-        pool,
-        "-c",
-        str(concurrency),
-        "-n",
-        f"{name}@%h",
-        "-E",
-        "--without-gossip",
-        "--without-mingle",
-        "--loglevel",
-        "INFO",
-    ]
+    argv = [python or sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", queue, "-n", f"{name}@%h"]
+    if (pool, concurrency) != ("solo", 1):
+        argv += ["-P", pool, "-c", str(concurrency)]
+    return argv
 
 
 @dataclass

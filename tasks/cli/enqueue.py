@@ -146,8 +146,7 @@ def gpu_warnings(conf: Settings, gpus: list[int] | None) -> list[str]:
     live = ", ".join(f"gpu{g}" for g in sorted(g for g in served if g is not None)) or "none"
     return [
         f"--gpus names GPU {g}, but no live worker serves {conf.gpu_queue(g)} (live GPU workers: {live}); "
-        f"tasks routed there wait until one starts: `celery -A tasks worker -Q {conf.gpu_queue(g)} -P solo "
-        f"-c 1 -n {conf.gpu_queue(g)}@%h -E -l INFO`"
+        f"tasks routed there wait until one starts: `celery -A tasks worker -Q {conf.gpu_queue(g)}`"
         for g in gpus
         if g not in served
     ]

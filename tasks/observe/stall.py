@@ -66,10 +66,9 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
     names = sorted(registry.known_gpu_queues(r) | listed | {conf.cpu_queue})
     for queue, waiting in queues.lengths(broker, names).items():
         if waiting and queue not in consumed:
-            pool = "-P solo -c 1 " if queue != conf.cpu_queue else ""
             problems.append(
                 f"queue {queue}: {waiting} tasks waiting and no live worker; start one with "
-                f"`celery -A tasks worker -Q {queue} {pool}-n {queue}@%h -E`"
+                f"`celery -A tasks worker -Q {queue}`"
             )
     problems += _held_by_idle_or_gone(broker, r, {w["hostname"]: w for w in workers}, conf)
     now = time.time()

@@ -14,7 +14,7 @@ from typing import Any
 
 from celery import signals
 
-from tasks.celery_app import settings
+from tasks.celery_app import TASK_PREFIX, settings
 from tasks.delivery import leases
 from tasks.errors import ModelLoadError
 from tasks.gpu import INDEX_ENV, LEDGER_ENV
@@ -89,7 +89,7 @@ def _check_interpreter(stage: str, python: str) -> None:
     if here != wanted:
         raise GpuPinningError(
             f"framefleet: stages.{stage}.python is {python}, but this worker runs {sys.executable}. "
-            f"Start it from that environment: {python} -m celery -A tasks worker -Q gpuN.{stage} -P solo"
+            f"Start it from that environment: {python} -m celery -A tasks worker -Q gpuN.{stage}"
         )
 
 
@@ -285,6 +285,12 @@ def on_task_start(task_id: str | None = None, task: Any = None, args: Any = None
             "started": time.time(),
         },
     )
+    log.info("start %s of %s (task %s)", _stage_of(task), job.video_id if job else "?", task_id)
+
+
+def _stage_of(task: Any) -> str:
+    """The stage (or callback) a task runs: its name without framefleet's prefix."""
+    return str(getattr(task, "name", "?")).removeprefix(TASK_PREFIX)
 
 
 def note_committed() -> None:
@@ -299,12 +305,17 @@ def note_committed() -> None:
 
 
 @signals.task_postrun.connect
-def on_task_end(task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any) -> None:
+def on_task_end(
+    task_id: str | None = None, task: Any = None, state: str | None = None, retval: Any = None, **_: Any
+) -> None:
     """Finish the task's claim (done only if it succeeded, i.e. its continuation was sent), then recycle."""
     from tasks.delivery import claims
     from tasks.redis_client import get_redis
 
+    current = STATE.get("current") or {}
     STATE.update(busy=False, current=None, frames=None, tasks_done=STATE["tasks_done"] + 1)
+    took_s = time.time() - current.get("started", time.time())
+    log.info("end %s of %s: %s in %.2f s", _stage_of(task), current.get("video") or "?", state, took_s)
     if task_id and state:
         flower_view.RECENT_ENDS.note(task_id, state, retval)
     conf = settings()

@@ -1,0 +1,117 @@
+"""`celery -A tasks worker -Q gpu0`, typed as written, is the design's worker; one that breaks the design refuses."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import redis
+
+from tasks.workers.launch import WorkerDesignError, design_options
+from tests.conftest import run_script, send_task, wait_until
+from worker_config.settings import Settings
+
+HOST = socket.gethostname()  # Celery's %h
+
+
+def test_a_plain_gpu_worker_is_one_solo_process_without_gossip_or_mingle_named_after_its_queue():
+    changes = design_options(Settings(), {"queues": ["gpu0"]}, given={"queues"})
+    assert changes == {
+        "pool": "solo",
+        "concurrency": 1,
+        "without_gossip": True,
+        "without_mingle": True,
+        "loglevel": "INFO",
+        "hostname": "gpu0@%h",
+    }
+    # A stage's own queue is a GPU queue too; -n and -l given stay as given.
+    given = {"queues", "hostname", "loglevel"}
+    changes = design_options(Settings(), {"queues": "gpu1.hands", "hostname": "h@x", "loglevel": "DEBUG"}, given)
+    assert (changes["pool"], changes["concurrency"]) == ("solo", 1) and "hostname" not in changes
+    assert "loglevel" not in changes
+
+
+def test_a_cpu_worker_is_solo_unless_it_asks_for_processes():
+    assert design_options(Settings(), {}, set())["pool"] == "solo"  # no -Q: the cpu queue
+    prefork = design_options(Settings(), {"queues": ["cpu"], "concurrency": 4}, {"queues", "concurrency"})
+    assert "pool" not in prefork and "concurrency" not in prefork  # Celery's prefork pool of 4, as documented
+
+
+@pytest.mark.parametrize(
+    ("options", "asked"),
+    [
+        ({"pool": "prefork", "concurrency": 2}, "-P prefork -c 2"),
+        ({"concurrency": 2}, "-c 2"),
+        ({"pool": "threads"}, "-P threads"),
+        ({"concurrency": "auto"}, "-c auto"),
+    ],
+)
+def test_a_gpu_worker_with_another_pool_or_more_processes_refuses_naming_the_fix(options, asked):
+    with pytest.raises(WorkerDesignError) as refused:
+        design_options(Settings(), {"queues": ["gpu0"], **options}, {"queues", *options})
+    message = str(refused.value)
+    assert "\n" not in message and asked in message
+    assert "`celery -A tasks worker -Q gpu0`" in message and "FRAMEFLEET_ALLOW_ANY_GPU_WORKER=1" in message
+
+
+def test_a_worker_of_two_queues_of_one_gpu_refuses_naming_each_queues_command():
+    with pytest.raises(WorkerDesignError) as refused:
+        design_options(Settings(), {"queues": ["gpu0", "gpu0.hands"]}, {"queues"})
+    message = str(refused.value)
+    assert "\n" not in message and "2 queues of one GPU" in message
+    assert "`celery -A tasks worker -Q gpu0`" in message
+    assert "`<stages.hands.python> -m celery -A tasks worker -Q gpu0.hands`" in message
+    # A GPU queue and the cpu queue (framefleet run's worker on a machine without a GPU) is one GPU queue.
+    assert design_options(Settings(), {"queues": ["gpu0", "cpu"]}, {"queues"})["pool"] == "solo"
+    allowed = Settings(allow_any_gpu_worker=True)
+    assert design_options(allowed, {"queues": ["gpu0", "gpu0.hands"]}, {"queues"})["pool"] == "solo"
+
+
+def test_a_gpu_worker_with_more_processes_starts_when_a_setting_says_it_is_on_purpose():
+    conf = Settings(allow_any_gpu_worker=True)
+    changes = design_options(
+        conf, {"queues": ["gpu0"], "pool": "prefork", "concurrency": 2}, {"queues", "pool", "concurrency"}
+    )
+    assert "pool" not in changes and "concurrency" not in changes
+
+
+def test_the_plain_command_runs_a_video_with_one_solo_process_and_logs_its_stages(
+    workers, video_factory, pipeline_env, tmp_path
+):
+    gpu = workers.launch("gpu0", ["-Q", "gpu0"])  # exactly as the design types it
+    workers.launch("cpu", ["-Q", "cpu", "-l", "WARNING"])  # Celery's own lines quieter, framefleet's not
+    client = redis.Redis.from_url(pipeline_env["REDIS_URL"])
+    for queue in ("gpu0", "cpu"):
+        key = f"ff:worker:{queue}@{HOST}"  # named after its queue, no -n
+        wait_until(lambda key=key: client.exists(key) or gpu.poll() is not None, 60, f"{key} to register")
+    assert gpu.poll() is None, workers.log("gpu0")
+    banner = workers.log("gpu0")
+    assert "concurrency: 1 (solo)" in banner and "task events: ON" in banner, banner
+    out = tmp_path / "out"
+    done = run_script("enqueue_dataset.py", str(video_factory(1)), "--out", str(out), env=pipeline_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (out / "run_summary.json").exists()
+    log = workers.log("gpu0")
+    # framefleet's INFO lines without -l: the model loaded once, each GPU stage's start and end.
+    assert log.count("loaded depth (synthetic) on cpu") == 1, log
+    for stage in ("depth", "tracks", "hands"):
+        assert f"start {stage} of " in log and f"end {stage} of " in log, log
+    assert ": SUCCESS in " in log
+    assert "mingle: searching for neighbors" not in log  # mingle off (Celery logs its search at INFO)
+    cpu = workers.log("cpu")
+    assert "concurrency: 1 (solo)" in cpu and "start preprocess of " in cpu and "end h5 of " in cpu, cpu
+    assert " ready." not in cpu  # Celery's INFO line: -l WARNING is honoured for Celery's own logger
+
+
+def test_the_plain_command_with_prefork_and_two_processes_exits_with_the_fix_and_consumes_nothing(
+    workers, pipeline_env
+):
+    send_task(pipeline_env["REDIS_URL"], "framefleet.depth", ({"run_id": "r", "video_id": "v"},), "gpu0")
+    proc = workers.launch("gpu0", ["-P", "prefork", "-c", "2", "-Q", "gpu0"])
+    assert proc.wait(timeout=60) != 0
+    (line,) = [line for line in workers.log("gpu0").splitlines() if line.startswith("framefleet:")]
+    assert "-P prefork -c 2" in line and "`celery -A tasks worker -Q gpu0`" in line, line
+    r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
+    from tasks.delivery import queues
+
+    assert queues.length(r, "gpu0") == 1 and r.hlen("unacked") == 0  # the task still waits, untouched
