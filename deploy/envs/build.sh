@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# Build one Python environment per upstream model and install framefleet into each.
+# Build one Python environment per upstream model from its lock, check it, and record what it holds.
 #
 #   bash deploy/envs/build.sh [vipe|tapip3d|cotracker|wilor|grounded_sam|all]
 #
+# Per model: a venv from PYTHON; every package of deploy/envs/<model>.lock, exactly (--no-deps: the
+# lock is the whole set, framefleet's needs included); the upstream sources at the commits below,
+# --no-deps (those with CUDA code without build isolation, so they compile against the env's torch);
+# framefleet itself, --no-deps, so it cannot move a pinned package. Then `pip check`, an import of
+# the model and of framefleet's backend, and <env>/framefleet-env.json: the lock's hash, the commits
+# and every installed version.
+#
 # ENVS_DIR (default /opt/framefleet/envs): where the venvs go (<model>/bin/python).
 # MODELS_DIR (default /opt/framefleet/models): where the checkouts go (configs/real-gpu.yaml's layout).
-# PYTHON (default python3.11): the interpreter the venvs are made from (framefleet needs >= 3.11).
-# Needs git, a CUDA toolkit with nvcc on PATH (ViPE and TAPIP3D compile extensions) and network access.
+# PYTHON (default python3.11): the locks are for CPython 3.11 on Linux x86_64 (deploy/envs/lock.sh).
+# Needs git, network access (PyPI, GitHub), and for vipe, tapip3d and grounded_sam a CUDA toolkit
+# whose nvcc matches the lock's torch (12.x); vipe also Eigen 3.4 (apt install libeigen3-dev, or
+# setup.py downloads it), wilor libEGL and libOpenGL (apt install libegl1 libopengl0: pyrender,
+# imported by WiLoR, loads them; NVIDIA's driver provides the EGL vendor library, no display).
 # Weights are not downloaded here: see "Using the real models" in the README.
 set -euo pipefail
 
@@ -16,64 +26,112 @@ ENVS_DIR="${ENVS_DIR:-/opt/framefleet/envs}"
 MODELS_DIR="${MODELS_DIR:-/opt/framefleet/models}"
 PYTHON="${PYTHON:-python3.11}"
 
-# The upstream commits these adapters were written against.
+# The upstream commits the adapters were written against.
 VIPE_COMMIT=1249a0cf2b147d1cf6e17cff019e9e0b2a51fb09      # hgupt3/vipe
+MOGE_COMMIT=07444410f1e33f402353b99d6ccd26bd31e469e8      # microsoft/MoGe (ViPE's lyra pipeline)
+UTILS3D_COMMIT=3fab839f0be9931dac7c8488eb0e1600c236e183   # EasternJournalist/utils3d (MoGe's pin)
+PIPELINE_COMMIT=866f059d2a05cde05e4a52211ec5051fd5f276d6  # EasternJournalist/pipeline (MoGe's pin)
 TAPIP3D_COMMIT=9359ae236f16a58a103dc1c55ad1919360dc6f8b   # zbw001/TAPIP3D
 COTRACKER_COMMIT=82e02e8029753ad4ef13cf06be7f4fc5facdda4d # facebookresearch/co-tracker
 WILOR_COMMIT=819369a764905a26a4e80aae04bbfa9c7e4f6512     # rolpotamias/WiLoR (y2r's submodule commit)
 SAM2_COMMIT=2b90b9f5ceec907a1c18123530e92e794ad901a4      # facebookresearch/sam2
 
+fail() { echo "build.sh: $*" >&2; exit 1; }
+
 checkout() { # url commit folder
-  if [ ! -d "$3/.git" ]; then git clone "$1" "$3"; fi
+  if [ ! -d "$3/.git" ]; then git clone --quiet "$1" "$3"; fi
   git -C "$3" fetch --quiet origin && git -C "$3" checkout --quiet "$2"
 }
 
-venv() { # model -> prints the env's python
-  "$PYTHON" -m venv "$ENVS_DIR/$1"
-  "$ENVS_DIR/$1/bin/python" -m pip install -q --upgrade pip wheel setuptools
-  "$ENVS_DIR/$1/bin/python" -m pip install -q -r "$HERE/$1.txt"
+venv() { # model: a fresh venv holding exactly the lock
+  local py="$ENVS_DIR/$1/bin/python"
+  "$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null ||
+    fail "$PYTHON is not CPython 3.11, which deploy/envs/$1.lock is resolved for; set PYTHON=/path/to/python3.11"
+  "$PYTHON" -m venv --clear "$ENVS_DIR/$1"
+  "$py" -m pip install -q --upgrade pip
+  "$py" -m pip install -q --no-deps -r "$HERE/$1.lock"
 }
 
-project() { # model: framefleet itself, editable, without touching the pinned torch
-  "$ENVS_DIR/$1/bin/python" -m pip install -q -e "$PROJECT"
-  "$ENVS_DIR/$1/bin/python" -c "import tasks.backends as b; print('$1 env ready:', b.__file__)"
+pip_in() { # model, pip arguments...
+  local m=$1; shift
+  "$ENVS_DIR/$m/bin/python" -m pip install -q --no-deps "$@"
+}
+
+finish() { # model, python import check, then name=commit pairs
+  local m=$1 check=$2; shift 2
+  pip_in "$m" -e "$PROJECT"
+  "$ENVS_DIR/$m/bin/python" -m pip check || fail "pip check failed in $ENVS_DIR/$m (above: what conflicts)"
+  "$ENVS_DIR/$m/bin/python" -c "$check" || fail "$m: the model or framefleet's backend does not import in $ENVS_DIR/$m"
+  "$ENVS_DIR/$m/bin/python" - "$m" "$HERE/$m.lock" "$@" > "$ENVS_DIR/$m/framefleet-env.json" <<'PY'
+import hashlib, importlib.metadata as md, json, platform, sys, time
+model, lock, *commits = sys.argv[1:]
+print(json.dumps({
+    "model": model,
+    "python": platform.python_version(),
+    "lock": lock,
+    "lock_sha256": hashlib.sha256(open(lock, "rb").read()).hexdigest(),
+    "commits": dict(c.split("=", 1) for c in commits),
+    "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    "packages": dict(sorted((d.metadata["Name"].lower(), d.version) for d in md.distributions())),
+}, indent=1))
+PY
+  echo "$m env ready: $ENVS_DIR/$m (versions in framefleet-env.json)"
 }
 
 build_vipe() {
-  checkout https://github.com/hgupt3/vipe "$VIPE_COMMIT" "$MODELS_DIR/vipe"
+  local src="$MODELS_DIR/vipe" moge="$MODELS_DIR/MoGe"
+  checkout https://github.com/hgupt3/vipe "$VIPE_COMMIT" "$src"
+  checkout https://github.com/microsoft/MoGe "$MOGE_COMMIT" "$moge"
   venv vipe
-  "$ENVS_DIR/vipe/bin/python" -m pip install -q -r "$MODELS_DIR/vipe/envs/requirements.txt" \
-      --extra-index-url https://download.pytorch.org/whl/cu128
-  (cd "$MODELS_DIR/vipe" && USE_SYSTEM_EIGEN=1 "$ENVS_DIR/vipe/bin/python" -m pip install -q --no-build-isolation -e .)
-  project vipe
+  # setup.py downloads Eigen into csrc/include/eigen3 unless it is there: take the system's when installed.
+  if [ -d /usr/include/eigen3/Eigen ] && [ ! -e "$src/csrc/include/eigen3/Eigen" ]; then
+    mkdir -p "$src/csrc/include/eigen3" && cp -r /usr/include/eigen3/Eigen "$src/csrc/include/eigen3/"
+  fi
+  (cd "$src" && pip_in vipe --no-build-isolation -e .)
+  pip_in vipe "git+https://github.com/EasternJournalist/utils3d.git@$UTILS3D_COMMIT" \
+    "git+https://github.com/EasternJournalist/pipeline.git@$PIPELINE_COMMIT" -e "$moge"
+  finish vipe "import torch, vipe_ext, vipe; from moge.model.v1 import MoGeModel; import tasks.backends.vipe" \
+    "vipe=$VIPE_COMMIT" "moge=$MOGE_COMMIT" "utils3d=$UTILS3D_COMMIT" "pipeline=$PIPELINE_COMMIT"
 }
 
 build_tapip3d() {
-  checkout https://github.com/zbw001/TAPIP3D "$TAPIP3D_COMMIT" "$MODELS_DIR/TAPIP3D"
+  local src="$MODELS_DIR/TAPIP3D"
+  checkout https://github.com/zbw001/TAPIP3D "$TAPIP3D_COMMIT" "$src"
   venv tapip3d
-  "$ENVS_DIR/tapip3d/bin/python" -m pip install -q -r "$MODELS_DIR/TAPIP3D/requirements.txt"
-  (cd "$MODELS_DIR/TAPIP3D/third_party/pointops2" && "$ENVS_DIR/tapip3d/bin/python" setup.py install)
-  project tapip3d
+  pip_in tapip3d --no-build-isolation "$src/third_party/pointops2"
+  # TAPIP3D runs from its checkout (the backend imports utils/inference_utils.py by path).
+  finish tapip3d "import sys; sys.path.insert(0, '$src'); import torch, pointops2_cuda, models; import tasks.backends.tapip3d" \
+    "tapip3d=$TAPIP3D_COMMIT"
 }
 
 build_cotracker() {
+  local src="$MODELS_DIR/co-tracker"
+  checkout https://github.com/facebookresearch/co-tracker "$COTRACKER_COMMIT" "$src"
   venv cotracker
-  "$ENVS_DIR/cotracker/bin/python" -m pip install -q \
-      "git+https://github.com/facebookresearch/co-tracker@$COTRACKER_COMMIT"
-  project cotracker
+  pip_in cotracker "$src"
+  finish cotracker "import cotracker.predictor; import tasks.backends.cotracker" "co-tracker=$COTRACKER_COMMIT"
 }
 
 build_wilor() {
-  checkout https://github.com/rolpotamias/WiLoR "$WILOR_COMMIT" "$MODELS_DIR/WiLoR"
+  local src="$MODELS_DIR/WiLoR"
+  for lib in libEGL.so.1 libOpenGL.so.0; do
+    ldconfig -p | grep -q "$lib" ||
+      fail "$lib is missing: WiLoR imports pyrender, whose PyOpenGL loads it (headless EGL, no display). Install it: sudo apt-get install -y libegl1 libopengl0"
+  done
+  checkout https://github.com/rolpotamias/WiLoR "$WILOR_COMMIT" "$src"
   venv wilor
-  "$ENVS_DIR/wilor/bin/python" -m pip install -q -r "$MODELS_DIR/WiLoR/requirements.txt"
-  project wilor
+  # WiLoR runs from its checkout (the backend puts it on sys.path); it sets PYOPENGL_PLATFORM=egl itself.
+  finish wilor "import sys; sys.path.insert(0, '$src'); import chumpy, ultralytics, wilor.models; import tasks.backends.wilor" \
+    "wilor=$WILOR_COMMIT"
 }
 
 build_grounded_sam() {
+  local src="$MODELS_DIR/sam2"
+  checkout https://github.com/facebookresearch/sam2 "$SAM2_COMMIT" "$src"
   venv grounded_sam
-  "$ENVS_DIR/grounded_sam/bin/python" -m pip install -q "git+https://github.com/facebookresearch/sam2@$SAM2_COMMIT"
-  project grounded_sam
+  # SAM 2's _C extension compiles against the env's torch (build isolation would fetch the newest torch).
+  (cd "$src" && SAM2_BUILD_CUDA=1 pip_in grounded_sam --no-build-isolation -e .)
+  finish grounded_sam "import transformers, sam2.build_sam; import tasks.backends.grounded_sam" "sam2=$SAM2_COMMIT"
 }
 
 mkdir -p "$ENVS_DIR" "$MODELS_DIR"
