@@ -2,7 +2,8 @@
 
 Hash ``ff:profiles``, field "<gpu name>|<stage set>|<backend>|<resolution>" (e.g.
 "NVIDIA H100 80GB HBM3|depth+tracks+hands|synthetic|512x384"), value JSON
-{"peak_mib": float, "samples": int, "updated": unix time}.
+{"peak_mib": float, "samples": int, "updated": unix time}. Until a field is learned, ``load_or_seed``
+gives the peak measured for it beforehand (``worker_config.seed_profiles``, samples 0).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import redis
 
 from tasks import keys
+from worker_config.seed_profiles import SEED_PROFILES
 from worker_config.settings import Settings
 
 PROFILES_KEY = keys.PROFILES
@@ -72,6 +74,17 @@ def load(r: redis.Redis, key: str) -> Profile | None:
     return parse(r.hget(PROFILES_KEY, key))
 
 
+def seeded(key: str) -> Profile | None:
+    """The measured seed of ``key`` (samples 0), or None when no seed was measured for it."""
+    peak = SEED_PROFILES.get(key)
+    return None if peak is None else Profile(float(peak), 0, 0.0)
+
+
+def load_or_seed(r: redis.Redis, key: str) -> Profile | None:
+    """The learned profile under ``key``, else its measured seed, else None. A learned peak replaces the seed."""
+    return load(r, key) or seeded(key)
+
+
 def load_all(r: redis.Redis) -> dict[str, Profile | None]:
     """Every stored profile by field; None where the value is unreadable."""
     # get_redis decodes responses: the fields are str
@@ -85,8 +98,11 @@ def learn(r: redis.Redis, key: str, peak_mib: float) -> Profile:
 
 
 def raise_after_oom(r: redis.Redis, key: str, observed_mib: float) -> Profile:
-    """After an OOM, set the peak to max(peak x 1.25, ``observed_mib``): the learned one was too low."""
-    return _update(r, key, lambda old: max(old * OOM_RAISE_FACTOR, float(observed_mib)))
+    """After an OOM, set the peak to max(peak x 1.25, ``observed_mib``), the peak being the learned one
+    or else the seed: it was too low."""
+    seed = seeded(key)
+    base = seed.peak_mib if seed else 0.0
+    return _update(r, key, lambda old: max((old or base) * OOM_RAISE_FACTOR, float(observed_mib)))
 
 
 def _update(r: redis.Redis, key: str, new_peak: Any) -> Profile:

@@ -172,7 +172,7 @@ class Autoscaler:
         measured = {
             q: sum(self._memory_of(s, snap) for s in active[q] + stopping[q] if s.pid is not None) for q in active
         }
-        peaks = {q: (p.peak_mib if (p := profiles.load(self.r, keys[q])) else None) for q in active}
+        peaks = {q: (p.peak_mib if (p := profiles.load_or_seed(self.r, keys[q])) else None) for q in active}
         # Another family's workers may sit below their peak right now (between tasks, or loading):
         # reserve at least their learned peaks, so that this family does not take their activations.
         reserved = {q: max(measured[q], (len(active[q]) + len(stopping[q])) * (peaks[q] or 0.0)) for q in active}

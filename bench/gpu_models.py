@@ -1,0 +1,277 @@
+"""Profile the real upstream models through framefleet's backends, with random weights, at y2r's settings.
+
+    python bench/gpu_models.py --upstream DIR --clip CLIP.mp4 --out OUT [--models cotracker,grounded_sam]
+
+DIR holds the upstream checkouts (``facebookresearch+co-tracker``, ``facebookresearch+sam2``, as
+``../shared/upstream``'s archives unpack). Each model runs in two fresh processes: one writes
+random weights in the upstream checkpoint format (same code, shapes and compute as the trained
+model), the other loads the backend and runs it, so that its peaks are its own: GPU memory by
+NVML for this process (sampled every 20 ms) and by torch (max allocated and reserved), host RSS,
+load time and seconds per window or frame. Frames are CLIP's first ``--frames`` frames resized
+to 512x384 (y2r's size; 10 fps clips). Writes OUT/<model>.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+WIDTH, HEIGHT = 512, 384
+WINDOW = 10  # configs/real-gpu.yaml: tracks/tracks2d window_length 10, stride 1
+GRID = 64  # configs/real-gpu.yaml: tracks2d grid_size 64 (a 64x64 grid of queries)
+PROMPT = "red t-shaped block"
+
+
+class NvmlPeak:
+    """Samples this process's GPU memory (NVML, MiB) and the device's used memory in a thread; keeps the peaks."""
+
+    def __init__(self, index: int = 0, period_s: float = 0.02) -> None:
+        import pynvml
+
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self.gpu_name = pynvml.nvmlDeviceGetName(self.handle)
+        self.baseline_mib = pynvml.nvmlDeviceGetMemoryInfo(self.handle).used / 2**20
+        self.process_mib = 0.0
+        self.device_mib = 0.0
+        self.seen = False
+        self.period_s = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        pid = os.getpid()
+        while not self._stop.is_set():
+            self.sample(pid)
+            self._stop.wait(self.period_s)
+
+    def sample(self, pid: int) -> None:
+        nv = self.nvml
+        used = nv.nvmlDeviceGetMemoryInfo(self.handle).used / 2**20 - self.baseline_mib
+        self.device_mib = max(self.device_mib, used)
+        for proc in nv.nvmlDeviceGetComputeRunningProcesses(self.handle):
+            if proc.pid == pid and proc.usedGpuMemory is not None:
+                self.seen = True
+                self.process_mib = max(self.process_mib, proc.usedGpuMemory / 2**20)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample(os.getpid())
+
+
+def clip_frames(clip: Path, count: int) -> np.ndarray:
+    """The first ``count`` frames of ``clip`` as (T, 384, 512, 3) uint8 RGB (looped if the clip is shorter)."""
+    import cv2
+
+    cap = cv2.VideoCapture(str(clip))
+    frames = []
+    while len(frames) < count:
+        ok, bgr = cap.read()
+        if not ok:
+            if not frames:
+                raise SystemExit(f"cannot read frames from {clip}: is it a video OpenCV can decode?")
+            frames += frames[: count - len(frames)]
+            continue
+        frames.append(cv2.resize(bgr, (WIDTH, HEIGHT), interpolation=cv2.INTER_AREA)[..., ::-1])
+    return np.ascontiguousarray(np.stack(frames[:count]))
+
+
+def prepare(model: str, upstream: Path, weights: Path) -> None:
+    """Write random weights of ``model`` into ``weights`` in the format its backend loads."""
+    import torch
+
+    torch.manual_seed(0)
+    weights.mkdir(parents=True, exist_ok=True)
+    if model == "cotracker":
+        sys.path.insert(0, str(upstream / "facebookresearch+co-tracker"))
+        from cotracker.models.build_cotracker import build_cotracker
+
+        # hubconf.py:40-47: cotracker3_offline is build_cotracker(offline=True, window_len=60, v2=False).
+        net = build_cotracker(checkpoint=None, offline=True, window_len=60, v2=False)
+        torch.save(net.state_dict(), weights / "scaled_offline.pth")
+    elif model == "grounded_sam":
+        sys.path.insert(0, str(upstream / "facebookresearch+sam2"))
+        from sam2.build_sam import build_sam2
+
+        sam = build_sam2("configs/sam2.1/sam2.1_hiera_l.yaml", None, device="cpu")
+        torch.save({"model": sam.state_dict()}, weights / "sam2.1_hiera_large.pt")
+        grounding_dino_base(weights / "grounding-dino-base")
+    else:
+        raise SystemExit(f"unknown model {model!r}: choose cotracker or grounded_sam")
+
+
+def grounding_dino_base(folder: Path) -> None:
+    """Save a random GroundingDINO with IDEA-Research/grounding-dino-base's architecture, and a processor."""
+    import transformers as tf
+
+    # IDEA-Research/grounding-dino-base config.json: Swin-B (384, window 12), 6+6 layers, 900 queries.
+    swin = tf.SwinConfig(
+        embed_dim=128,
+        depths=[2, 2, 18, 2],
+        num_heads=[4, 8, 16, 32],
+        window_size=12,
+        image_size=384,
+        out_features=["stage2", "stage3", "stage4"],
+        out_indices=[2, 3, 4],
+    )
+    config = tf.GroundingDinoConfig(backbone_config=swin, text_config=tf.BertConfig())
+    tf.GroundingDinoForObjectDetection(config).save_pretrained(folder)
+    # bert-base-uncased's vocabulary cannot be fetched here; the prompt's words are enough: the text
+    # encoder's cost depends on the token count, not on the vocabulary.
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", "-", *PROMPT.split(), "t", "shaped"]
+    vocab = folder / "vocab.txt"
+    vocab.write_text("\n".join(dict.fromkeys(words)) + "\n")
+    tokenizer = tf.BertTokenizerFast(vocab_file=str(vocab))
+    tf.GroundingDinoProcessor(image_processor=tf.GroundingDinoImageProcessor(), tokenizer=tokenizer).save_pretrained(
+        folder
+    )
+
+
+def run(
+    model: str, upstream: Path, weights: Path, frames: np.ndarray, windows: int, device: str, grid: int = GRID
+) -> dict[str, Any]:
+    """Load ``model``'s backend on ``device`` and run it at y2r's settings; return the measurements."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    peak = NvmlPeak() if cuda else None
+    result: dict[str, Any] = {"model": model, "frames": len(frames), "size": f"{WIDTH}x{HEIGHT}"}
+    t0 = time.perf_counter()
+    if model == "cotracker":
+        sys.path.insert(0, str(upstream / "facebookresearch+co-tracker"))
+        from tasks.backends.cotracker import CoTrackerTracks2D
+
+        backend: Any = CoTrackerTracks2D(weights_dir=str(weights), visibility_threshold=0.95)
+        backend.load(device)
+    else:
+        sys.path.insert(0, str(upstream / "facebookresearch+sam2"))
+        from tasks.backends.grounded_sam import GroundedSamMasks
+
+        backend = GroundedSamMasks(weights_dir=str(weights), box_threshold=0.3, key_frame_idx=0)
+        backend.load(device)
+    sync()
+    result["load_s"] = round(time.perf_counter() - t0, 2)
+    result["after_load_torch_mib"] = round(torch.cuda.memory_allocated() / 2**20, 1) if cuda else None
+    times: list[float] = []
+    if model == "cotracker":
+        u, v = np.meshgrid(np.linspace(0, WIDTH - 1, grid), np.linspace(0, HEIGHT - 1, grid))
+        queries = np.stack([u.ravel(), v.ravel()], axis=1).astype(np.float32)
+        result["unit"] = f"window of {WINDOW} frames, {len(queries)} queries"
+        for s in range(min(windows + 1, len(frames) - WINDOW + 1)):
+            t = time.perf_counter()
+            backend.track2d(frames[s : s + WINDOW], queries)
+            times.append(time.perf_counter() - t)
+    else:
+        # Random weights detect nothing above box_threshold, and segment() would then skip SAM 2: time
+        # the detector on the key frame and SAM 2's propagation of a box through every frame apart.
+        det = []
+        for _ in range(6):
+            t = time.perf_counter()
+            backend._boxes(frames[0], PROMPT + ".")
+            det.append(time.perf_counter() - t)
+        result["detect_first_s"] = round(det[0], 3)
+        result["detect_s"] = round(statistics.median(det[1:]), 3)
+        box = np.array([WIDTH * 0.3, HEIGHT * 0.3, WIDTH * 0.7, HEIGHT * 0.7], np.float32)
+        result["unit"] = f"frame of a {len(frames)}-frame video (SAM 2.1-L propagation, one box)"
+        for _ in range(2):
+            t = time.perf_counter()
+            backend._propagate(frames, box[None], 0)
+            times.append((time.perf_counter() - t) / len(frames))
+    sync()
+    if peak is not None:
+        peak.stop()
+    result["first_unit_s"] = round(times[0], 4)
+    result["unit_s"] = round(statistics.median(times[1:]) if len(times) > 1 else times[0], 4)
+    result["units"] = len(times)
+    mib = 2**20
+    result["torch_peak_allocated_mib"] = round(torch.cuda.max_memory_allocated() / mib, 1) if cuda else None
+    result["torch_peak_reserved_mib"] = round(torch.cuda.max_memory_reserved() / mib, 1) if cuda else None
+    result["nvml_process_peak_mib"] = round(peak.process_mib, 1) if peak and peak.seen else None
+    result["nvml_device_peak_mib"] = round(peak.device_mib, 1) if peak else None
+    result["host_rss_peak_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    result["gpu"] = peak.gpu_name if peak else "none (CPU)"
+    result["torch"] = torch.__version__
+    result["cuda"] = torch.version.cuda
+    return result
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = "| model | load s | s per unit (first) | unit | torch peak MiB | NVML process peak MiB | host RSS MiB |"
+    lines = [head, "|" + "---|" * 7]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | failed: {r['error'][-200:]} ||||||")
+            continue
+        unit_s = f"{r['unit_s']} ({r['first_unit_s']})"
+        if "detect_s" in r:
+            unit_s += f"; detection {r['detect_s']} s per key frame ({r['detect_first_s']})"
+        lines.append(
+            f"| {r['model']} | {r['load_s']} | {unit_s} | {r['unit']} | {r['torch_peak_allocated_mib']} "
+            f"(reserved {r['torch_peak_reserved_mib']}) | {r['nvml_process_peak_mib']} | {r['host_rss_peak_mib']} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--upstream", type=Path, required=True)
+    parser.add_argument("--clip", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--models", default="cotracker,grounded_sam")
+    parser.add_argument("--frames", type=int, default=120)
+    parser.add_argument("--windows", type=int, default=20)
+    parser.add_argument("--step", choices=["all", "prepare", "run"], default="all")
+    parser.add_argument("--weights", type=Path, default=Path("/tmp/ff-random-weights"))
+    parser.add_argument("--grid", type=int, default=GRID, help="CoTracker's queries: a grid x grid grid")
+    parser.add_argument("--device", default="cuda:0", help="cpu only to try the script out: no GPU numbers")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.step == "prepare":
+        prepare(args.models, args.upstream, args.weights / args.models)
+        return
+    if args.step == "run":
+        frames = clip_frames(args.clip, args.frames)
+        result = run(
+            args.models, args.upstream, args.weights / args.models, frames, args.windows, args.device, args.grid
+        )
+        (args.out / f"{args.models}.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps(result))
+        return
+    rows = []
+    for model in args.models.split(","):
+        common = [sys.executable, __file__, "--upstream", str(args.upstream), "--clip", str(args.clip)]
+        common += ["--out", str(args.out), "--models", model, "--weights", str(args.weights)]
+        common += ["--frames", str(args.frames), "--windows", str(args.windows), "--device", args.device]
+        common += ["--grid", str(args.grid)]
+        for step in ("prepare", "run"):
+            done = subprocess.run([*common, "--step", step], capture_output=True, text=True)
+            (args.out / f"{model}-{step}.log").write_text(done.stdout + done.stderr)
+            if done.returncode != 0:
+                rows.append({"model": model, "error": f"{step} exit {done.returncode}: {done.stderr[-400:]}"})
+                break
+        else:
+            rows.append(json.loads((args.out / f"{model}.json").read_text()))
+    text = table(rows)
+    (args.out / "table.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+"""Measured peak GPU memory (MiB) of one worker, by profile field: the autoscaler's profile until it learns its own.
+
+Fields are ``tasks.autoscaler.profiles`` keys, "<GPU name>|<stages>|<backend>|<resolution>". Each
+value is the NVML peak of one process running the real upstream model (random weights: same code,
+shapes and compute) through framefleet's backend at y2r's settings (configs/real-gpu.yaml):
+``bench/gpu_models.sh``, table and command in bench/RESULTS.md ("The real models on an H100").
+NVML's figure is what the autoscaler learns (CUDA context and allocator cache included).
+"""
+
+from __future__ import annotations
+
+SEED_PROFILES: dict[str, float] = {
+    # CoTracker3 offline, one 10-frame window, 64x64 = 4096 queries (tracks2d grid_size 64).
+    "NVIDIA H100 80GB HBM3|tracks2d|cotracker|512x384": 5644.0,
+    # GroundingDINO-base on the key frame + SAM 2.1 hiera-large through a 120-frame video.
+    "NVIDIA H100 80GB HBM3|masks|grounded_sam|512x384": 4640.0,
+}
