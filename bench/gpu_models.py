@@ -229,6 +229,41 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def pack(model: str, count: int, common: list[str], out: Path) -> dict[str, Any]:
+    """Run ``count`` processes of ``model`` at once on GPU 0; their peaks, pace and the device's peak."""
+    device = NvmlPeak()
+    procs = []
+    for i in range(count):
+        folder = out / f"pack-{model}-{count}-{i}"
+        folder.mkdir(parents=True, exist_ok=True)
+        argv = [*common, "--step", "run", "--out", str(folder)]  # the later --out wins
+        with open(folder / "run.log", "w") as log:
+            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+    codes = [p.wait() for p in procs]
+    device.stop()
+    found = [json.loads(f.read_text()) for f in sorted(out.glob(f"pack-{model}-{count}-*/{model}.json"))]
+    row: dict[str, Any] = {"model": model, "processes": count, "failed": sum(c != 0 for c in codes)}
+    if found:
+        row["unit_s_median"] = round(statistics.median(r["unit_s"] for r in found), 4)
+        row["units_per_s"] = round(sum(1 / r["unit_s"] for r in found), 2)
+        row["nvml_process_peak_mib_max"] = max(r["nvml_process_peak_mib"] or 0 for r in found)
+        row["nvml_device_peak_mib"] = round(device.device_mib, 1)
+        row["host_rss_peak_mib_sum"] = round(sum(r["host_rss_peak_mib"] for r in found), 1)
+    return row
+
+
+def pack_table(packs: list[dict[str, Any]]) -> str:
+    head = "| model | processes at once | failed | s per unit (median) | units/s, all | NVML peak per process, max MiB"
+    lines = [head + " | GPU used peak MiB | host RSS, sum MiB |", "|" + "---|" * 8]
+    for p in packs:
+        lines.append(
+            f"| {p['model']} | {p['processes']} | {p['failed']} | {p.get('unit_s_median')} | {p.get('units_per_s')} "
+            f"| {p.get('nvml_process_peak_mib_max')} | {p.get('nvml_device_peak_mib')} "
+            f"| {p.get('host_rss_peak_mib_sum')} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--upstream", type=Path, required=True)
@@ -241,6 +276,7 @@ def main() -> None:
     parser.add_argument("--weights", type=Path, default=Path("/tmp/ff-random-weights"))
     parser.add_argument("--grid", type=int, default=GRID, help="CoTracker's queries: a grid x grid grid")
     parser.add_argument("--device", default="cuda:0", help="cpu only to try the script out: no GPU numbers")
+    parser.add_argument("--pack", default="", help="e.g. 1,2,4: also run that many processes of a model at once")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.step == "prepare":
@@ -254,7 +290,8 @@ def main() -> None:
         (args.out / f"{args.models}.json").write_text(json.dumps(result, indent=1))
         print(json.dumps(result))
         return
-    rows = []
+    rows: list[dict[str, Any]] = []
+    packs: list[dict[str, Any]] = []
     for model in args.models.split(","):
         common = [sys.executable, __file__, "--upstream", str(args.upstream), "--clip", str(args.clip)]
         common += ["--out", str(args.out), "--models", model, "--weights", str(args.weights)]
@@ -268,7 +305,8 @@ def main() -> None:
                 break
         else:
             rows.append(json.loads((args.out / f"{model}.json").read_text()))
-    text = table(rows)
+            packs += [pack(model, int(k), common, args.out) for k in args.pack.split(",") if k]
+    text = table(rows) + ("\n\n" + pack_table(packs) if packs else "")
     (args.out / "table.md").write_text(text + "\n")
     print(text)
 

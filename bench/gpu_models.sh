@@ -3,7 +3,8 @@
 #   UPSTREAM_ARCHIVES=../shared/upstream CLIP=../shared/data/real/sheep.mp4 WHEELS=DIR bash bench/gpu_models.sh
 # UPSTREAM_ARCHIVES holds the <owner>+<repo>.tar.gz snapshots (../shared/upstream/README.md);
 # WHEELS, if set, holds wheels/sdists the machine lacks (SAM 2 needs hydra-core, omegaconf,
-# antlr4-python3-runtime, iopath), installed into /tmp/site. MODELS (default cotracker,grounded_sam).
+# antlr4-python3-runtime, iopath), installed into /tmp/site. MODELS (default cotracker,grounded_sam);
+# PACK (default 2,4): also run that many processes of each model at once on the GPU.
 set -u
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 UP=/tmp/ff-upstream; mkdir -p "$UP"
@@ -18,6 +19,7 @@ RUN=/tmp/ff-gpu-models; mkdir -p "$RUN"
   python3 -c "import torch, transformers, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
 } | tee "$OUT/machine.txt"
 PYTHONUNBUFFERED=1 python3 bench/gpu_models.py --upstream "$UP" --clip "${CLIP:-../shared/data/real/sheep.mp4}" \
-  --out "$RUN" --models "${MODELS:-cotracker,grounded_sam}" --frames "${FRAMES:-120}" --windows "${WINDOWS:-20}"
+  --out "$RUN" --models "${MODELS:-cotracker,grounded_sam}" --frames "${FRAMES:-120}" --windows "${WINDOWS:-20}" \
+  --pack "${PACK:-2,4}"
 cp "$RUN"/*.json "$RUN"/table.md "$OUT"/ 2>/dev/null
-tar czf "$OUT/logs.tgz" -C "$RUN" $(cd "$RUN" && ls *.log)
+tar czf "$OUT/runs.tgz" -C "$RUN" .  # every process's JSON and log
