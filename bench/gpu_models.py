@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import unittest.mock
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +112,100 @@ def prepare(model: str, upstream: Path, weights: Path) -> None:
         sam = build_sam2("configs/sam2.1/sam2.1_hiera_l.yaml", None, device="cpu")
         torch.save({"model": sam.state_dict()}, weights / "sam2.1_hiera_large.pt")
         grounding_dino_base(weights / "grounding-dino-base")
+    elif model == "wilor":
+        wilor_files(upstream / "rolpotamias+WiLoR", weights)
     else:
-        raise SystemExit(f"unknown model {model!r}: choose cotracker or grounded_sam")
+        raise SystemExit(f"unknown model {model!r}: choose cotracker, grounded_sam or wilor")
+
+
+def wilor_files(repo: Path, weights: Path) -> None:
+    """Random MANO files in MANO's shapes (the real ones are licensed) in ``repo``/mano_data, and a random
+    WiLoR checkpoint in Lightning's format in ``weights``, built from the checkout's model_config.yaml."""
+    import pickle
+    import shutil
+
+    import scipy.sparse
+    import torch
+
+    rng = np.random.default_rng(0)
+    mano = repo / "mano_data"
+    mano.mkdir(exist_ok=True)
+    parents = np.array([2**32 - 1, 0, 1, 2, 0, 4, 5, 0, 7, 8, 0, 10, 11, 0, 13, 14], np.int64)
+    weights_lbs = rng.random((778, 16))
+    mano_right = {  # MANO_RIGHT.pkl's arrays (778 vertices, 1538 faces, 16 joints, 10 betas)
+        "v_template": rng.normal(0, 0.05, (778, 3)),
+        "shapedirs": rng.normal(0, 1e-3, (778, 3, 10)),
+        "posedirs": rng.normal(0, 1e-3, (778, 3, 135)),
+        "J_regressor": scipy.sparse.csc_matrix(rng.random((16, 778)) / 778),
+        "kintree_table": np.stack([parents, np.arange(16)]),
+        "weights": weights_lbs / weights_lbs.sum(1, keepdims=True),
+        "f": rng.integers(0, 778, (1538, 3)).astype(np.uint32),
+        "hands_components": rng.normal(0, 1, (45, 45)),
+        "hands_mean": np.zeros(45),
+    }
+    with open(mano / "MANO_RIGHT.pkl", "wb") as f:
+        pickle.dump(mano_right, f)
+    identity6d = np.tile(np.array([1, 0, 0, 1, 0, 0], np.float32), 16)  # 16 rotations in 6D
+    np.savez(mano / "mano_mean_params.npz", pose=identity6d, shape=np.zeros(10, np.float32), cam=np.array([0.9, 0, 0]))
+    sys.path.insert(0, str(repo))
+    os.chdir(repo)  # WiLoR reads ./mano_data (wilor/models/__init__.py:28-33)
+    # pyrender: WiLoR's renderers (built at load) use it; nothing renders here, and it needs EGL.
+    sys.modules.setdefault("pyrender", unittest.mock.MagicMock())
+    import pytorch_lightning as pl
+    from wilor.configs import get_config
+    from wilor.models import WiLoR
+
+    weights.mkdir(parents=True, exist_ok=True)
+    shutil.copy(repo / "pretrained_models" / "model_config.yaml", weights / "model_config.yaml")
+    cfg = get_config(str(weights / "model_config.yaml"), update_cachedir=True)
+    cfg.defrost()
+    cfg.MODEL.BACKBONE.pop("PRETRAINED_WEIGHTS", None)
+    cfg.MANO.DATA_DIR = cfg.MANO.MODEL_PATH = "./mano_data/"
+    cfg.MANO.MEAN_PARAMS = "./mano_data/mano_mean_params.npz"
+    cfg.freeze()
+    net = WiLoR(cfg, init_renderer=False)
+    torch.save(
+        {"state_dict": net.state_dict(), "pytorch-lightning_version": pl.__version__},
+        weights / "wilor_final.ckpt",
+    )
+
+
+def wilor_run(repo: Path, weights: Path, frames: np.ndarray, device: str, result: dict[str, Any]) -> list[float]:
+    """Load WiLoR as the backend does (``load_wilor``) and time it on y2r's batches of hand crops."""
+    import torch
+
+    sys.path.insert(0, str(repo))
+    os.chdir(repo)
+    sys.modules.setdefault("pyrender", unittest.mock.MagicMock())
+    from wilor.models import load_wilor
+
+    t0 = time.perf_counter()
+    model, cfg = load_wilor(
+        checkpoint_path=str(weights / "wilor_final.ckpt"), cfg_path=str(weights / "model_config.yaml")
+    )
+    model = model.to(device).eval()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    result["load_s"] = round(time.perf_counter() - t0, 2)
+    result["after_load_torch_mib"] = round(torch.cuda.memory_allocated() / 2**20, 1) if device != "cpu" else None
+    # Two hands per frame, cropped to 256x256 as ViTDetDataset does, in batches of 256 (real-gpu.yaml).
+    crops = len(frames) * 2
+    batch = min(256, crops)
+    result["unit"] = f"frame (2 hand crops; batches of {batch}, {crops} crops)"
+    mean = torch.tensor(cfg.MODEL.IMAGE_MEAN).view(1, 3, 1, 1) * 255
+    std = torch.tensor(cfg.MODEL.IMAGE_STD).view(1, 3, 1, 1) * 255
+    src = torch.from_numpy(frames[:, :256, :256]).permute(0, 3, 1, 2).float()
+    imgs = ((src.repeat_interleave(2, 0) - mean) / std).to(device)
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        with torch.no_grad():
+            for i in range(0, crops, batch):
+                out = model({"img": imgs[i : i + batch]})
+                out["pred_cam"].cpu()
+        times.append((time.perf_counter() - t) / len(frames))
+    result["detector"] = "not run: the YOLO detector's size is not in the checkout"
+    return times
 
 
 def grounding_dino_base(folder: Path) -> None:
@@ -154,7 +247,9 @@ def run(
     peak = NvmlPeak() if cuda else None
     result: dict[str, Any] = {"model": model, "frames": len(frames), "size": f"{WIDTH}x{HEIGHT}"}
     t0 = time.perf_counter()
-    if model == "cotracker":
+    if model == "wilor":
+        backend = None
+    elif model == "cotracker":
         sys.path.insert(0, str(upstream / "facebookresearch+co-tracker"))
         from tasks.backends.cotracker import CoTrackerTracks2D
 
@@ -170,7 +265,9 @@ def run(
     result["load_s"] = round(time.perf_counter() - t0, 2)
     result["after_load_torch_mib"] = round(torch.cuda.memory_allocated() / 2**20, 1) if cuda else None
     times: list[float] = []
-    if model == "cotracker":
+    if model == "wilor":
+        times = wilor_run(upstream / "rolpotamias+WiLoR", weights, frames, device, result)
+    elif model == "cotracker":
         u, v = np.meshgrid(np.linspace(0, WIDTH - 1, grid), np.linspace(0, HEIGHT - 1, grid))
         queries = np.stack([u.ravel(), v.ravel()], axis=1).astype(np.float32)
         result["unit"] = f"window of {WINDOW} frames, {len(queries)} queries"
