@@ -45,8 +45,6 @@ checkout() { # url commit folder
 
 venv() { # model: a fresh venv holding exactly the lock
   local py="$ENVS_DIR/$1/bin/python"
-  "$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null ||
-    fail "$PYTHON is not CPython 3.11, which deploy/envs/$1.lock is resolved for; set PYTHON=/path/to/python3.11"
   "$PYTHON" -m venv --clear "$ENVS_DIR/$1"
   "$py" -m pip install -q --upgrade pip
   "$py" -m pip install -q --no-deps -r "$HERE/$1.lock"
@@ -134,7 +132,10 @@ build_grounded_sam() {
   finish grounded_sam "import transformers, sam2.build_sam; import tasks.backends.grounded_sam" "sam2=$SAM2_COMMIT"
 }
 
+"$PYTHON" -c 'import sys; assert sys.implementation.name == "cpython" and sys.version_info[:2] == (3, 11)' 2>/dev/null ||
+  fail "PYTHON=$PYTHON is not CPython 3.11, which the locks (deploy/envs/*.lock) are resolved for; set PYTHON=/path/to/python3.11"
 mkdir -p "$ENVS_DIR" "$MODELS_DIR"
+ENVS_DIR="$(cd "$ENVS_DIR" && pwd)" MODELS_DIR="$(cd "$MODELS_DIR" && pwd)"  # the steps change folders
 case "${1:-all}" in
   vipe|tapip3d|cotracker|wilor|grounded_sam) "build_$1" ;;
   all) for m in vipe tapip3d cotracker wilor grounded_sam; do "build_$m"; done ;;
