@@ -60,9 +60,19 @@ class ClaimUnconfirmed(RetryableError):
     """Redis could not be asked whether this run still holds its claim, so its output was not published."""
 
 
+class LowQuality(PermanentError):
+    """A video measured below a quality gate (tasks.quality); ``detail`` holds each measure, value and threshold."""
+
+    kind = "low_quality"
+
+    def __init__(self, message: str, detail: dict | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail or {}
+
+
 def error_class(exc: BaseException) -> str:
-    """Return the short class name recorded in failure records and quarantine entries."""
-    return type(exc).__name__
+    """Return the short name recorded in failure records and quarantine entries (the class name, or its ``kind``)."""
+    return str(getattr(type(exc), "kind", type(exc).__name__))
 
 
 class WorkerLost(PermanentError):

@@ -30,14 +30,19 @@ class Failure:
     attempts: int
     worker: str
     time: float  # unix time, s
+    detail: Mapping[str, Any] | None = None  # structured facts (a quality gate's value and threshold)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if self.detail is None:
+            out.pop("detail")
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Failure:
-        _require(data, [f.name for f in dataclasses.fields(cls)], "failure record")
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+        names = [f.name for f in dataclasses.fields(cls)]
+        _require(data, names[:-1], "failure record")
+        return cls(**{name: data[name] for name in names if name in data})
 
 
 @dataclass(frozen=True)

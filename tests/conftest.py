@@ -18,6 +18,10 @@ from pathlib import Path
 import pytest
 import redis
 
+# The tests' videos are drawn shapes: they name the synthetic backends, in this process and in every
+# worker and script it starts (a test of a real backend names that backend in its settings).
+os.environ["FRAMEFLEET_DEFAULT_BACKENDS"] = "synthetic"
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,12 +41,49 @@ def test_every_stage_has_one_task_one_settings_entry_and_a_default_backend_that_
     conf = load_settings(None)
     assert list(conf.stages) == list(STAGE_NAMES)
     assert set(GPU_STAGES) | set(CPU_STAGES) == set(STAGE_NAMES) and not set(GPU_STAGES) & set(CPU_STAGES)
+    assert conf.default_backends == "synthetic"  # the tests name it (conftest)
     for cls in ALL:
         stage = conf.stages[cls.name]
-        assert stage.backend == cls.default_backend and stage.enabled is not cls.optional
+        assert stage.enabled is not cls.optional
         assert issubclass(cls, ModelStage) == (cls.device == "gpu")
         if cls.device == "gpu":
-            assert cls.default_backend in backends.available(cls.name)
+            assert cls.cpu_backend in backends.available(cls.name)
+            assert stage.backend == (cls.default_backend or "synthetic")
+        else:
+            assert stage.backend == cls.default_backend
+
+
+def test_without_a_named_backend_a_stage_runs_a_real_one_and_synthetic_only_when_asked(tmp_path, monkeypatch):
+    from tasks.backends import defaults
+
+    monkeypatch.setenv("FRAMEFLEET_DEFAULT_BACKENDS", "cpu")
+    cpu = load_settings(None)
+    assert {s: cpu.stages[s].backend for s in ("depth", "tracks", "hands", "tracks2d", "masks")} == {
+        "depth": "classical",
+        "tracks": "opencv",
+        "hands": "mediapipe",
+        "tracks2d": "opencv",
+        "masks": "none",
+    }
+    # auto: y2r's model where configs/real-gpu.yaml's interpreter exists on this host (here: depth's only).
+    python = tmp_path / "envs" / "vipe" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+    layout = tmp_path / "real-gpu.yaml"
+    layout.write_text(
+        f"stages:\n  depth: {{backend: vipe, python: {python}, params: {{weights_dir: /nowhere}}}}\n"
+        "  tracks: {backend: tapip3d, python: /no/such/python}\n"
+    )
+    monkeypatch.setattr(defaults, "UPSTREAM_CONFIG", layout)
+    monkeypatch.setenv("FRAMEFLEET_DEFAULT_BACKENDS", "auto")
+    auto = load_settings(None)
+    assert (auto.stages["depth"].backend, auto.stages["depth"].python) == ("vipe", str(python))
+    assert auto.stages["depth"].params == {"weights_dir": "/nowhere"}
+    assert (auto.stages["tracks"].backend, auto.stages["hands"].backend) == ("opencv", "mediapipe")
+    # a backend the settings name wins over every default
+    config = tmp_path / "named.yaml"
+    config.write_text("stages:\n  depth: {backend: synthetic}\n")
+    assert load_settings(config).stages["depth"].backend == "synthetic"
 
 
 def test_every_registered_backend_implements_its_stage_kind():

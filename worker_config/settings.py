@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 CONFIG_ENV = "FRAMEFLEET_CONFIG"
@@ -36,18 +46,33 @@ class StageSettings(BaseModel):
     max_retries: int = Field(default=3, ge=0)
 
 
-def _default_stages() -> dict[str, StageSettings]:
+class QualityGates(BaseModel):
+    """Per-video quality thresholds (the stages' ``gates``); a video below one is quarantined as ``low_quality``.
+
+    A ``min_`` gate of 0 is off, as is a ``max_`` gate of None. Each is checked against what its stage measured,
+    when the stage runs and again when a later run finds its output (so a changed threshold
+    and ``--continue`` or ``--retry-quarantined`` bring a quarantined video back).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # y2r's rule: depth flat (std < stages.depth.params.flat_std_threshold m) on more than this % of frames.
+    max_flat_frame_pct: float = Field(default=10.0, ge=0, le=100)
+    allow_camera_fallback: bool = True  # false: a video whose camera could not be solved is quarantined
+    max_reprojection_error_px: float | None = Field(default=None, ge=0)  # None: off
+    # Median over windows of the fraction of a window's query points still tracked at its last step.
+    min_track_visible_fraction: float = Field(default=0.0, ge=0, le=1)
+    min_median_track_length: float = Field(default=0.0, ge=0)  # frames a query point is followed, median
+    min_hand_frame_fraction: float = Field(default=0.0, ge=0, le=1)  # frames with at least one hand
+    min_hand_confidence: float = Field(default=0.0, ge=0, le=1)  # mean detection score over detected frames
+
+
+def _default_stages(mode: str = "auto") -> dict[str, StageSettings]:
+    """Every stage's settings when none are given; ``mode``: the ``default_backends`` setting."""
+    from tasks.backends.defaults import default_stage
     from tasks.stages import ALL
 
-    return {
-        cls.name: StageSettings(
-            enabled=not cls.optional,
-            backend=cls.default_backend,
-            params=dict(cls.default_params),
-            deadline_s=cls.default_deadline_s,
-        )
-        for cls in ALL
-    }
+    return {cls.name: StageSettings(**default_stage(cls, mode)) for cls in ALL}
 
 
 def _runs_here(python: str) -> bool:
@@ -114,7 +139,13 @@ class Settings(BaseSettings):
     # torch's CPU threads in each worker process; 0 keeps torch's default (one per core). Several
     # model workers on one host each with every core oversubscribe it: run_local sets cores // workers.
     torch_threads: int = Field(default=0, ge=0)
+    # The backend of a model stage whose settings name none (tasks.backends.defaults): auto = y2r's model
+    # where its environment is installed (configs/real-gpu.yaml's layout), else the real CPU backend;
+    # cpu = always the CPU backends; synthetic = made-up stand-ins, for tests and demos only.
+    default_backends: Literal["auto", "cpu", "synthetic"] = "auto"
     stages: dict[str, StageSettings] = Field(default_factory=_default_stages)
+    # Per-video quality gates (tasks.quality.QualityGates fields): below one, a video is quarantined.
+    quality: QualityGates = Field(default_factory=lambda: QualityGates())
     # The autoscaler's policy (tasks.autoscaler.policy.AutoscalePolicy fields); its flags override it.
     autoscale: dict[str, float] = Field(default_factory=dict)
     # framefleet's own log lines (stage start and end, model loaded, pinned GPU) in every program, and a
@@ -132,12 +163,21 @@ class Settings(BaseSettings):
             raise ValueError("must be a Redis URL such as redis://127.0.0.1:6379/0 or rediss://…")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _always_fill_stages(cls, data: Any) -> Any:
+        # The stages' defaults depend on default_backends: _fill_stages must run when no stage is given too.
+        if isinstance(data, dict) and "stages" not in data:
+            data = {**data, "stages": {}}
+        return data
+
     @field_validator("stages", mode="before")
     @classmethod
-    def _fill_stages(cls, value: Any) -> Any:
+    def _fill_stages(cls, value: Any, info: ValidationInfo) -> Any:
         if not isinstance(value, dict):
             return value
-        merged: dict[str, Any] = {name: s.model_dump() for name, s in _default_stages().items()}
+        mode = info.data.get("default_backends", "auto")
+        merged: dict[str, Any] = {name: s.model_dump() for name, s in _default_stages(mode).items()}
         for name, override in value.items():
             if name not in merged:
                 raise ValueError(f"unknown stage {name!r}; the stages are {', '.join(merged)}")
@@ -275,3 +315,60 @@ def resolved_dict(settings: Settings) -> dict[str, Any]:
         if data.get(key):
             data[key] = redact_url(data[key])
     return data
+
+
+# What decides a stage's output: not its deadline, retries or interpreter path (those differ between hosts).
+OUTPUT_FIELDS = ("enabled", "backend", "params")
+
+
+def _defaults_of(cls: type) -> dict[str, Any]:
+    import inspect
+
+    try:
+        params = inspect.signature(cls.__init__).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {
+        p.name: p.default
+        for p in params
+        if p.name not in ("self", "backend")
+        and p.default is not p.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+
+
+def resolved_stage(conf: Settings, stage: str) -> tuple[dict[str, Any], str]:
+    """Return the settings that decide ``stage``'s output, every default filled in, and their sha256.
+
+    The same settings give the same hash in every process of the same framefleet version: the
+    params are the stage class's and its built-in backend's constructor defaults, then those
+    the settings give; the hash is of their canonical JSON (sorted keys).
+    """
+    import hashlib
+    import json
+
+    from tasks.backends import BUILTIN, backend_class
+    from tasks.stages import stage_class
+
+    own = conf.stages[stage]
+    params = _defaults_of(stage_class(stage))
+    if (stage, own.backend) in BUILTIN:
+        with contextlib.suppress(Exception):  # a backend module that cannot be imported here: its worker checks it
+            params = {**_defaults_of(backend_class(stage, own.backend)), **params}
+    params.update(own.params)
+    resolved = {**own.model_dump(mode="json", include=set(OUTPUT_FIELDS)), "params": params}
+    text = json.dumps(resolved, sort_keys=True, default=str)
+    return json.loads(text), hashlib.sha256(text.encode()).hexdigest()
+
+
+def resolved_stages(conf: Settings) -> dict[str, Any]:
+    """Every enabled stage's resolved settings and hash (``resolved_stage``), and one hash over them all."""
+    import hashlib
+    import json
+
+    stages = {}
+    for name in conf.enabled_stages():
+        settings, digest = resolved_stage(conf, name)
+        stages[name] = {"backend": settings["backend"], "settings": settings, "sha256": digest}
+    whole = hashlib.sha256(json.dumps({n: s["sha256"] for n, s in stages.items()}, sort_keys=True).encode())
+    return {"stages": stages, "sha256": whole.hexdigest()}

@@ -114,6 +114,7 @@ class HandDetections(TypedDict):
     hand_pose: np.ndarray  # (T, 15, 3, 3) float32 MANO finger rotations (NaN when the model has none)
     joints_3d: np.ndarray  # (T, 21, 3) float32 joints in the camera frame, metres
     betas: np.ndarray  # (T, 10) float32 MANO shape per frame (zeros when the model has none)
+    score: NotRequired[np.ndarray]  # (T,) float32 detection confidence in [0, 1], NaN where not detected
 
 
 class HandsBackend(Backend):

@@ -43,6 +43,7 @@ class ClassicalDepth(DepthBackend):
     """Poses from OpenCV two-view geometry, sparse triangulated depth densified and scaled by a prior."""
 
     name = "classical"
+    packages = ("opencv-python-headless", "opencv-python")  # whose installed version the provenance records
 
     def __init__(
         self,

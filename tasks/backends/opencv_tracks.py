@@ -19,6 +19,8 @@ from tasks.errors import ModelLoadError
 
 
 class _LucasKanade:
+    packages = ("opencv-python-headless", "opencv-python")  # whose installed version the provenance records
+
     def _setup(self, fb_max_px: float, unknown: dict[str, Any]) -> None:
         check_params(type(self), unknown, "fb_max_px")
         if fb_max_px <= 0:

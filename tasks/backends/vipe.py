@@ -45,6 +45,7 @@ class VipeDepth(DepthBackend):
     """
 
     name = "vipe"
+    packages = ("vipe",)  # whose installed version the provenance records
 
     def __init__(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tasks import provenance
 from tasks.errors import PathOutsideRoot
 from tasks.job import Job
 from tasks.outputs.storage import confine, load_npz, read_marker
@@ -12,6 +13,7 @@ from tasks.stages import dataset_stage, stage_class
 from worker_config.settings import Settings
 
 MARKERS_DIR = "markers"
+UPSTREAM_KEY = "upstream_provenance"
 
 
 def check_roots(job: Job, conf: Settings) -> None:
@@ -73,4 +75,9 @@ def gather_inputs(stage: str, job: Job, enabled: tuple[str, ...]) -> dict[str, A
     out_root = Path(job.output_root)
     names = [*cls.reads, *(u for u in cls.uses if u in enabled)]
     outputs = {name: load_npz(output_path(out_root, job.video_id, name)) for name in names}
-    return cls.select_inputs(outputs, job)
+    inputs = cls.select_inputs(outputs, job)
+    # What made those outputs (tasks.provenance), for this stage's own record; none from earlier versions.
+    inputs[UPSTREAM_KEY] = provenance.merge(
+        [provenance.decode(o[provenance.META_KEY]) for o in outputs.values() if provenance.META_KEY in o]
+    )
+    return inputs

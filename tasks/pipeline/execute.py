@@ -11,7 +11,8 @@ from typing import Any
 from tasks.celery_app import settings
 from tasks.errors import ClaimLost
 from tasks.job import Job
-from tasks.outputs.stage_io import check_roots, gather_inputs, marker_of, output_path, read_done
+from tasks import provenance, quality
+from tasks.outputs.stage_io import UPSTREAM_KEY, check_roots, gather_inputs, marker_of, output_path, read_done
 from tasks.outputs.storage import atomic_write, clear_temporaries, save_npz, write_marker
 from tasks.pipeline.hooks import StageCall, StageHook
 from tasks.stages import stage_class
@@ -40,6 +41,7 @@ def execute(call: StageCall, hooks: Sequence[StageHook] = ()) -> dict[str, Any]:
     if not job.force:
         done = read_done(out_root, vid, stage_name)
         if done is not None:
+            _gate(stage_name, done.get("report", {}))  # the thresholds may have changed since it was made
             return {"skipped": True, **done.get("report", {})}
     stage = worker.get_stage(stage_name)
     for hook in hooks:
@@ -66,6 +68,7 @@ def execute(call: StageCall, hooks: Sequence[StageHook] = ()) -> dict[str, Any]:
             hook.on_progress(call, done_frames, total_frames)
 
     inputs = gather_inputs(stage_name, job, chain_of(job))
+    meta = provenance.begin(stage_name, stage, job, settings(), inputs.pop(UPSTREAM_KEY, None))
     report: dict[str, Any] = {}
     ran_s = 0.0
     if stage_class(stage_name).writes == "hdf5":
@@ -73,10 +76,11 @@ def execute(call: StageCall, hooks: Sequence[StageHook] = ()) -> dict[str, Any]:
         def write(tmp: Path) -> None:
             nonlocal ran_s
             began = time.perf_counter()
-            report.update(stage.run({**inputs, "out_path": str(tmp)}, progress=on_progress))
+            report.update(stage.run({**inputs, "provenance": meta, "out_path": str(tmp)}, progress=on_progress))
             ran_s = time.perf_counter() - began
 
         digest = atomic_write(output, write, fence_output)
+        report.update(quality=meta["quality"], provenance=provenance.summary(meta))
     else:
         began = time.perf_counter()
         arrays = stage.run(inputs, progress=on_progress)
@@ -84,13 +88,22 @@ def execute(call: StageCall, hooks: Sequence[StageHook] = ()) -> dict[str, Any]:
         notes = arrays.pop("notes", None)  # facts for the run summary, not arrays
         if notes:
             report["notes"] = notes
+        report["quality"] = provenance.finish(meta, stage_name, arrays.pop("quality", None))
+        arrays[provenance.META_KEY] = provenance.encode(meta)
         digest = save_npz(output, arrays, fence_output)
     write_marker(output, digest, marker, fence, report=report)
+    _gate(stage_name, report)  # after the marker: a changed threshold later needs no second run
     worker.note_committed()
     log.info("ran %s of %s", stage_name, vid)
     # Seconds inside the stage's own run (the model), apart from input loading and atomic writes;
     # added after the marker is written, so a marker stays the same whoever made it.
     return {**report, "run_s": ran_s}
+
+
+def _gate(stage_name: str, report: dict[str, Any]) -> None:
+    """Raise LowQuality when what the stages up to ``stage_name`` measured is below the settings' quality gates."""
+    if stage_class(stage_name).writes != "hdf5":
+        quality.enforce(report.get("quality"), settings().quality)
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:

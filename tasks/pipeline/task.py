@@ -113,6 +113,7 @@ def _fail(call: StageCall, failure: Exception) -> None:
         attempts=call.attempts,
         worker=call.task.request.hostname,
         time=time.time(),
+        detail=getattr(failure, "detail", None),
     )
     call.job = dataclasses.replace(call.job, failed=record)
 

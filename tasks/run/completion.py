@@ -38,7 +38,7 @@ from tasks.run.dataset import video_chain
 log = logging.getLogger("framefleet.completion")
 WINDOW_PER_WORKER = 4  # videos in flight per live worker: each worker's next task is already waiting
 MIN_WINDOW = 32  # the automatic window with few (or not yet any) workers
-OUTCOME_KEYS = ("video_id", "video", "failed", "timings", "notes", "gpu")
+OUTCOME_KEYS = ("video_id", "video", "failed", "timings", "notes", "gpu", "report")
 
 # KEYS: finished, order; ARGV: video id, outcome, ttl. The newest outcome replaces the one before
 # (a second chain of a video that failed may succeed); the order is given once. Returns {k, count}.

@@ -9,9 +9,11 @@ validation, the inputs it is given and the chain a video follows):
 - ``reads``: the earlier stages whose outputs it needs; ``uses``: optional stages whose
   outputs it takes when they are enabled (their absence is not an error);
 - ``writes``: "npz" (an intermediate in OUT/work/<video>/) or "hdf5" (the dataset file);
-- ``default_backend``: the model backend when the settings name none ("builtin" for stages
-  without a model); ``optional``: off unless ``stages.<name>.enabled`` is true;
-- ``default_params`` and ``default_deadline_s``: the settings' defaults for the stage.
+- ``default_backend``: the backend when the settings name none ("builtin" for stages without a
+  model; a model stage's default is its ``cpu_backend``, or y2r's model where its environment is
+  found: tasks.backends.defaults); ``optional``: off unless ``stages.<name>.enabled`` is true;
+- ``default_params`` and ``default_deadline_s``: the settings' defaults for the stage;
+- ``gates``: the quality gates on the measures its ``run`` returns under "quality".
 
 ``select_inputs`` picks its ``run`` inputs out of the outputs of the stages it reads.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -30,6 +33,20 @@ from tasks.job import Job
 Progress = Callable[[int, int], None]
 Outputs = Mapping[str, Mapping[str, Any]]
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A quality gate on one of the stage's ``quality`` measures, its threshold the setting ``quality.<setting>``.
+
+    ``kind``: "min" fails a value below the threshold, "max" one above it (None: off), "allow" fails
+    the value ``bad`` when the setting is false.
+    """
+
+    measure: str
+    setting: str
+    kind: Literal["min", "max", "allow"]
+    bad: Any = None
 
 
 class Stage:
@@ -44,6 +61,7 @@ class Stage:
     optional: ClassVar[bool] = False
     default_params: ClassVar[dict[str, Any]] = {}
     default_deadline_s: ClassVar[float] = 3600.0
+    gates: ClassVar[tuple[Gate, ...]] = ()  # on what ``run`` returns under "quality" (tasks.quality)
 
     def load(self, device: str) -> None:
         """Load what the stage needs on ``device``; stages without a model have nothing to load."""
@@ -61,12 +79,13 @@ class ModelStage(Stage):
     """A stage whose work is done by a model backend (tasks.backends), built from its name, loaded on a device."""
 
     device = "gpu"
-    default_backend = "synthetic"
+    default_backend = ""  # chosen by tasks.backends.defaults: cpu_backend, or y2r's model where it is installed
+    cpu_backend: ClassVar[str] = ""  # the real backend that runs on a CPU in the main environment
 
     def __init__(self, backend: str | None = None, **backend_params: Any) -> None:
         from tasks.backends import get_backend
 
-        self.backend_name = backend or self.default_backend
+        self.backend_name = backend or self.default_backend or self.cpu_backend
         self.model = get_backend(self.name, self.backend_name, **backend_params)
 
     @property

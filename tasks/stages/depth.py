@@ -9,28 +9,37 @@ import numpy as np
 
 from tasks.errors import BadInput
 from tasks.job import Job
-from tasks.stages.base import ModelStage, Outputs, Progress, report, require
+from tasks.stages.base import Gate, ModelStage, Outputs, Progress, report, require
 
 
 class DepthStage(ModelStage):
-    """Turn ``{"frames"}`` into ``{"depths" (T, H, W) float16, "intrinsics" (T, 3, 3), "extrinsics" (T, 4, 4)}``.
-
-    Raises BadInput when the depth is flat (per-frame std < ``flat_std_threshold`` m) on more
-    than ``max_flat_frame_pct`` % of the frames.
+    """Turn ``{"frames"}`` into ``{"depths" (T, H, W) float16, "intrinsics" (T, 3, 3), "extrinsics" (T, 4, 4)}``
+    and its ``quality``: the % of frames whose depth is flat (std < ``flat_std_threshold`` m), whether
+    the camera was solved or fell back, the reprojection error where known (tasks.quality gates it).
     """
 
     name = "depth"
+    cpu_backend = "classical"
+    gates = (
+        Gate("flat_frame_pct", "max_flat_frame_pct", "max"),  # y2r's rule
+        Gate("camera", "allow_camera_fallback", "allow", bad="fallback"),
+        Gate("reprojection_error_px", "max_reprojection_error_px", "max"),
+    )
     reads = ("preprocess",)
 
     def __init__(
         self,
         backend: str | None = None,
         flat_std_threshold: float = 0.1,
-        max_flat_frame_pct: float = 10.0,
+        max_flat_frame_pct: float | None = None,
         **backend_params: Any,
     ) -> None:
+        if max_flat_frame_pct is not None:
+            raise ValueError(
+                f"stages.depth.params.max_flat_frame_pct ({max_flat_frame_pct}) is now a quality gate: "
+                f"set quality.max_flat_frame_pct: {max_flat_frame_pct} in the settings instead"
+            )
         self.flat_std_threshold = float(flat_std_threshold)
-        self.max_flat_frame_pct = float(max_flat_frame_pct)
         super().__init__(backend, **backend_params)
 
     @classmethod
@@ -48,7 +57,6 @@ class DepthStage(ModelStage):
             raise RuntimeError(
                 f"depth backend {self.backend_name!r} returned depths {depths.shape}, wanted {(T, H, W)}"
             )
-        self._check_not_flat(depths)
         fx, fy, cx, cy = np.asarray(out["intrinsics"], dtype=np.float64).reshape(4)
         K = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
         # ViPE writes camera->world; the contract stores world->camera.
@@ -58,20 +66,26 @@ class DepthStage(ModelStage):
             "intrinsics": np.tile(K, (T, 1, 1)).astype(np.float32),
             "extrinsics": extrinsics.astype(np.float32),
         }
-        if out.get("notes"):
-            result["notes"] = dict(out["notes"])
+        notes = dict(out.get("notes") or {})
+        if notes:
+            result["notes"] = notes
+        result["quality"] = self.quality(depths, notes)
         return result
 
-    def _check_not_flat(self, depths: np.ndarray) -> None:
+    def quality(self, depths: np.ndarray, notes: dict[str, Any]) -> dict[str, Any]:
+        """What the depth's quality measures: flat frames (%), camera solved or fallback, reprojection error (px)."""
         finite = np.where(np.isfinite(depths), depths, np.nan)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN frame; handled below
+            warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN frame counts as flat
             std = np.nanstd(finite.reshape(len(depths), -1), axis=1)
-        flat = ~(std >= self.flat_std_threshold)  # an all-NaN frame counts as flat
-        pct = 100.0 * flat.sum() / len(depths)
-        if pct > self.max_flat_frame_pct:
-            raise BadInput(
-                f"depth: the depth is flat (per-frame std < {self.flat_std_threshold} m) on "
-                f"{int(flat.sum())} of {len(depths)} frames ({pct:.1f}% > {self.max_flat_frame_pct}%); "
-                "the video shows no usable scene depth"
-            )
+        flat = ~(std >= self.flat_std_threshold)
+        measured: dict[str, Any] = {
+            "flat_frame_pct": round(100.0 * float(flat.sum()) / len(depths), 3),
+            "flat_frames": int(flat.sum()),
+            "frames": len(depths),
+            "flat_std_threshold_m": self.flat_std_threshold,
+            "camera": "fallback" if notes.get("camera") == "fallback" else "solved",
+        }
+        if "median_reprojection_error_px" in notes:
+            measured["reprojection_error_px"] = float(notes["median_reprojection_error_px"])
+        return measured

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from tasks import provenance
 from tasks.errors import BadInput
 from tasks.job import Job
 from tasks.outputs.geometry import crop_intrinsics, pose_9d, square_crop
@@ -21,7 +22,8 @@ def _concat(parts: list[np.ndarray], dim: int) -> np.ndarray:
 
 
 class H5Stage(Stage):
-    """Turn ``{"frames", "depths", "tracks", "hands", "text", "out_path"[, "tracks2d"]}`` into the HDF5 file.
+    """Turn ``{"frames", "depths", "tracks", "hands", "text", "out_path"[, "tracks2d", "provenance"]}`` into the
+    HDF5 file; ``provenance`` (tasks.provenance) and its quality go to the file's attributes.
 
     For ``track_type: 2d`` the pixel tracks are the tracks2d stage's when it ran, else the 3D
     tracks seen by the frame's camera (``frame_pixels``). Returns ``{"stats":
@@ -118,6 +120,8 @@ class H5Stage(Stage):
             text = str(inputs.get("text") or "")
             if text:
                 g_root.create_dataset("text", data=text, dtype=h5py.string_dtype())
+            if inputs.get("provenance"):  # attributes of the file, outside root/: y2r's loader never sees them
+                provenance.write_attrs(f, inputs["provenance"])
 
         stats = VideoStats(
             self.track_type,

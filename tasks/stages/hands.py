@@ -9,7 +9,7 @@ import numpy as np
 from tasks.errors import BadInput
 from tasks.job import Job
 from tasks.outputs.geometry import slerp
-from tasks.stages.base import ModelStage, Outputs, Progress, report, require
+from tasks.stages.base import Gate, ModelStage, Outputs, Progress, report, require
 
 SIDES = ("left", "right")
 _POSE_KEYS = ("wrist_pose", "hand_pose", "joints_3d")
@@ -49,10 +49,17 @@ class HandsStage(ModelStage):
     (T, 4, 4), ``{side}_hand_pose`` (T, 15, 3, 3), ``{side}_joints_3d`` (T, 21, 3) float32 (NaN where
     invalid), ``{side}_betas`` (10,), and ``intrinsics`` (3, 3).
 
-    ``max_hand_velocity`` is in m/s; ``max_interpolation_gap`` in frames.
+    ``max_hand_velocity`` is in m/s; ``max_interpolation_gap`` in frames. Its ``quality``: the fraction
+    of frames with each hand and with either (after filtering and gap filling), and the mean
+    detection score over detected frames where the backend gives one.
     """
 
     name = "hands"
+    cpu_backend = "mediapipe"
+    gates = (
+        Gate("any_frame_fraction", "min_hand_frame_fraction", "min"),
+        Gate("confidence", "min_hand_confidence", "min"),
+    )
     reads = ("preprocess", "depth")
 
     def __init__(
@@ -92,6 +99,7 @@ class HandsStage(ModelStage):
             progress=lambda done, total: report(progress, done, total),
         )
         out: dict[str, Any] = {"intrinsics": K}
+        quality: dict[str, Any] = {"frames": T}
         if detections.get("notes"):  # a backend's facts for the run summary, as the depth stage passes them on
             out["notes"] = dict(detections["notes"])
         for name in SIDES:
@@ -106,10 +114,21 @@ class HandsStage(ModelStage):
             if self.max_interpolation_gap > 0:
                 fill_gaps(side, self.max_interpolation_gap)
             out[f"{name}_valid"] = side["valid"]
+            quality[f"{name}_frame_fraction"] = round(float(side["valid"].mean()), 4) if T else 0.0
+            score = np.asarray(detections[name].get("score", np.full(T, np.nan)), np.float64).reshape(T)
+            detected = np.asarray(detections[name]["valid"], dtype=bool).reshape(T) & np.isfinite(score)
+            if detected.any():
+                quality[f"{name}_confidence"] = round(float(score[detected].mean()), 4)
             for key in _POSE_KEYS:
                 out[f"{name}_{key}"] = side[key]
             # Median over the model's detections, as y2r does, before any filtering.
             out[f"{name}_betas"] = (
                 np.median(betas, axis=0).astype(np.float32) if len(betas) else np.zeros(10, np.float32)
             )
+        either = np.logical_or(out["left_valid"], out["right_valid"]) if T else np.zeros(0, bool)
+        quality["any_frame_fraction"] = round(float(either.mean()), 4) if T else 0.0
+        scores = [quality[k] for k in ("left_confidence", "right_confidence") if k in quality]
+        if scores:
+            quality["confidence"] = round(float(np.mean(scores)), 4)
+        out["quality"] = quality
         return out

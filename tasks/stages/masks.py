@@ -22,6 +22,7 @@ class MasksStage(ModelStage):
     """
 
     name = "masks"
+    cpu_backend = "none"
     reads = ("preprocess",)
     optional = True
     default_backend = "none"

@@ -8,7 +8,7 @@ import numpy as np
 
 from tasks.job import Job
 from tasks.outputs.geometry import content_seed, unproject, window_poses, window_starts
-from tasks.stages.base import ModelStage, Outputs, Progress, report, require
+from tasks.stages.base import Gate, ModelStage, Outputs, Progress, report, require
 
 
 def sample_pixels(
@@ -55,10 +55,16 @@ class TracksStage(ModelStage):
     Outputs: ``window_starts`` (W,) int64, ``tracks`` (W, L, P, 3) float32 zero-padded past
     ``num_points`` (W,) int64, ``window_poses`` (W, L, 4, 4) float32 = inv(E_s) @ E_t,
     ``intrinsics`` (3, 3) of frame 0, ``num_frames``, ``resolution`` (H, W) int64, and
-    ``window_length``. A video shorter than the window gives W = 0, not an error.
+    ``window_length``; and its ``quality`` (``track_quality``). A video shorter than the window
+    gives W = 0, not an error.
     """
 
     name = "tracks"
+    cpu_backend = "opencv"
+    gates = (
+        Gate("visible_fraction", "min_track_visible_fraction", "min"),
+        Gate("median_track_length", "min_median_track_length", "min"),
+    )
     reads = ("preprocess", "depth")
     uses = ("masks",)
 
@@ -133,4 +139,26 @@ class TracksStage(ModelStage):
             "num_frames": np.int64(T),
             "resolution": np.array([H, W], dtype=np.int64),
             "window_length": np.int64(L),
+            "quality": track_quality(tracks, num_points),
         }
+
+
+def track_quality(tracks: np.ndarray, num_points: np.ndarray) -> dict[str, Any]:
+    """Measure tracks (W, L, P, 3) with ``num_points`` (W,) valid: the fraction of a window's query points
+    still tracked (finite) at its last step, median and lowest over windows, and the median number of
+    frames a point is followed from its query frame."""
+    visible, lengths = [], []
+    for w, n in enumerate(np.asarray(num_points).tolist()):
+        if n == 0:
+            continue
+        finite = np.isfinite(tracks[w, :, :n]).all(axis=-1)  # (L, n)
+        visible.append(float(finite[-1].mean()))
+        lengths.append(np.cumprod(finite, axis=0).sum(axis=0))  # a lost point stays lost
+    out: dict[str, Any] = {"windows": int(len(num_points)), "windows_with_points": len(visible)}
+    if visible:
+        out.update(
+            visible_fraction=round(float(np.median(visible)), 4),
+            visible_fraction_min=round(float(np.min(visible)), 4),
+            median_track_length=float(np.median(np.concatenate(lengths))),
+        )
+    return out

@@ -22,6 +22,7 @@ class Tracks2DStage(ModelStage):
     """
 
     name = "tracks2d"
+    cpu_backend = "opencv"
     reads = ("preprocess", "depth")
     uses = ("masks",)
     optional = True

@@ -181,7 +181,7 @@ def test_returned_statistics_count_what_the_contract_pools(written) -> None:
 def test_short_video_makes_no_window_group(tmp_path: Path) -> None:
     frames = np.random.default_rng(0).integers(0, 255, (8, 384, 512, 3), dtype=np.uint8)
     depths = np.ones((8, 384, 512), np.float16)
-    tracks = TracksStage().run(
+    tracks = TracksStage("synthetic").run(
         {
             "frames": frames,
             "depths": depths,

@@ -31,7 +31,7 @@ def textured(T: int, seed: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def depth_out() -> tuple[np.ndarray, dict]:
     frames = textured(16, 0)
-    stage = DepthStage()
+    stage = DepthStage("synthetic")
     stage.load("cpu")
     return frames, stage.run({"frames": frames})
 
@@ -42,7 +42,7 @@ def test_unknown_backend_names_stage_name_and_choices() -> None:
     with pytest.raises(UnknownBackend, match="unknown h5 backend 'synthetic'; available: none"):
         get_backend("h5", "synthetic")
     with pytest.raises(TypeError, match=r"unknown parameters \['no_such_knob'\]; its knobs are hold_mib"):
-        TracksStage(no_such_knob=1)
+        TracksStage("synthetic", no_such_knob=1)
 
 
 def test_importing_stages_and_backends_loads_no_torch() -> None:
@@ -50,8 +50,10 @@ def test_importing_stages_and_backends_loads_no_torch() -> None:
     code = (
         "import sys, types; pkg = types.ModuleType('tasks'); pkg.__path__ = ['tasks']; sys.modules['tasks'] = pkg\n"
         "import tasks.stages, tasks.stages.depth, tasks.stages.tracks, tasks.stages.hands, tasks.stages.h5\n"
-        "import tasks.stages.preprocess, tasks.backends.synthetic, tasks.run.stats, tasks.outputs.geometry\n"
-        "DS = tasks.stages.stage_class('depth'); DS(hold_mib=1)\n"
+        "import tasks.stages.preprocess, tasks.backends.synthetic, tasks.run.stats, tasks.outputs.geometry
+"
+        "DS = tasks.stages.stage_class('depth'); DS('synthetic', hold_mib=1)
+"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
@@ -82,29 +84,36 @@ def test_depth_outputs(depth_out) -> None:
 
 def test_depth_is_deterministic_and_depends_on_the_frames(depth_out) -> None:
     frames, out = depth_out
-    again = DepthStage().run({"frames": frames})
+    again = DepthStage("synthetic").run({"frames": frames})
     assert all(np.array_equal(out[k], again[k]) for k in out)
-    other = DepthStage().run({"frames": textured(16, 1)})
+    other = DepthStage("synthetic").run({"frames": textured(16, 1)})
     assert not np.array_equal(out["depths"], other["depths"])
     assert not np.array_equal(out["extrinsics"], other["extrinsics"])
 
 
-def test_flat_and_empty_videos_are_bad_input() -> None:
+def test_flat_depth_fails_y2rs_quality_gate_and_empty_videos_are_bad_input() -> None:
+    from tasks.errors import LowQuality
+    from tasks.quality import enforce
+    from worker_config.settings import QualityGates
+
     flat = np.full((10, 384, 512, 3), 128, np.uint8)
     flat[0] = textured(1, 0)[0]  # one textured frame of ten: 90 % flat > 10 %
-    with pytest.raises(BadInput, match=r"flat .* on 9 of 10 frames"):
-        DepthStage().run({"frames": flat})
+    measured = DepthStage("synthetic").run({"frames": flat})["quality"]
+    assert measured["flat_frames"] == 9 and measured["flat_frame_pct"] == 90.0
+    with pytest.raises(LowQuality, match=r"depth flat_frame_pct 90.0 \(quality.max_flat_frame_pct: 10.0\)"):
+        enforce({"depth": measured}, QualityGates())
+    enforce({"depth": measured}, QualityGates(max_flat_frame_pct=95))  # a looser gate lets it through
     with pytest.raises(BadInput, match="no frames"):
-        DepthStage().run({"frames": np.zeros((0, 384, 512, 3), np.uint8)})
+        DepthStage("synthetic").run({"frames": np.zeros((0, 384, 512, 3), np.uint8)})
     with pytest.raises(BadInput, match=r"'frames' must have shape \(\*, \*, \*, 3\)"):
-        DepthStage().run({"frames": np.zeros((4, 384, 512), np.uint8)})
+        DepthStage("synthetic").run({"frames": np.zeros((4, 384, 512), np.uint8)})
 
 
 def test_tracks_windows_queries_and_poses(depth_out) -> None:
     frames, depth = depth_out
     depths = depth["depths"].copy()
     depths[:, :, 256:] = 0  # only the left half has depth: queries must come from there
-    stage = TracksStage()
+    stage = TracksStage("synthetic")
     stage.load("cpu")
     out = stage.run({"frames": frames, **depth, "depths": depths})
     W = 16 - 10 + 1
@@ -122,7 +131,7 @@ def test_tracks_windows_queries_and_poses(depth_out) -> None:
         np.testing.assert_allclose(out["tracks"][w, 0, :, 2], depths[w][uv[:, 1], uv[:, 0]], rtol=1e-3)
     assert np.abs(out["tracks"][:, 9] - out["tracks"][:, 0]).max() > 0.05  # the scene moves
     assert not np.array_equal(out["tracks"][0, 0], out["tracks"][1, 0])  # a new draw per window
-    again = TracksStage().run({"frames": frames, **depth, "depths": depths})
+    again = TracksStage("synthetic").run({"frames": frames, **depth, "depths": depths})
     assert np.array_equal(out["tracks"], again["tracks"])
 
 
@@ -167,7 +176,7 @@ def test_fill_gaps_linear_positions_and_slerp_rotations() -> None:
 def test_hands_stage_outputs(depth_out) -> None:
     frames, depth = depth_out
     frames = np.concatenate([frames, frames[::-1], frames])  # 48 frames: room for the long left gap
-    stage = HandsStage()
+    stage = HandsStage("synthetic")
     stage.load("cpu")
     calls: list = []
     out = stage.run(
@@ -197,4 +206,4 @@ def test_a_failing_progress_callback_does_not_fail_the_stage(depth_out) -> None:
     def broken(done: int, total: int) -> None:
         raise RuntimeError("display went away")
 
-    assert DepthStage().run({"frames": frames}, progress=broken)["depths"].shape == (16, 384, 512)
+    assert DepthStage("synthetic").run({"frames": frames}, progress=broken)["depths"].shape == (16, 384, 512)

@@ -1,0 +1,214 @@
+"""What made an output: framefleet's version, each stage's backend, its version or commit, weights hash and
+resolved settings, the source video's path, size and hash, the run and the time.
+
+Each stage's intermediate carries the record of every stage before it (the ``framefleet_meta``
+entry of its npz, a JSON string), so the dataset stage holds the whole chain, whichever
+workers and hosts ran it, and writes it into the HDF5 file's attributes (``write_attrs``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.job import Job
+from worker_config.settings import Settings, resolved_stage
+
+META_KEY = "framefleet_meta"
+ATTR = "framefleet_provenance"  # the whole record, JSON, on the HDF5 file's root (not under root/)
+QUALITY_ATTR = "framefleet_quality"
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def git_commit(folder: str | os.PathLike[str]) -> str | None:
+    """The commit checked out in ``folder`` (a git checkout), or None when it is not one."""
+    if not (Path(folder) / ".git").exists():
+        return None
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+@cache
+def framefleet_version() -> dict[str, str]:
+    """framefleet's package version, and its commit when it runs from a git checkout."""
+    try:
+        found = {"version": version("framefleet")}
+    except PackageNotFoundError:
+        found = {"version": "unknown"}
+    commit = git_commit(CHECKOUT)
+    if commit:
+        found["commit"] = commit
+    return found
+
+
+def package_version(*names: str) -> str | None:
+    """The installed version of the first distribution of ``names`` that is installed, as ``name==version``."""
+    for name in names:
+        try:
+            return f"{name}=={version(name)}"
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+_HASHED: dict[tuple[str, int, int], str] = {}
+
+
+def hash_file(path: Path) -> str:
+    """sha256 of ``path``, remembered per (path, size, mtime) for the life of the process."""
+    from tasks.storage import sha256_file
+
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _HASHED:
+        _HASHED[key] = sha256_file(path)
+    return _HASHED[key]
+
+
+def hash_tree(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """One sha256 over every file under ``folder`` (relative path and content hash, in path order)."""
+    root = Path(folder).expanduser()
+    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+    digest = hashlib.sha256()
+    total = 0
+    for path in files:
+        digest.update(f"{path.relative_to(root).as_posix()}\0{hash_file(path)}\n".encode())
+        total += path.stat().st_size
+    return {"path": str(root), "files": len(files), "bytes": total, "sha256": digest.hexdigest()}
+
+
+def backend_identity(model: Any) -> dict[str, Any]:
+    """What pins a backend's outputs: its package version, the upstream checkout's commit, its weights' hash."""
+    packages = getattr(model, "packages", ())
+    found: dict[str, Any] = {"package": package_version(*packages) if packages else None}
+    if found["package"] is None:
+        found["package"] = f"framefleet=={framefleet_version()['version']}"
+    repo = getattr(model, "repo_dir", None)
+    if repo and (commit := git_commit(Path(repo).expanduser())):
+        found["upstream_commit"] = commit
+    weights = getattr(model, "weights_dir", None)
+    if weights and Path(weights).expanduser().is_dir():
+        found["weights"] = hash_tree(weights)
+    return found
+
+
+def stage_record(stage_name: str, stage: Any, conf: Settings) -> dict[str, Any]:
+    """The provenance of one stage as this worker runs it: backend, identity, resolved settings and their hash."""
+    from tasks.backends.defaults import what
+
+    settings, digest = resolved_stage(conf, stage_name)
+    record: dict[str, Any] = {"backend": settings["backend"], "settings": settings, "settings_sha256": digest}
+    model = getattr(stage, "model", None)
+    if model is not None:
+        record["what"] = what(stage_name, settings["backend"])
+        record.update(backend_identity(model))
+    record["made"] = time.time()
+    return record
+
+
+def source_record(job: Job) -> dict[str, Any]:
+    """The source video: its path relative to RAW_DIR, size in bytes and sha256."""
+    path = Path(job.dataset_root) / job.video
+    return {"path": job.video, "bytes": path.stat().st_size, "sha256": hash_file(path)}
+
+
+def merge(metas: list[dict[str, Any]]) -> dict[str, Any]:
+    """One record from the records of the outputs a stage reads (each holds the stages before it)."""
+    merged: dict[str, Any] = {"stages": {}, "quality": {}}
+    for meta in metas:
+        merged["stages"].update(meta.get("stages", {}))
+        merged["quality"].update(meta.get("quality", {}))
+        if "source" in meta:
+            merged["source"] = meta["source"]
+    return merged
+
+
+def begin(stage_name: str, stage: Any, job: Job, conf: Settings, upstream: dict[str, Any] | None) -> dict[str, Any]:
+    """The record of an output about to be made: the stages before it, this stage, the source, the run."""
+    from tasks.stages import source_stage
+
+    meta = merge([upstream or {}])
+    meta["stages"][stage_name] = stage_record(stage_name, stage, conf)
+    if stage_name == source_stage().name or "source" not in meta:
+        meta["source"] = source_record(job)
+    meta["framefleet"] = framefleet_version()
+    meta["run_id"] = job.run_id
+    return meta
+
+
+def finish(meta: dict[str, Any], stage_name: str, quality: dict[str, Any] | None) -> dict[str, Any]:
+    """Add this stage's measured quality to ``meta``; return the quality of every stage so far."""
+    if quality:
+        meta["quality"][stage_name] = quality
+    return meta["quality"]
+
+
+def encode(meta: dict[str, Any]) -> np.ndarray:
+    """``meta`` as an npz entry: a 0-d unicode array (no pickle)."""
+    return np.array(json.dumps(meta, sort_keys=True, default=str))
+
+
+def decode(value: Any) -> dict[str, Any]:
+    return dict(json.loads(str(np.asarray(value).item())))
+
+
+def summary(meta: dict[str, Any]) -> dict[str, Any]:
+    """The short form for markers, the manifest and the statistics: framefleet, backends, settings hash, source."""
+    stages = meta.get("stages", {})
+    whole = hashlib.sha256(
+        json.dumps({n: s.get("settings_sha256") for n, s in stages.items()}, sort_keys=True).encode()
+    ).hexdigest()
+    return {
+        "framefleet": meta.get("framefleet", {}),
+        "backends": {n: s["backend"] for n, s in stages.items()},
+        "versions": {n: s.get("upstream_commit") or s.get("package") for n, s in stages.items() if "package" in s},
+        "settings_sha256": whole,
+        "source": meta.get("source", {}),
+        "run_id": meta.get("run_id"),
+    }
+
+
+def write_attrs(f: Any, meta: dict[str, Any]) -> None:
+    """Write ``meta`` as attributes of the open h5py file ``f``'s root: the whole JSON and the main facts flat."""
+    short = summary(meta)
+    f.attrs[ATTR] = json.dumps(meta, sort_keys=True, default=str)
+    f.attrs[QUALITY_ATTR] = json.dumps(meta.get("quality", {}), sort_keys=True)
+    flat: dict[str, Any] = {
+        "framefleet_version": short["framefleet"].get("version", ""),
+        "framefleet_commit": short["framefleet"].get("commit", ""),
+        "run_id": short["run_id"] or "",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "settings_sha256": short["settings_sha256"],
+        "source_path": short["source"].get("path", ""),
+        "source_bytes": int(short["source"].get("bytes", 0)),
+        "source_sha256": short["source"].get("sha256", ""),
+    }
+    flat.update({f"backend_{stage}": name for stage, name in short["backends"].items()})
+    for key, value in flat.items():
+        f.attrs[key] = value
+
+
+def read_attrs(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The provenance record of an HDF5 file (with its quality), or None for a file written without one."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        if ATTR not in f.attrs:
+            return None
+        meta = json.loads(str(f.attrs[ATTR]))
+        meta["created"] = str(f.attrs.get("created", ""))
+        return dict(meta)
