@@ -80,7 +80,8 @@ lint: install
 
 demo: need-redis install
 	$(VENV)/bin/framefleet sample $(DEMO_RAW) --videos 8
-	$(VENV)/bin/framefleet run $(DEMO_RAW) --out $(DEMO_OUT) --force $(DEMO_SERVE)
+	@echo "make demo: SYNTHETIC backends (made-up depth, tracks and hands) on drawn sample videos: a demo of the machinery, not data"
+	FRAMEFLEET_DEFAULT_BACKENDS=synthetic $(VENV)/bin/framefleet run $(DEMO_RAW) --out $(DEMO_OUT) --force $(DEMO_SERVE)
 
 # The real clips through the real CPU backends (configs/real-cpu.yaml), then a preview PNG per video.
 demo-real: install

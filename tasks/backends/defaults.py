@@ -87,3 +87,26 @@ def what(stage: str, backend: str) -> str:
 
 def is_synthetic(backend: str) -> bool:
     return backend == "synthetic"
+
+
+def model_backends(conf: Any) -> dict[str, str]:
+    """The backend of each enabled stage that has a model, by stage, from settings ``conf``."""
+    from tasks.stages import ModelStage, stage_class
+
+    return {
+        name: conf.stages[name].backend for name in conf.enabled_stages() if issubclass(stage_class(name), ModelStage)
+    }
+
+
+def describe(backends: dict[str, str]) -> list[str]:
+    """One line per stage: ``depth: classical — what it is and is not``; a warning line first if one is synthetic."""
+    backends = {stage: name for stage, name in backends.items() if name != "builtin"}  # stages without a model
+    lines = [f"{stage}: {name} — {what(stage, name)}" for stage, name in backends.items()]
+    made_up = [stage for stage, name in backends.items() if is_synthetic(name)]
+    if made_up:
+        lines.insert(
+            0,
+            f"WARNING: {', '.join(made_up)} use the SYNTHETIC backends: made-up outputs for tests and demos, "
+            "not measurements; do not train on them (drop default_backends: synthetic and name no synthetic backend)",
+        )
+    return lines

@@ -49,6 +49,15 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return conf
 
 
+def print_backends(conf: Settings) -> None:
+    """Say, before anything runs, which backend each model stage uses and what it is not."""
+    from tasks.backends.defaults import describe, model_backends
+
+    print("backends (what makes the data):", flush=True)
+    for line in describe(model_backends(conf)):
+        print(f"  {line}", flush=True)
+
+
 def plural(n: int, noun: str) -> str:
     """``1 video``, ``2 videos``: a count with its noun."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

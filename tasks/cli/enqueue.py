@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 from celery.utils import uuid
 
+from tasks import lineage
 from tasks.cli import common, watch
 from tasks.observe import stall
 from tasks.outputs import intermediates
@@ -64,20 +65,26 @@ def enqueue(
     metadata: Path | None = None,
     require_text: bool = False,
     window: int | None = None,
+    mixed: bool = False,
 ) -> dict[str, Any]:
     """Send the run: its first ``window`` videos' chains, the others kept in Redis (tasks.run.completion);
     return its record (run_id, callback_id, videos, window, ...).
 
     ``window`` None: the settings' ``enqueue_window``, or when that is 0, 4 per live worker (at least 32).
-    Raises DatasetError or MetadataError.
+    ``mixed``: add to a folder made with other backends or settings on purpose (else SettingsChanged).
+    Raises DatasetError (SettingsChanged among them) or MetadataError.
     """
     every_video = find_videos(raw_dir)
     videos = every_video[: limit or None]
     check_folders(raw_dir, out_dir, resume or retry_quarantined, force, add)
+    if not force:
+        for line in lineage.check_same(out_dir, conf, mixed):
+            print(f"framefleet: warning: {line}", file=sys.stderr, flush=True)
     # y2r's numeric clip ids count every video, so the limit applies after reading the file.
     texts = texts_for(raw_dir, every_video, metadata, require_text, selected=videos)
     run_id = new_run_id()
-    entries = write_manifest(raw_dir, out_dir, videos, run_id, texts)
+    made_with = lineage.current_set(conf, run_id)
+    entries = write_manifest(raw_dir, out_dir, videos, run_id, texts, made_with, redo=force and not limit)
     if retry_quarantined:
         held = quarantine.read(out_dir)
         if not held:
@@ -168,6 +175,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --continue or --force: add RAW_DIR's videos to an OUT made from another folder",
     )
     parser.add_argument(
+        "--mixed",
+        action="store_true",
+        help="with --continue or --add: add videos made with other backends or settings than the folder's on "
+        "purpose (without it such a run is refused, naming the difference)",
+    )
+    parser.add_argument(
         "--intermediates",
         choices=intermediates.MODES,
         default=intermediates.DEFAULT,
@@ -219,6 +232,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if args.retry_quarantined and (args.resume or args.force):
         parser.error("--retry-quarantined goes alone (it continues the run for the quarantined videos)")
     conf = common.settings_from(args)
+    common.print_backends(conf)
     if (why := common.check_redis(conf)) is not None:
         return common.fail(why)
     try:
@@ -236,6 +250,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             args.metadata,
             args.require_text,
             args.window,
+            args.mixed,
         )
     except (DatasetError, MetadataError) as exc:
         return common.fail(str(exc))
@@ -276,6 +291,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     metadata=args.metadata,
                     require_text=args.require_text,
                     window=args.window,
+                    mixed=args.mixed,
                 )
 
         return follow(conf, record, args.out, resend=resend)

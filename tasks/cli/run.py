@@ -247,12 +247,17 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     check_run_arguments(parser, args)
     conf = _cli.settings_from(args)
+    _cli.print_backends(conf)
     try:
         from tasks.run.dataset import check_folders, find_videos
         from tasks.run.metadata import texts_for
 
         videos = find_videos(args.raw_dir)
         check_folders(args.raw_dir, args.out, args.resume, args.force, args.add)
+        if not args.force:  # before any process starts, as the rest of these checks
+            from tasks import lineage
+
+            lineage.check_same(args.out, conf, args.mixed)
         # Before any process starts: a bad metadata file should cost no cluster start-up.
         texts_for(args.raw_dir, videos, args.metadata, args.require_text, selected=videos[: args.limit or None])
     except (DatasetError, MetadataError) as exc:
@@ -359,6 +364,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             metadata=args.metadata,
             require_text=args.require_text,
             window=args.window,
+            mixed=args.mixed,
         )
         print(f"run {record['run_id']}: {_cli.plural(record['videos'], 'video')}", flush=True)
         code = follow(conf, record, args.out, detachable=False)  # its workers stop with it

@@ -313,6 +313,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             flush=True,
         )
     print(f"wrote {len(specs)} videos in {time.monotonic() - started:.1f} s to {args.out_dir.resolve()}")
+    print(
+        "these are drawn shapes, not footage: the real backends find no hands or scene in them. `make demo` "
+        "runs them with FRAMEFLEET_DEFAULT_BACKENDS=synthetic (made-up outputs, for a demo of the machinery only)"
+    )
     return 0
 
 

@@ -10,6 +10,9 @@ writer's umask): a trainer that can read the files must be able to read it. ``--
 adds the rules by which y2r's own writer is stricter than a loose reading of the contract
 (see tasks/cli/y2r_strict.py).
 
+It also prints what made each file (its provenance attributes) and checks the source video's
+hash recorded there against the video, when the video is still in its folder.
+
 Usage: framefleet verify OUT [--stats FILE] [--y2r-strict]; exit status 0 when everything holds,
 1 otherwise.
 """
@@ -315,6 +318,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     summary: list[str] = []
     problems = verify(args.out, args.stats, args.depth_min, args.depth_max, summary, args.y2r_strict)
+    from tasks.cli.provenance_check import check
+
+    lines, differ = check(Path(args.out), sorted(Path(args.out).glob("*.hdf5")))
+    print("\n".join(lines))
+    problems += differ
     for p in problems:
         print(p)
     if problems:

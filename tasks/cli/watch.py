@@ -189,6 +189,10 @@ def report(summary: dict[str, Any], out_dir: Path) -> int:
         f"{plural(summary['statistics_videos'], 'video')} in {out_dir / 'normalization_stats.yaml'}"
     )
     print(f"summary: {out_dir / 'run_summary.json'}; report: {out_dir / 'report.html'}")
+    if summary.get("backend_lines"):
+        print("made with:")
+        for line in summary["backend_lines"]:
+            print(f"  {line}")
     if (line := summary_line(out_dir)) is not None:
         print(line)
     if summary["failed"]:

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from tasks import lineage
+from tasks.backends.defaults import describe, model_backends
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.delivery import requeues
 from tasks.job import IDENTITY, Job
@@ -100,8 +102,25 @@ def write_statistics(out_root: Path, track_type: str, r: Any = None) -> int:
     from tasks.run.stats import normalization_stats, pool_rows, write_stats_yaml
 
     rows = completed_partials(out_root, track_type, r)
-    write_stats_yaml(out_root / "normalization_stats.yaml", normalization_stats(pool_rows(rows, track_type)))
+    stats = normalization_stats(pool_rows(rows, track_type))
+    write_stats_yaml(out_root / "normalization_stats.yaml", stats, stats_header(lineage.read(out_root)))
     return int(rows.shape[0])
+
+
+def stats_header(manifest: dict[str, Any]) -> list[str]:
+    """The statistics file's comment lines: the framefleet that wrote it and the backend sets of its videos."""
+    from tasks.provenance import framefleet_version
+
+    made = framefleet_version()
+    lines = [f"framefleet {made['version']}" + (f" (commit {made['commit'][:12]})" if "commit" in made else "")]
+    sets = lineage.backend_sets(manifest)
+    if sets:
+        lines.append(f"computed over videos made with {len(sets)} backend set(s) (manifest.json holds their settings):")
+    for found in sets:
+        backends = found["backends"]
+        named = " ".join(f"{k}={v}" for k, v in backends.items()) if isinstance(backends, dict) else str(backends)
+        lines.append(f"  {found['videos']} videos: {named}; settings sha256 {str(found['settings_sha256'])[:16]}")
+    return lines
 
 
 def stage_timings(results: list[Job]) -> dict[str, Any]:
@@ -159,6 +178,16 @@ def write_report(out_root: Path) -> None:
         log.info("report written in %.1f s: %s", time.monotonic() - started, out_root / "report.html")
 
 
+def _run_backends(reports: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """The backends this run's files record (the most common set), or, with none, this worker's settings."""
+    sets = Counter(
+        json.dumps(rep["provenance"]["backends"], sort_keys=True) for rep in reports.values() if rep.get("provenance")
+    )
+    if sets:
+        return {k: v for k, v in json.loads(sets.most_common(1)[0][0]).items() if v != "builtin"}
+    return model_backends(settings())
+
+
 @app.task(name=TASK_PREFIX + "aggregate", acks_late=True, base=VideoTask)
 def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     """Statistics callback of a run: write normalization_stats.yaml and run_summary.json; return the summary.
@@ -178,12 +207,16 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         results = first
     out_root = Path(run["output_root"])
     track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
-    merged = write_statistics(out_root, track_type, r)
     # A chord's results are whole job messages; an outcome (tasks.run.completion) is a part of one.
     jobs = [Job.from_dict({"run_id": run["run_id"], **v}, required=IDENTITY) for v in results]
     done = sorted(j.video_id for j in jobs if not j.failed)
     failed = [{"video_id": j.video_id, "video": j.video, **j.failed.to_dict()} for j in jobs if j.failed]
+    reports = {j.video_id: dict(j.report or {}) for j in jobs if not j.failed}
+    low = {j.video_id: dict(j.failed.detail or {}) for j in jobs if j.failed and j.failed.detail}
+    lineage.record_outcomes(out_root, reports, low)  # before the statistics: their header reads it
+    merged = write_statistics(out_root, track_type, r)
     quarantined = quarantine.update(out_root, failed, done, r)
+    backends = _run_backends(reports)
     summary = {
         "run_id": run["run_id"],
         "videos": len(results),
@@ -198,6 +231,9 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         "wall_s": time.time() - run["started"] if run.get("started") else None,
         "stages": stage_timings([j for j in jobs if not j.failed]),
         "notes": {j.video_id: dict(j.notes) for j in jobs if j.notes},
+        "backends": backends,
+        "backend_lines": describe(backends),
+        "low_quality": {vid: detail.get("shortfalls", []) for vid, detail in low.items()},
         "requeued": _requeued(r, run["run_id"]),
         "outputs": {
             "statistics": "normalization_stats.yaml",
@@ -215,5 +251,5 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         except Exception as exc:
             log.warning("callback of run %s not counted: %s", run["run_id"], exc)
     write_report(out_root)
-    keys = ("run_id", "videos", "done", "failed", "quarantined", "statistics_videos", "wall_s")
+    keys = ("run_id", "videos", "done", "failed", "quarantined", "statistics_videos", "wall_s", "backend_lines")
     return {k: summary[k] for k in keys}

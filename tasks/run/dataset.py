@@ -15,7 +15,6 @@ from celery import chain
 from tasks.celery_app import TASK_PREFIX, app
 from tasks.errors import FramefleetError
 from tasks.job import Job
-from tasks.outputs.storage import write_text_atomic
 
 VIDEO_SUFFIXES = {".mp4", ".mov", ".mkv", ".webm", ".avi"}
 
@@ -85,19 +84,29 @@ def dataset_roots(out_dir: Path) -> list[str]:
 
 
 def write_manifest(
-    raw_dir: Path, out_dir: Path, videos: list[Path], run_id: str, texts: dict[str, Any] | None = None
+    raw_dir: Path,
+    out_dir: Path,
+    videos: list[Path],
+    run_id: str,
+    texts: dict[str, Any] | None = None,
+    made_with: dict[str, Any] | None = None,
+    redo: bool = False,
 ) -> list[dict[str, Any]]:
     """Write OUT/manifest.json (earlier entries kept) and return this run's entries.
 
     ``texts`` maps clip ids to ``tasks.run.metadata.ClipText``; an entry carries its ``text`` and
-    ``noun`` (empty when the video has none) to the job.
+    ``noun`` (empty when the video has none) to the job. ``made_with``: this run's set of
+    backends and settings (tasks.run.lineage.current_set), added to the manifest's ``provenance``
+    (replacing the earlier sets when the run redoes every video: ``redo``).
     """
+    from tasks import lineage
     from tasks.run.metadata import ClipText, clip_id
 
     path = out_dir / "manifest.json"
     known: dict[str, Any] = {}
     root = str(raw_dir.resolve())
     first_root = root
+    earlier: dict[str, Any] = {}
     if path.exists():
         earlier = json.loads(path.read_text())
         known = {v["video_id"]: v for v in earlier["videos"]}
@@ -121,14 +130,14 @@ def write_manifest(
                 "already in this output folder, so their outputs would overwrite each other; rename one "
                 "(or move it into a subfolder) and enqueue again"
             )
-        known[entry["video_id"]] = entry
+        # What a finished run recorded of the video (status, provenance, quality) stays until it is redone.
+        known[entry["video_id"]] = {**known.get(entry["video_id"], {}), **entry}
         entries.append(entry)
-    head = json.dumps({"dataset_root": first_root, "last_run": run_id, "updated": time.time()})[:-1]
+    head = {"dataset_root": first_root, "last_run": run_id, "updated": time.time()}
+    sets = earlier.get("provenance") or []
+    head["provenance"] = lineage.with_set(earlier, made_with, redo) if made_with else sets
     ordered = sorted(known.values(), key=lambda v: (v.get("root", ""), v["path"]))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # One video a line: json.dumps with indent runs the pure-Python encoder (9 s for 50,000 videos).
-    lines = ",\n".join(json.dumps(v) for v in ordered)
-    write_text_atomic(path, f'{head}, "videos": [\n{lines}\n]}}\n')
+    lineage.write(out_dir, head, ordered)
     return entries
 
 

@@ -236,13 +236,15 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 _StatsDumper.add_representer(str, _represent_str)
 
 
-def write_stats_yaml(path: str | os.PathLike[str], stats: dict[str, Any]) -> None:
+def write_stats_yaml(path: str | os.PathLike[str], stats: dict[str, Any], header: list[str] | None = None) -> None:
     """Write ``stats`` as sorted block-style YAML atomically, with the mode a plain ``open(path, "w")`` gives.
 
     y2r writes this file with a plain open (0644 under the usual umask 022) and trainers often
     run as another user than the pipeline, so the temporary file is created with 0666 less the
-    umask (``storage.atomic_write``), never mkstemp's 0600.
+    umask (``storage.atomic_write``), never mkstemp's 0600. ``header``: lines written first as comments.
     """
     from tasks.outputs.storage import write_text_atomic
 
-    write_text_atomic(Path(path), yaml.dump(stats, Dumper=_StatsDumper, sort_keys=True, default_flow_style=False))
+    comments = "".join(f"# {line}\n" for line in header or [])  # comments: y2r's yaml.safe_load skips them
+    body = yaml.dump(stats, Dumper=_StatsDumper, sort_keys=True, default_flow_style=False)
+    write_text_atomic(Path(path), comments + body)
