@@ -30,7 +30,7 @@ CONTRACT_NAMES = {
     ("tasks/cli/verify.py", "depth"),
     ("tasks/cli/verify.py", "tracks"),
     ("tasks/cli/y2r_strict.py", "tracks"),
-    ("scripts/preview.py", "tracks"),
+    ("tasks/preview.py", "tracks"),
 }
 
 

@@ -325,7 +325,7 @@ def _defaults_of(cls: type) -> dict[str, Any]:
     import inspect
 
     try:
-        params = inspect.signature(cls.__init__).parameters.values()
+        params = inspect.signature(cls).parameters.values()
     except (TypeError, ValueError):
         return {}
     return {

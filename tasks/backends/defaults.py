@@ -38,7 +38,7 @@ def _installed(path: str) -> dict[str, dict[str, Any]]:
     }
 
 
-def default_stage(cls: type, mode: str) -> dict[str, Any]:
+def default_stage(cls: Any, mode: str) -> dict[str, Any]:
     """The settings of stage class ``cls`` (its backend, params, python) when the settings name no backend."""
     base: dict[str, Any] = {
         "enabled": not cls.optional,
@@ -54,7 +54,7 @@ def default_stage(cls: type, mode: str) -> dict[str, Any]:
     upstream = upstream_layout().get(cls.name) if mode == "auto" else None
     if upstream is not None and upstream.get("backend"):
         # y2r's model, as configs/real-gpu.yaml runs it; an optional stage stays as that file says.
-        keep = {k: upstream[k] for k in ("backend", "params", "python", "deadline_s") if k in upstream}
+        keep: dict[str, Any] = {k: upstream[k] for k in ("backend", "params", "python", "deadline_s") if k in upstream}
         return {**base, **keep, "enabled": base["enabled"] or bool(upstream.get("enabled", False))}
     return {**base, "backend": cpu}
 

@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("tasks.cli.cancel", "cancel a run: waiting tasks revoked, running ones stop; --continue resumes"),
     "verify": ("tasks.cli.verify", "check an output folder's HDF5 files and statistics against the contract"),
     "report": ("tasks.run.report", "write OUT/report.html for a finished run"),
+    "view": ("tasks.cli.view", "write a video's frames, depth, cameras, 3D tracks and hands as a Rerun .rrd"),
     "clean": ("tasks.cli.clean", "delete the intermediates (OUT/work/) of finished videos"),
     "autoscale": ("tasks.autoscaler.cli", "supervise this host's GPU workers, sized by GPU memory (NVML)"),
     "gpu-memory": ("tasks.cli.gpu_memory", "GPU memory: info, monitor, suggest workers per GPU"),

@@ -1,5 +1,5 @@
-"""Write OUT/report.html: a finished run's throughput, GPU memory with the autoscaler's decisions,
-stage durations and failures, as PNG plots in OUT/report/.
+"""Write OUT/report.html: each video's quality with its preview (tasks.report_quality), a finished run's
+throughput, GPU memory with the autoscaler's decisions, stage durations and failures, as PNG plots in OUT/report/.
 
     framefleet report OUT [--config FILE]      (or: python -m tasks.run.report OUT)
 
@@ -197,6 +197,9 @@ def build(out: Path, conf: Settings) -> Path:
         finally:
             plt.close(fig)
         sections.append(f"<h2>{html.escape(title)}</h2>\n{body}")
+    from tasks.report_quality import section
+
+    sections.insert(0, section(out))
     path = out / "report.html"
     path.write_text(page(data, sections))
     return path
@@ -221,7 +224,8 @@ def page(data: dict[str, Any], sections: list[str]) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>framefleet run {html.escape(s["run_id"])}</title>
 <style>body{{font-family:sans-serif;max-width:900px;margin:2em auto}}th{{text-align:left;padding-right:1em}}
-img{{max-width:100%}}.missing{{color:#555;font-style:italic}}</style></head>
+img{{max-width:100%}}.missing{{color:#555;font-style:italic}}.quality td{{vertical-align:top;font-size:90%}}
+.low{{background:#fde8e8}}</style></head>
 <body><h1>framefleet run {html.escape(s["run_id"])}</h1>
 <table>
 {table}

@@ -1,0 +1,71 @@
+"""The report's per-video quality table: each video's status, quality, missed gates and preview."""
+
+from __future__ import annotations
+
+import html
+import logging
+from pathlib import Path
+from typing import Any
+
+from tasks import lineage
+
+log = logging.getLogger("framefleet.report")
+PREVIEW_WIDTH_PX = 320
+# Columns: (stage, measure, heading, format).
+COLUMNS = (
+    ("tracks", "visible_fraction", "tracks visible", "{:.2f}"),
+    ("tracks", "median_track_length", "track length (frames)", "{:g}"),
+    ("hands", "left_frame_fraction", "left hand", "{:.2f}"),
+    ("hands", "right_frame_fraction", "right hand", "{:.2f}"),
+    ("hands", "confidence", "hand score", "{:.2f}"),
+    ("depth", "camera", "camera", "{}"),
+    ("depth", "flat_frame_pct", "flat depth %", "{:.1f}"),
+)
+
+
+def _cell(quality: dict[str, Any], stage: str, measure: str, fmt: str) -> str:
+    value = (quality.get(stage) or {}).get(measure)
+    return "–" if value is None else html.escape(fmt.format(value))
+
+
+def preview(out: Path, video_id: str) -> str | None:
+    """A preview PNG of the video in OUT/report/previews/ (relative path), or None without its intermediates."""
+    from tasks.preview import write_preview
+
+    rel = Path("report") / "previews" / f"{video_id}.png"
+    try:
+        write_preview(out, video_id, out / rel, PREVIEW_WIDTH_PX)
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # a preview is not worth losing the report
+        log.warning("no preview of %s: %s", video_id, exc)
+        return None
+    return rel.as_posix()
+
+
+def section(out: Path) -> str:
+    """The HTML of the quality table (empty when the manifest records no quality)."""
+    videos = [v for v in lineage.read(out).get("videos", []) if v.get("quality") or v.get("status")]
+    if not videos:
+        return ""
+    head = "".join(f"<th>{html.escape(h)}</th>" for _s, _m, h, _f in COLUMNS)
+    rows = []
+    for v in videos:
+        quality = v.get("quality") or {}
+        missed = "; ".join(
+            f"{s['stage']} {s['measure']} {s['value']} (quality.{s['setting']}: {s['threshold']})"
+            for s in v.get("shortfalls", [])
+        )
+        image = preview(out, v["video_id"])
+        picture = f'<img src="{image}" alt="preview of {html.escape(v["path"])}">' if image else "no intermediates"
+        cells = "".join(f"<td>{_cell(quality, s, m, f)}</td>" for s, m, _h, f in COLUMNS)
+        status = html.escape(v.get("status", "?"))
+        css = ' class="low"' if v.get("status") == "low_quality" else ""
+        rows.append(
+            f"<tr{css}><td>{html.escape(v['path'])}<br>{picture}</td><td>{status}<br>{html.escape(missed)}</td>{cells}</tr>"
+        )
+    return (
+        "<h2>Quality per video</h2>\n<p>Measured by each stage; thresholds are the settings' <code>quality:</code>. "
+        "A low_quality video is quarantined and left out of the statistics.</p>\n"
+        f'<table class="quality"><tr><th>video</th><th>status</th>{head}</tr>\n' + "\n".join(rows) + "\n</table>"
+    )
