@@ -118,7 +118,10 @@ def stats_header(manifest: dict[str, Any]) -> list[str]:
         lines.append(f"computed over videos made with {len(sets)} backend set(s) (manifest.json holds their settings):")
     for found in sets:
         backends = found["backends"]
-        named = " ".join(f"{k}={v}" for k, v in backends.items()) if isinstance(backends, dict) else str(backends)
+        if isinstance(backends, dict):
+            named = " ".join(f"{k}={v}" for k, v in backends.items() if v != "builtin")  # stages without a model
+        else:
+            named = str(backends)
         lines.append(f"  {found['videos']} videos: {named}; settings sha256 {str(found['settings_sha256'])[:16]}")
     return lines
 

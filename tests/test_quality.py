@@ -1,0 +1,98 @@
+"""Quality measures and gates, provenance records and the lineage check, without workers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks import lineage
+from tasks.errors import LowQuality, error_class
+from tasks.job import Failure
+from tasks.quality import enforce, shortfalls
+from tasks.stages.tracks import track_quality
+from worker_config.settings import QualityGates, load_settings, resolved_stage, resolved_stages
+
+
+def test_track_quality_counts_points_still_tracked_at_a_windows_end_and_how_long_each_was_followed():
+    tracks = np.zeros((2, 4, 5, 3), np.float32)
+    tracks[0, 2:, :4] = np.nan  # 4 of window 0's 4 points lost from step 2: each followed for 2 frames
+    tracks[1, 3:, 0] = np.nan  # window 1: 1 of 2 points lost at the last step (3 frames), 1 kept (4)
+    measured = track_quality(tracks, np.array([4, 2]))
+    assert measured["visible_fraction_min"] == 0.0
+    assert measured["visible_fraction"] == 0.25  # the median of 0 and 0.5
+    assert measured["median_track_length"] == 2.0  # of 2, 2, 2, 2, 3, 4
+    assert track_quality(tracks, np.array([0, 0])) == {"windows": 2, "windows_with_points": 0}
+
+
+def test_each_gate_fails_only_past_its_threshold_and_says_the_value_and_the_setting():
+    quality = {
+        "depth": {"flat_frame_pct": 12.0, "camera": "fallback", "reprojection_error_px": 3.0},
+        "tracks": {"visible_fraction": 0.05, "median_track_length": 2.0},
+        "hands": {"any_frame_fraction": 0.0},
+    }
+    assert {(s.stage, s.measure) for s in shortfalls(quality, QualityGates())} == {
+        ("depth", "flat_frame_pct")
+    }  # the defaults: y2r's flat rule only
+    strict = QualityGates(
+        allow_camera_fallback=False,
+        max_reprojection_error_px=2.0,
+        min_track_visible_fraction=0.1,
+        min_median_track_length=5,
+        min_hand_frame_fraction=0.5,
+    )
+    assert len(shortfalls(quality, strict)) == 6
+    with pytest.raises(LowQuality) as caught:
+        enforce(quality, strict)
+    assert "tracks median_track_length 2.0 (quality.min_median_track_length: 5.0)" in str(caught.value)
+    assert error_class(caught.value) == "low_quality"
+    assert caught.value.detail["quality"] == quality
+    loose = QualityGates(max_flat_frame_pct=50.0)
+    enforce(quality, loose)  # passes
+    enforce({}, strict)  # nothing measured (an earlier version's output): nothing to gate
+
+
+def test_a_failure_record_keeps_its_detail_and_old_records_without_one_still_read():
+    record = Failure("tracks", "low_quality", "below", 1, "w", 1.0, detail={"shortfalls": []})
+    assert Failure.from_dict(json.loads(json.dumps(record.to_dict()))) == record
+    old = {"stage": "depth", "error_class": "BadInput", "reason": "x", "attempts": 1, "worker": "w", "time": 2.0}
+    assert Failure.from_dict(old).detail is None and "detail" not in Failure.from_dict(old).to_dict()
+
+
+def test_the_resolved_settings_fill_in_defaults_and_their_hash_follows_any_change(tmp_path: Path):
+    conf = load_settings(None)
+    settings, digest = resolved_stage(conf, "tracks")
+    assert settings["params"]["window_length"] == 10 and settings["backend"] == "synthetic"
+    assert resolved_stage(load_settings(None), "tracks") == (settings, digest)  # the same in another load
+    other = tmp_path / "s.yaml"
+    other.write_text("stages:\n  tracks: {params: {target_points: 32}}\n")
+    assert resolved_stage(load_settings(other), "tracks")[1] != digest
+    # Deadlines and retries do not change what a stage makes.
+    other.write_text("stages:\n  tracks: {deadline_s: 99, max_retries: 0}\n")
+    assert resolved_stage(load_settings(other), "tracks")[1] == digest
+
+
+def test_continuing_a_dataset_with_another_backend_is_refused_naming_it_unless_mixed(tmp_path: Path):
+    from tasks.dataset import write_manifest
+
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    raw.mkdir()
+    (raw / "a.mp4").write_bytes(b"x")
+    made = load_settings(None)
+    write_manifest(raw, out, [raw / "a.mp4"], "run-1", made_with=lineage.current_set(made, "run-1"))
+    assert lineage.check_same(out, made, mixed=False) == []
+    other = tmp_path / "s.yaml"
+    other.write_text("stages:\n  depth: {backend: classical}\n  tracks: {params: {target_points: 32}}\n")
+    changed = load_settings(other)
+    with pytest.raises(lineage.SettingsChanged) as caught:
+        lineage.check_same(out, changed, mixed=False)
+    assert "depth.backend: synthetic -> classical" in str(caught.value)
+    assert "tracks.params.target_points: 64 -> 32" in str(caught.value)
+    assert "--force" in str(caught.value) and "--mixed" in str(caught.value)
+    assert lineage.check_same(out, changed, mixed=True) == []
+    write_manifest(raw, out, [raw / "a.mp4"], "run-2", made_with=lineage.current_set(changed, "run-2"))
+    sets = json.loads((out / "manifest.json").read_text())["provenance"]
+    assert [s["sha256"] for s in sets] == [resolved_stages(made)["sha256"], resolved_stages(changed)["sha256"]]
+    assert lineage.check_same(out, changed, mixed=False) == []  # now one of its sets
