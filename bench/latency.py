@@ -33,6 +33,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.modes_queue import private_redis, stage_log  # noqa: E402
 
+# The benchmarks measure the orchestration with the synthetic stand-ins, as their recorded results did.
+os.environ.setdefault("FRAMEFLEET_DEFAULT_BACKENDS", "synthetic")
+
 SAMPLE_EVERY_S = 0.5
 
 

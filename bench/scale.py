@@ -40,6 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.modes_queue import private_redis  # noqa: E402
 
+# The benchmarks measure the orchestration with the synthetic stand-ins, as their recorded results did.
+os.environ.setdefault("FRAMEFLEET_DEFAULT_BACKENDS", "synthetic")
+
 
 def prefix_of(key: str) -> str:
     """Group keys by their family: ``ff:claim:…`` → ``ff:claim``, ``celery-task-meta-…`` → ``celery-task-meta``."""

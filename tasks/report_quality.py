@@ -8,18 +8,19 @@ from pathlib import Path
 from typing import Any
 
 from tasks import lineage
+from tasks.stages import DepthStage, HandsStage, TracksStage
 
 log = logging.getLogger("framefleet.report")
 PREVIEW_WIDTH_PX = 320
 # Columns: (stage, measure, heading, format).
 COLUMNS = (
-    ("tracks", "visible_fraction", "tracks visible", "{:.2f}"),
-    ("tracks", "median_track_length", "track length (frames)", "{:g}"),
-    ("hands", "left_frame_fraction", "left hand", "{:.2f}"),
-    ("hands", "right_frame_fraction", "right hand", "{:.2f}"),
-    ("hands", "confidence", "hand score", "{:.2f}"),
-    ("depth", "camera", "camera", "{}"),
-    ("depth", "flat_frame_pct", "flat depth %", "{:.1f}"),
+    (TracksStage.name, "visible_fraction", "tracks visible", "{:.2f}"),
+    (TracksStage.name, "median_track_length", "track length (frames)", "{:g}"),
+    (HandsStage.name, "left_frame_fraction", "left hand", "{:.2f}"),
+    (HandsStage.name, "right_frame_fraction", "right hand", "{:.2f}"),
+    (HandsStage.name, "confidence", "hand score", "{:.2f}"),
+    (DepthStage.name, "camera", "camera", "{}"),
+    (DepthStage.name, "flat_frame_pct", "flat depth %", "{:.1f}"),
 )
 
 

@@ -31,6 +31,8 @@ CONTRACT_NAMES = {
     ("tasks/cli/verify.py", "tracks"),
     ("tasks/cli/y2r_strict.py", "tracks"),
     ("tasks/preview.py", "tracks"),
+    ("tasks/cli/view.py", "tracks"),
+    ("tasks/cli/view.py", "depth"),
 }
 
 

@@ -27,7 +27,7 @@ def frames_of(seed: int, T: int) -> np.ndarray:
 
 def build(out: Path, track_type: str, lengths: tuple[int, ...]) -> None:
     """Write one HDF5 file per clip length with the stages, and the merged statistics."""
-    depth, tracks, hands = (stage_class(n)() for n in ("depth", "tracks", "hands"))
+    depth, tracks, hands = (stage_class(n)("synthetic") for n in ("depth", "tracks", "hands"))
     h5 = stage_class("h5")(track_type=track_type)
     parts = []
     for i, T in enumerate(lengths):
@@ -142,7 +142,7 @@ def test_a_statistics_file_others_cannot_read_is_named(ds: Path) -> None:
 @pytest.fixture(scope="module")
 def with_work(tmp_path_factory) -> dict[str, Path]:
     """One clip per track type, with the intermediates --y2r-strict reads in OUT/work/<video_id>/."""
-    depth, tracks, hands = (stage_class(n)() for n in ("depth", "tracks", "hands"))
+    depth, tracks, hands = (stage_class(n)("synthetic") for n in ("depth", "tracks", "hands"))
     frames = frames_of(7, 14)
     d = depth.run({"frames": frames})
     tr = tracks.run({"frames": frames, **d})
@@ -152,7 +152,7 @@ def with_work(tmp_path_factory) -> dict[str, Path]:
         out = dirs[tt] = tmp_path_factory.mktemp(f"strict{tt}")
         (out / "work" / "v0").mkdir(parents=True)
         np.savez(out / "work" / "v0" / "preprocess.npz", frames=frames)
-        np.savez(out / "work" / "v0" / "tracks.npz", **tr)
+        np.savez(out / "work" / "v0" / "tracks.npz", **{k: v for k, v in tr.items() if k != "quality"})
         inputs = {"frames": frames, "depths": d["depths"], "tracks": tr, "hands": ha, "out_path": str(out / "v0.hdf5")}
         stats = VideoStats.from_dict(stage_class("h5")(track_type=tt).run(inputs)["stats"])
         write_stats_yaml(out / "normalization_stats.yaml", normalization_stats(stats))

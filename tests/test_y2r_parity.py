@@ -183,7 +183,7 @@ def test_3d_files_equal_y2r_writer_output(run: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("source", ["tracks2d stage", "3d tracks"])
 def test_2d_files_equal_y2r_writer_output(run: Path, tmp_path: Path, source: str) -> None:
     stage = H5Stage(track_type="2d")
-    tracker = stage_class("tracks2d")()
+    tracker = stage_class("tracks2d")("synthetic")
     tracker.load("cpu")
     pools: dict[str, list] = {k: [] for k in ("disp", "depth", "pose", "hand_uvd", "hand_rot")}
     parts_2d = []

@@ -312,11 +312,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             f"{spec.seconds:.2f} s {round(spec.seconds * spec.fps)} frames",
             flush=True,
         )
-    print(f"wrote {len(specs)} videos in {time.monotonic() - started:.1f} s to {args.out_dir.resolve()}")
     print(
         "these are drawn shapes, not footage: the real backends find no hands or scene in them. `make demo` "
         "runs them with FRAMEFLEET_DEFAULT_BACKENDS=synthetic (made-up outputs, for a demo of the machinery only)"
     )
+    print(f"wrote {len(specs)} videos in {time.monotonic() - started:.1f} s to {args.out_dir.resolve()}")
     return 0
 
 

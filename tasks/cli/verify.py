@@ -321,18 +321,18 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from tasks.cli.provenance_check import check
 
     lines, differ = check(Path(args.out), sorted(Path(args.out).glob("*.hdf5")))
-    print("\n".join(lines))
     problems += differ
     for p in problems:
         print(p)
     if problems:
         print(f"FAILED: {len(problems)} problem(s)")
-        return 1
-    print(
-        f"OK: {summary[0]}; statistics match a one-pass float64 recomputation "
-        f"(|a-b| <= {RTOL:g}*max(|a|,|b|) or <= {ATOL:g})"
-    )
-    return 0
+    else:
+        print(
+            f"OK: {summary[0]}; statistics match a one-pass float64 recomputation "
+            f"(|a-b| <= {RTOL:g}*max(|a|,|b|) or <= {ATOL:g})"
+        )
+    print("\n".join(lines))
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

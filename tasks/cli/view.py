@@ -25,6 +25,8 @@ import numpy as np
 from tasks import lineage
 from tasks.cli import common
 from tasks.preview import BONES
+from tasks.stage_io import output_path
+from tasks.stages import DepthStage, HandsStage, PreprocessStage, TracksStage
 
 SIDES = ("left", "right")
 COLOURS = {"left": (80, 160, 255), "right": (255, 120, 60)}
@@ -53,14 +55,17 @@ def _npz(path: Path) -> dict[str, np.ndarray] | None:
         return {k: data[k] for k in data.files}
 
 
-def log_intermediates(rec: Any, work: Path) -> bool:
+def log_intermediates(rec: Any, out_dir: Path, video_id: str) -> bool:
     """Log the video from its intermediates in world coordinates; False when they are not there."""
     import rerun as rr
 
-    frames, depth = _npz(work / "preprocess.npz"), _npz(work / "depth.npz")
+    def output(stage: Any) -> dict[str, np.ndarray] | None:
+        return _npz(output_path(out_dir, video_id, stage.name))
+
+    frames, depth = output(PreprocessStage), output(DepthStage)
     if frames is None or depth is None:
         return False
-    tracks, hands = _npz(work / "tracks.npz"), _npz(work / "hands.npz")
+    tracks, hands = output(TracksStage), output(HandsStage)
     E = np.asarray(depth["extrinsics"], np.float64)  # world -> camera
     cam_to_world = np.linalg.inv(E)
     T, H, W = frames["frames"].shape[:3]
@@ -133,8 +138,7 @@ def write_rrd(out_dir: Path, video_id: str, rrd: Path) -> str:
     rec = rr.RecordingStream(f"framefleet-{video_id}")
     rec.save(str(rrd))
     try:
-        work = out_dir / "work" / video_id
-        kind = "world" if log_intermediates(rec, work) else "hdf5"
+        kind = "world" if log_intermediates(rec, out_dir, video_id) else "hdf5"
         if kind == "hdf5":
             log_hdf5(rec, out_dir / f"{video_id}.hdf5")
         rec.flush()

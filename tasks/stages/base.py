@@ -31,6 +31,9 @@ from tasks.errors import BadInput, FramefleetError
 from tasks.job import Job
 
 Progress = Callable[[int, int], None]
+# What ``run`` may return beside its arrays (JSON-able dicts, not saved in the npz): facts for the run
+# summary, and the measured quality the gates read (tasks.quality).
+REPORT_KEYS = ("notes", "quality")
 Outputs = Mapping[str, Mapping[str, Any]]
 log = logging.getLogger(__name__)
 
@@ -84,8 +87,9 @@ class ModelStage(Stage):
 
     def __init__(self, backend: str | None = None, **backend_params: Any) -> None:
         from tasks.backends import get_backend
+        from tasks.backends.defaults import unnamed_backend
 
-        self.backend_name = backend or self.default_backend or self.cpu_backend
+        self.backend_name = backend or self.default_backend or unnamed_backend(type(self))
         self.model = get_backend(self.name, self.backend_name, **backend_params)
 
     @property

@@ -35,8 +35,10 @@ def encode(path: Path, n: int = 90, fps: int = 30, w: int = 640, h: int = 360) -
 
 def through_npz(outputs: dict) -> dict:
     """Save and load as the Celery side does (no pickle): proves the outputs are npz-safe."""
+    from tasks.stages.base import REPORT_KEYS
+
     buf = io.BytesIO()
-    np.savez(buf, **outputs)
+    np.savez(buf, **{k: v for k, v in outputs.items() if k not in REPORT_KEYS})  # those go to the marker
     buf.seek(0)
     with np.load(buf, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
@@ -48,7 +50,8 @@ def dataset(tmp_path_factory) -> Path:
     encode(work / "clip.mp4")
     out = work / "out"
     out.mkdir()
-    stages = {name: stage_class(name)() for name in ("preprocess", "depth", "tracks", "hands", "h5")}
+    stages = {name: stage_class(name)() for name in ("preprocess", "h5")}
+    stages.update({name: stage_class(name)("synthetic") for name in ("depth", "tracks", "hands")})
     for stage in stages.values():
         stage.load("cpu")
     pre = through_npz(stages["preprocess"].run({"video_path": str(work / "clip.mp4")}))
