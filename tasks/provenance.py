@@ -8,6 +8,7 @@ workers and hosts ran it, and writes it into the HDF5 file's attributes (``write
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -92,7 +93,19 @@ def hash_tree(folder: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def backend_identity(model: Any) -> dict[str, Any]:
-    """What pins a backend's outputs: its package version, the upstream checkout's commit, its weights' hash."""
+    """What pins a backend's outputs: its package version, the upstream checkout's commit, its weights' hash.
+
+    Worked out once per loaded model (the weights are hashed on its first video, then remembered).
+    """
+    known = getattr(model, "_framefleet_identity", None)
+    if known is None:
+        known = _identity(model)
+        with contextlib.suppress(AttributeError):  # a backend class with __slots__: worked out each time
+            model._framefleet_identity = known
+    return dict(known)
+
+
+def _identity(model: Any) -> dict[str, Any]:
     packages = getattr(model, "packages", ())
     found: dict[str, Any] = {"package": package_version(*packages) if packages else None}
     if found["package"] is None:

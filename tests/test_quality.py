@@ -20,11 +20,11 @@ def test_track_quality_counts_points_still_tracked_at_a_windows_end_and_how_long
     tracks = np.zeros((2, 4, 5, 3), np.float32)
     tracks[0, 2:, :4] = np.nan  # 4 of window 0's 4 points lost from step 2: each followed for 2 frames
     tracks[1, 3:, 0] = np.nan  # window 1: 1 of 2 points lost at the last step (3 frames), 1 kept (4)
-    measured = track_quality(tracks, np.array([4, 2]))
+    measured = track_quality(np.isfinite(tracks).all(axis=-1), np.array([4, 2]))
     assert measured["visible_fraction_min"] == 0.0
     assert measured["visible_fraction"] == 0.25  # the median of 0 and 0.5
     assert measured["median_track_length"] == 2.0  # of 2, 2, 2, 2, 3, 4
-    assert track_quality(tracks, np.array([0, 0])) == {"windows": 2, "windows_with_points": 0}
+    assert track_quality(np.ones((2, 4, 5), bool), np.array([0, 0])) == {"windows": 2, "windows_with_points": 0}
 
 
 def test_each_gate_fails_only_past_its_threshold_and_says_the_value_and_the_setting():

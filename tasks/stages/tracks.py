@@ -139,19 +139,19 @@ class TracksStage(ModelStage):
             "num_frames": np.int64(T),
             "resolution": np.array([H, W], dtype=np.int64),
             "window_length": np.int64(L),
-            "quality": track_quality(tracks, num_points),
+            "quality": track_quality(np.isfinite(tracks).all(axis=-1), num_points),
         }
 
 
-def track_quality(tracks: np.ndarray, num_points: np.ndarray) -> dict[str, Any]:
-    """Measure tracks (W, L, P, 3) with ``num_points`` (W,) valid: the fraction of a window's query points
-    still tracked (finite) at its last step, median and lowest over windows, and the median number of
-    frames a point is followed from its query frame."""
+def track_quality(present: Any, num_points: np.ndarray) -> dict[str, Any]:
+    """Measure tracks from ``present`` (W, L, P) bool, whether each point is tracked at each step, with
+    ``num_points`` (W,) valid: the fraction of a window's query points still tracked at its last step,
+    median and lowest over windows, and the median number of frames a point is followed from its query."""
     visible, lengths = [], []
     for w, n in enumerate(np.asarray(num_points).tolist()):
         if n == 0:
             continue
-        finite = np.isfinite(tracks[w, :, :n]).all(axis=-1)  # (L, n)
+        finite = np.asarray(present[w, :, :n], dtype=bool)  # (L, n)
         visible.append(float(finite[-1].mean()))
         lengths.append(np.cumprod(finite, axis=0).sum(axis=0))  # a lost point stays lost
     out: dict[str, Any] = {"windows": int(len(num_points)), "windows_with_points": len(visible)}

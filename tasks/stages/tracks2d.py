@@ -9,8 +9,8 @@ import numpy as np
 from tasks.backends.convert_tracks import erode, grid_on_mask
 from tasks.job import Job
 from tasks.outputs.geometry import content_seed, window_starts
-from tasks.stages.base import ModelStage, Outputs, Progress, report, require
-from tasks.stages.tracks import sample_pixels
+from tasks.stages.base import Gate, ModelStage, Outputs, Progress, report, require
+from tasks.stages.tracks import sample_pixels, track_quality
 
 
 class Tracks2DStage(ModelStage):
@@ -23,6 +23,7 @@ class Tracks2DStage(ModelStage):
 
     name = "tracks2d"
     cpu_backend = "opencv"
+    gates = (Gate("visible_fraction", "min_track_visible_fraction", "min"),)
     reads = ("preprocess", "depth")
     uses = ("masks",)
     optional = True
@@ -96,4 +97,5 @@ class Tracks2DStage(ModelStage):
             "num_frames": np.int64(T),
             "resolution": np.array([H, W], dtype=np.int64),
             "window_length": np.int64(L),
+            "quality": track_quality(visible & np.isfinite(tracks).all(axis=-1), num_points),
         }
