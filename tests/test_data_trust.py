@@ -16,10 +16,12 @@ import sys
 
 import h5py
 import pytest
+import yaml
 
 from tasks.cli.sample import make_video
 from tests.backends.real_clips import real_dir
 from tests.conftest import ONE_WORKER_EACH, ROOT, process_env, run_script
+from tests.stages.test_stage_end_to_end import load_h5, samples
 from tests.test_real_chain import cut
 
 CONFIG = """default_backends: synthetic
@@ -96,6 +98,10 @@ def test_every_file_carries_its_provenance_and_verify_prints_it_and_checks_the_s
     assert hands["settings"]["params"]["wrist"] == "pnp" and hands["package"].startswith("mediapipe")
     assert set(whole["stages"]) == {"preprocess", "depth", "tracks", "hands", "h5"}
     assert json.loads(attrs["framefleet_quality"])["hands"]["any_frame_fraction"] == 1.0
+    # y2r's loader reads the file and the commented statistics as before.
+    demo = load_h5(out / f"{ids['pstudio.mp4']}.hdf5")
+    stats = yaml.safe_load((out / "normalization_stats.yaml").read_text())
+    assert len(list(samples(demo, stats))) == 7
 
     checked = run_script("verify_dataset.py", str(out), env=made["env"])
     assert checked.returncode == 0, checked.stdout + checked.stderr
