@@ -102,11 +102,14 @@ def write(out_dir: Path, head: dict[str, Any], videos: list[dict[str, Any]]) -> 
     write_text_atomic(out_dir / MANIFEST, f'{top}, "videos": [\n{lines}\n]}}\n')
 
 
-def record_outcomes(out_dir: Path, done: dict[str, dict[str, Any]], low: dict[str, dict[str, Any]]) -> dict:
+def record_outcomes(
+    out_dir: Path, done: dict[str, dict[str, Any]], low: dict[str, dict[str, Any]], failed: set[str] | None = None
+) -> dict:
     """Add each finished video's status, provenance and quality to the manifest; return the manifest.
 
     ``done``: video id -> its dataset stage's report (tasks.provenance.summary under "provenance",
-    "quality"); ``low``: video id -> the quality and shortfalls of a video quarantined as low_quality.
+    "quality"); ``low``: video id -> the quality and shortfalls of a video quarantined as low_quality;
+    ``failed``: the ids of the videos that failed otherwise.
     """
     manifest = read(out_dir)
     if not manifest:
@@ -121,6 +124,8 @@ def record_outcomes(out_dir: Path, done: dict[str, dict[str, Any]], low: dict[st
         elif vid in low:
             entry.update(status="low_quality", quality=low[vid].get("quality", {}))
             entry["shortfalls"] = low[vid].get("shortfalls", [])
+        elif vid in (failed or ()):
+            entry["status"] = "failed"
     write(out_dir, manifest, manifest.get("videos", []))
     return manifest
 

@@ -52,8 +52,9 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_a_video_without_hands_is_quarantined_as_low_quality_with_its_numbers_and_left_out_of_the_statistics(made):
     done, out, ids = made["done"], made["out"], made["ids"]
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]  # one video quarantined
-    assert "hands: mediapipe — MediaPipe hand landmarks" in done.stdout  # at the start and at the end
-    assert done.stdout.count("WARNING: depth, tracks use the SYNTHETIC backends") >= 1
+    for said in (done.stderr, done.stdout):  # at the start (stderr) and in the end-of-run message (stdout)
+        assert "hands: mediapipe — MediaPipe hand landmarks on the CPU" in said
+        assert "WARNING: depth, tracks use the SYNTHETIC backends" in said
     (record,) = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
     assert record["video_id"] == ids["shapes.mp4"] and record["error_class"] == "low_quality"
     (short,) = record["detail"]["shortfalls"]

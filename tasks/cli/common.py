@@ -50,12 +50,13 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def print_backends(conf: Settings) -> None:
-    """Say, before anything runs, which backend each model stage uses and what it is not."""
+    """Say on stderr, before anything runs, which backend each model stage uses and what it is not (stdout's
+    first line stays the run's)."""
     from tasks.backends.defaults import describe, model_backends
 
-    print("backends (what makes the data):", flush=True)
+    print("backends (what makes the data):", file=sys.stderr, flush=True)
     for line in describe(model_backends(conf)):
-        print(f"  {line}", flush=True)
+        print(f"  {line}", file=sys.stderr, flush=True)
 
 
 def plural(n: int, noun: str) -> str:

@@ -216,7 +216,8 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     failed = [{"video_id": j.video_id, "video": j.video, **j.failed.to_dict()} for j in jobs if j.failed]
     reports = {j.video_id: dict(j.report or {}) for j in jobs if not j.failed}
     low = {j.video_id: dict(j.failed.detail or {}) for j in jobs if j.failed and j.failed.detail}
-    lineage.record_outcomes(out_root, reports, low)  # before the statistics: their header reads it
+    # Before the statistics: their header reads it.
+    lineage.record_outcomes(out_root, reports, low, {f["video_id"] for f in failed})
     merged = write_statistics(out_root, track_type, r)
     quarantined = quarantine.update(out_root, failed, done, r)
     backends = _run_backends(reports)
