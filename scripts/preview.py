@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tasks.preview import write_preview
+from tasks.outputs.preview import write_preview
 
 
 def main(argv: list[str] | None = None) -> int:

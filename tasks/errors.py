@@ -61,7 +61,7 @@ class ClaimUnconfirmed(RetryableError):
 
 
 class LowQuality(PermanentError):
-    """A video measured below a quality gate (tasks.quality); ``detail`` holds each measure, value and threshold."""
+    """A video measured below a quality gate (tasks.pipeline.quality); ``detail``: each measure, value, threshold."""
 
     kind = "low_quality"
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks import lineage
 from tasks.errors import LowQuality, error_class
 from tasks.job import Failure
-from tasks.quality import enforce, shortfalls
+from tasks.pipeline.quality import enforce, shortfalls
+from tasks.run import lineage
 from tasks.stages.tracks import track_quality
 from worker_config.settings import QualityGates, load_settings, resolved_stage, resolved_stages
 
@@ -75,7 +75,7 @@ def test_the_resolved_settings_fill_in_defaults_and_their_hash_follows_any_chang
 
 
 def test_continuing_a_dataset_with_another_backend_is_refused_naming_it_unless_mixed(tmp_path: Path):
-    from tasks.dataset import write_manifest
+    from tasks.run.dataset import write_manifest
 
     raw, out = tmp_path / "raw", tmp_path / "out"
     raw.mkdir()

@@ -30,7 +30,7 @@ CONTRACT_NAMES = {
     ("tasks/cli/verify.py", "depth"),
     ("tasks/cli/verify.py", "tracks"),
     ("tasks/cli/y2r_strict.py", "tracks"),
-    ("tasks/preview.py", "tracks"),
+    ("tasks/outputs/preview.py", "tracks"),
     ("tasks/cli/view.py", "tracks"),
     ("tasks/cli/view.py", "depth"),
 }

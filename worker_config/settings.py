@@ -144,7 +144,7 @@ class Settings(BaseSettings):
     # cpu = always the CPU backends; synthetic = made-up stand-ins, for tests and demos only.
     default_backends: Literal["auto", "cpu", "synthetic"] = "auto"
     stages: dict[str, StageSettings] = Field(default_factory=_default_stages)
-    # Per-video quality gates (tasks.quality.QualityGates fields): below one, a video is quarantined.
+    # Per-video quality thresholds (the stages declare their gates): below one, a video is quarantined.
     quality: QualityGates = Field(default_factory=lambda: QualityGates())
     # The autoscaler's policy (tasks.autoscaler.policy.AutoscalePolicy fields); its flags override it.
     autoscale: dict[str, float] = Field(default_factory=dict)

@@ -29,13 +29,12 @@ from typing import Any
 import yaml
 from celery.utils import uuid
 
-from tasks import lineage
 from tasks.cli import common, watch
 from tasks.observe import stall
 from tasks.outputs import intermediates
 from tasks.outputs.storage import write_text_atomic
 from tasks.redis_client import get_redis
-from tasks.run import cancel, completion, quarantine, runs
+from tasks.run import cancel, completion, lineage, quarantine, runs
 from tasks.run.dataset import (
     DatasetError,
     build_jobs,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tasks import lineage, provenance
+from tasks.outputs import provenance
+from tasks.run import lineage
 
 SHOWN = 20  # files listed one a line; the rest are counted
 

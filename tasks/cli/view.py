@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from tasks import lineage
 from tasks.cli import common
-from tasks.preview import BONES
-from tasks.stage_io import output_path
+from tasks.outputs.preview import BONES
+from tasks.outputs.stage_io import output_path
+from tasks.run import lineage
 from tasks.stages import DepthStage, HandsStage, PreprocessStage, TracksStage
 
 SIDES = ("left", "right")

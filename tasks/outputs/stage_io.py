@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tasks import provenance
 from tasks.errors import PathOutsideRoot
 from tasks.job import Job
+from tasks.outputs import provenance
 from tasks.outputs.storage import confine, load_npz, read_marker
 from tasks.stages import dataset_stage, stage_class
 from worker_config.settings import Settings
@@ -76,7 +76,7 @@ def gather_inputs(stage: str, job: Job, enabled: tuple[str, ...]) -> dict[str, A
     names = [*cls.reads, *(u for u in cls.uses if u in enabled)]
     outputs = {name: load_npz(output_path(out_root, job.video_id, name)) for name in names}
     inputs = cls.select_inputs(outputs, job)
-    # What made those outputs (tasks.provenance), for this stage's own record; none from earlier versions.
+    # What made those outputs (tasks.outputs.provenance), for this stage's own record; none from earlier versions.
     inputs[UPSTREAM_KEY] = provenance.merge(
         [provenance.decode(o[provenance.META_KEY]) for o in outputs.values() if provenance.META_KEY in o]
     )

@@ -11,9 +11,10 @@ from typing import Any
 from tasks.celery_app import settings
 from tasks.errors import ClaimLost
 from tasks.job import Job
-from tasks import provenance, quality
+from tasks.outputs import provenance
 from tasks.outputs.stage_io import UPSTREAM_KEY, check_roots, gather_inputs, marker_of, output_path, read_done
 from tasks.outputs.storage import atomic_write, clear_temporaries, save_npz, write_marker
+from tasks.pipeline import quality
 from tasks.pipeline.hooks import StageCall, StageHook
 from tasks.stages import stage_class
 from tasks.workers import worker

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from tasks import lineage
 from tasks.backends.defaults import describe, model_backends
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.delivery import requeues
@@ -29,7 +28,7 @@ from tasks.observe.flower_view import VideoTask
 from tasks.outputs.stage_io import MARKERS_DIR, read_done
 from tasks.outputs.storage import write_text_atomic
 from tasks.redis_client import get_redis
-from tasks.run import completion, partials, quarantine, runs
+from tasks.run import completion, lineage, partials, quarantine, runs
 from tasks.stages import dataset_stage
 
 log = logging.getLogger("framefleet.aggregate")
@@ -109,7 +108,7 @@ def write_statistics(out_root: Path, track_type: str, r: Any = None) -> int:
 
 def stats_header(manifest: dict[str, Any]) -> list[str]:
     """The statistics file's comment lines: the framefleet that wrote it and the backend sets of its videos."""
-    from tasks.provenance import framefleet_version
+    from tasks.outputs.provenance import framefleet_version
 
     made = framefleet_version()
     lines = [f"framefleet {made['version']}" + (f" (commit {made['commit'][:12]})" if "commit" in made else "")]

@@ -99,7 +99,7 @@ def write_manifest(
     backends and settings (tasks.run.lineage.current_set), added to the manifest's ``provenance``
     (replacing the earlier sets when the run redoes every video: ``redo``).
     """
-    from tasks import lineage
+    from tasks.run import lineage
     from tasks.run.metadata import ClipText, clip_id
 
     path = out_dir / "manifest.json"

@@ -1,4 +1,4 @@
-"""Write OUT/report.html: each video's quality with its preview (tasks.report_quality), a finished run's
+"""Write OUT/report.html: each video's quality with its preview (tasks.run.report_quality), a finished run's
 throughput, GPU memory with the autoscaler's decisions, stage durations and failures, as PNG plots in OUT/report/.
 
     framefleet report OUT [--config FILE]      (or: python -m tasks.run.report OUT)
@@ -197,7 +197,7 @@ def build(out: Path, conf: Settings) -> Path:
         finally:
             plt.close(fig)
         sections.append(f"<h2>{html.escape(title)}</h2>\n{body}")
-    from tasks.report_quality import section
+    from tasks.run.report_quality import section
 
     sections.insert(0, section(out))
     path = out / "report.html"

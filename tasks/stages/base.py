@@ -32,7 +32,7 @@ from tasks.job import Job
 
 Progress = Callable[[int, int], None]
 # What ``run`` may return beside its arrays (JSON-able dicts, not saved in the npz): facts for the run
-# summary, and the measured quality the gates read (tasks.quality).
+# summary, and the measured quality the gates read (tasks.pipeline.quality).
 REPORT_KEYS = ("notes", "quality")
 Outputs = Mapping[str, Mapping[str, Any]]
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class Stage:
     optional: ClassVar[bool] = False
     default_params: ClassVar[dict[str, Any]] = {}
     default_deadline_s: ClassVar[float] = 3600.0
-    gates: ClassVar[tuple[Gate, ...]] = ()  # on what ``run`` returns under "quality" (tasks.quality)
+    gates: ClassVar[tuple[Gate, ...]] = ()  # on what ``run`` returns under "quality" (tasks.pipeline.quality)
 
     def load(self, device: str) -> None:
         """Load what the stage needs on ``device``; stages without a model have nothing to load."""

@@ -15,7 +15,7 @@ from tasks.stages.base import Gate, ModelStage, Outputs, Progress, report, requi
 class DepthStage(ModelStage):
     """Turn ``{"frames"}`` into ``{"depths" (T, H, W) float16, "intrinsics" (T, 3, 3), "extrinsics" (T, 4, 4)}``
     and its ``quality``: the % of frames whose depth is flat (std < ``flat_std_threshold`` m), whether
-    the camera was solved or fell back, the reprojection error where known (tasks.quality gates it).
+    the camera was solved or fell back, the reprojection error where known (tasks.pipeline.quality gates it).
     """
 
     name = "depth"

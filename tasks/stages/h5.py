@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from tasks import provenance
 from tasks.errors import BadInput
 from tasks.job import Job
+from tasks.outputs import provenance
 from tasks.outputs.geometry import crop_intrinsics, pose_9d, square_crop
 from tasks.outputs.windows import clip_depth, frame_pixels, hand_window, track_window, track_window_2d
 from tasks.run.stats import Moments, VideoStats
@@ -23,7 +23,7 @@ def _concat(parts: list[np.ndarray], dim: int) -> np.ndarray:
 
 class H5Stage(Stage):
     """Turn ``{"frames", "depths", "tracks", "hands", "text", "out_path"[, "tracks2d", "provenance"]}`` into the
-    HDF5 file; ``provenance`` (tasks.provenance) and its quality go to the file's attributes.
+    HDF5 file; ``provenance`` (tasks.outputs.provenance) and its quality go to the file's attributes.
 
     For ``track_type: 2d`` the pixel tracks are the tracks2d stage's when it ran, else the 3D
     tracks seen by the frame's camera (``frame_pixels``). Returns ``{"stats":

@@ -50,10 +50,8 @@ def test_importing_stages_and_backends_loads_no_torch() -> None:
     code = (
         "import sys, types; pkg = types.ModuleType('tasks'); pkg.__path__ = ['tasks']; sys.modules['tasks'] = pkg\n"
         "import tasks.stages, tasks.stages.depth, tasks.stages.tracks, tasks.stages.hands, tasks.stages.h5\n"
-        "import tasks.stages.preprocess, tasks.backends.synthetic, tasks.run.stats, tasks.outputs.geometry
-"
-        "DS = tasks.stages.stage_class('depth'); DS('synthetic', hold_mib=1)
-"
+        "import tasks.stages.preprocess, tasks.backends.synthetic, tasks.run.stats, tasks.outputs.geometry\n"
+        "DS = tasks.stages.stage_class('depth'); DS('synthetic', hold_mib=1)\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
@@ -93,7 +91,7 @@ def test_depth_is_deterministic_and_depends_on_the_frames(depth_out) -> None:
 
 def test_flat_depth_fails_y2rs_quality_gate_and_empty_videos_are_bad_input() -> None:
     from tasks.errors import LowQuality
-    from tasks.quality import enforce
+    from tasks.pipeline.quality import enforce
     from worker_config.settings import QualityGates
 
     flat = np.full((10, 384, 512, 3), 128, np.uint8)

@@ -4,7 +4,7 @@ provenance and quality, and the refusal to continue it with other backends or se
 The manifest's ``provenance`` is a list of sets, one per distinct resolved-settings hash
 (``worker_config.settings.resolved_stages``) that runs wrote into the folder; a folder made
 with one set has one. Entries of ``videos`` gain ``status`` ("done" or "low_quality"),
-``provenance`` (tasks.provenance.summary) and ``quality`` when their run ends.
+``provenance`` (tasks.outputs.provenance.summary) and ``quality`` when their run ends.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.dataset import DatasetError
-from tasks.storage import write_text_atomic
+from tasks.outputs.storage import write_text_atomic
+from tasks.run.dataset import DatasetError
 from worker_config.settings import Settings, resolved_stages
 
 MANIFEST = "manifest.json"
@@ -27,7 +27,7 @@ class SettingsChanged(DatasetError):
 
 def current_set(conf: Settings, run_id: str) -> dict[str, Any]:
     """The set of backends and resolved settings a run with ``conf`` makes, as the manifest records it."""
-    from tasks.provenance import framefleet_version
+    from tasks.outputs.provenance import framefleet_version
 
     resolved = resolved_stages(conf)
     return {**resolved, "framefleet": framefleet_version(), "first_run": run_id, "since": time.time()}
@@ -107,7 +107,7 @@ def record_outcomes(
 ) -> dict:
     """Add each finished video's status, provenance and quality to the manifest; return the manifest.
 
-    ``done``: video id -> its dataset stage's report (tasks.provenance.summary under "provenance",
+    ``done``: video id -> its dataset stage's report (tasks.outputs.provenance.summary under "provenance",
     "quality"); ``low``: video id -> the quality and shortfalls of a video quarantined as low_quality;
     ``failed``: the ids of the videos that failed otherwise.
     """

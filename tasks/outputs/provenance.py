@@ -71,7 +71,7 @@ _HASHED: dict[tuple[str, int, int], str] = {}
 
 def hash_file(path: Path) -> str:
     """sha256 of ``path``, remembered per (path, size, mtime) for the life of the process."""
-    from tasks.storage import sha256_file
+    from tasks.outputs.storage import sha256_file
 
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns)

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from tasks.outputs.stage_io import output_path
-from tasks.stages import DepthStage, HandsStage, PreprocessStage, TracksStage
 from tasks.outputs.storage import load_npz
+from tasks.stages import DepthStage, HandsStage, PreprocessStage, TracksStage
 
 BONES = [
     (0, 1),

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from tasks import lineage
+from tasks.run import lineage
 from tasks.stages import DepthStage, HandsStage, TracksStage
 
 log = logging.getLogger("framefleet.report")
@@ -31,7 +31,7 @@ def _cell(quality: dict[str, Any], stage: str, measure: str, fmt: str) -> str:
 
 def preview(out: Path, video_id: str) -> str | None:
     """A preview PNG of the video in OUT/report/previews/ (relative path), or None without its intermediates."""
-    from tasks.preview import write_preview
+    from tasks.outputs.preview import write_preview
 
     rel = Path("report") / "previews" / f"{video_id}.png"
     try:
