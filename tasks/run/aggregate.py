@@ -29,7 +29,7 @@ from tasks.outputs.stage_io import MARKERS_DIR, read_done
 from tasks.outputs.storage import write_text_atomic
 from tasks.redis_client import get_redis
 from tasks.run import completion, lineage, partials, quarantine, runs
-from tasks.stages import dataset_stage
+from tasks.stages import STAGE_NAMES, dataset_stage
 
 log = logging.getLogger("framefleet.aggregate")
 REPORT_TIMEOUT_S = 120
@@ -186,7 +186,8 @@ def _run_backends(reports: dict[str, dict[str, Any]]) -> dict[str, str]:
         json.dumps(rep["provenance"]["backends"], sort_keys=True) for rep in reports.values() if rep.get("provenance")
     )
     if sets:
-        return {k: v for k, v in json.loads(sets.most_common(1)[0][0]).items() if v != "builtin"}
+        found = json.loads(sets.most_common(1)[0][0])
+        return {k: found[k] for k in STAGE_NAMES if found.get(k, "builtin") != "builtin"}  # in chain order
     return model_backends(settings())
 
 
