@@ -96,3 +96,19 @@ def test_continuing_a_dataset_with_another_backend_is_refused_naming_it_unless_m
     sets = json.loads((out / "manifest.json").read_text())["provenance"]
     assert [s["sha256"] for s in sets] == [resolved_stages(made)["sha256"], resolved_stages(changed)["sha256"]]
     assert lineage.check_same(out, changed, mixed=False) == []  # now one of its sets
+
+
+def test_a_model_stage_built_in_code_without_a_backend_gets_the_real_cpu_one_unless_synthetic_is_asked(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    from tasks.backends.defaults import describe
+    from tasks.stages import DepthStage, HandsStage, TracksStage
+
+    monkeypatch.delenv("FRAMEFLEET_DEFAULT_BACKENDS")
+    assert [cls().backend_name for cls in (DepthStage, TracksStage, HandsStage)] == ["classical", "opencv", "mediapipe"]
+    monkeypatch.setenv("FRAMEFLEET_DEFAULT_BACKENDS", "synthetic")
+    assert DepthStage().backend_name == "synthetic"
+    lines = describe({"depth": "classical", "hands": "synthetic", "h5": "builtin"})
+    assert lines[0].startswith("WARNING: hands use the SYNTHETIC backends")
+    assert lines[1] == "depth: classical — " + lines[1].split(" — ", 1)[1] and "no ViPE" in lines[1]
+    assert len(lines) == 3  # the stage without a model is not listed
