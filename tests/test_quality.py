@@ -89,6 +89,7 @@ def test_continuing_a_dataset_with_another_backend_is_refused_naming_it_unless_m
     with pytest.raises(lineage.SettingsChanged) as caught:
         lineage.check_same(out, changed, mixed=False)
     assert "depth.backend: synthetic -> classical" in str(caught.value)
+    assert "depth.params" not in str(caught.value)  # another backend's parameters differ anyway: not listed
     assert "tracks.params.target_points: 64 -> 32" in str(caught.value)
     assert "--force" in str(caught.value) and "--mixed" in str(caught.value)
     assert lineage.check_same(out, changed, mixed=True) == []
@@ -109,6 +110,6 @@ def test_a_model_stage_built_in_code_without_a_backend_gets_the_real_cpu_one_unl
     monkeypatch.setenv("FRAMEFLEET_DEFAULT_BACKENDS", "synthetic")
     assert DepthStage().backend_name == "synthetic"
     lines = describe({"depth": "classical", "hands": "synthetic", "h5": "builtin"})
-    assert lines[0].startswith("WARNING: hands use the SYNTHETIC backends")
+    assert lines[0].startswith("WARNING: hands uses the SYNTHETIC backends")
     assert lines[1] == "depth: classical — " + lines[1].split(" — ", 1)[1] and "no ViPE" in lines[1]
     assert len(lines) == 3  # the stage without a model is not listed

@@ -115,7 +115,8 @@ def describe(backends: dict[str, str]) -> list[str]:
     if made_up:
         lines.insert(
             0,
-            f"WARNING: {', '.join(made_up)} use the SYNTHETIC backends: made-up outputs for tests and demos, "
+            f"WARNING: {', '.join(made_up)} {'uses' if len(made_up) == 1 else 'use'} the SYNTHETIC backends: "
+            "made-up outputs for tests and demos, "
             "not measurements; do not train on them (drop default_backends: synthetic and name no synthetic backend)",
         )
     return lines

@@ -27,7 +27,7 @@ from worker_config.settings import Settings, resolved_stage
 META_KEY = "framefleet_meta"
 ATTR = "framefleet_provenance"  # the whole record, JSON, on the HDF5 file's root (not under root/)
 QUALITY_ATTR = "framefleet_quality"
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]  # the repository, when framefleet runs from one
 
 
 def git_commit(folder: str | os.PathLike[str]) -> str | None:

@@ -43,8 +43,9 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             found.append(f"{stage}: {'absent' if a is None else 'on'} -> {'absent' if b is None else 'on'}")
             continue
         sa, sb = a.get("settings", {}), b.get("settings", {})
-        if sa.get("backend") != sb.get("backend"):
+        if sa.get("backend") != sb.get("backend"):  # another backend has other parameters: the backend says it
             found.append(f"{stage}.backend: {sa.get('backend')} -> {sb.get('backend')}")
+            continue
         pa, pb = sa.get("params", {}), sb.get("params", {})
         found += [
             f"{stage}.params.{k}: {pa.get(k, '(unset)')} -> {pb.get(k, '(unset)')}"
