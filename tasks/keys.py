@@ -18,6 +18,7 @@ CLAIM_PREFIX = "ff:claim:"  # + root hash:video:stage: one live run of a video's
 DONE_PREFIX = "ff:done:"  # + task id: that task finished (a late duplicate is dropped)
 ATTEMPTS_PREFIX = "ff:attempts:"  # + task id: how many times it started
 REBALANCE_LOCK = "ff:rebalance-lock"
+BELL_PREFIX = "ff:bell:"  # + queue: the doorbell workers block on; publishers ring it (tasks.delivery.transport)
 
 # runs, results and records (tasks.observe.progress, tasks.run.quarantine, tasks.pipeline.oom, tasks.observe.metrics)
 RUN_PREFIX = "ff:run:"  # + run id: per-stage done/failed counters
@@ -25,6 +26,7 @@ RUN_PREFIX = "ff:run:"  # + run id: per-stage done/failed counters
 RUN_FINISHED_SUFFIX = ":finished"  # hash video id -> the video's outcome (its count: HLEN)
 RUN_ORDER_SUFFIX = ":order"  # hash video id -> k: it was the k-th video to finish
 RUN_PENDING_SUFFIX = ":pending"  # hash i -> the job of a video not sent yet (beyond the window)
+RUN_SENT_SUFFIX = ":sent"  # hash video id -> the job of a video sent (its chain began; tasks.run.sweep)
 RUN_AGGREGATED_SUFFIX = ":aggregated"  # set NX once, by the task that sends the statistics callback
 PARTIALS_PREFIX = "ff:partials:"  # + output-root hash: hash video id -> its partial statistics (tasks.run.partials)
 QUARANTINE_PREFIX = "ff:quarantine:"  # + output-root hash: the quarantined videos of that root
@@ -33,6 +35,8 @@ STAGE_LOG = "ff:stages"  # list of stage spans (the report's source)
 RUN_INFO_PREFIX = "ff:runinfo:"  # + run id: the run's record (its OUT, callback id), for status and cancel
 CANCELLED_PREFIX = "ff:cancelled:"  # + run id: the run was cancelled (framefleet cancel)
 REQUEUES_PREFIX = "ff:requeues:"  # + run id: list of requeues after a lost worker (tasks.delivery.requeues)
+RESENT_PREFIX = "ff:resent:"  # + run id: list of videos the sweep sent again, with stage and time (tasks.run.sweep)
+SWEEP_PREFIX = "ff:sweep:"  # + run id: hash video id -> when a sweep first found it nowhere (tasks.run.sweep)
 METRIC_COUNTS = "ff:metrics:counts"
 METRIC_DURATIONS = "ff:metrics:stage-seconds"
 

@@ -5,6 +5,7 @@ A real redis-server, stopped between the delivery and the ack, and kombu's own c
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 
 import kombu
@@ -78,3 +79,133 @@ def test_redis_brokers_use_this_transport_and_still_read_redis_urls():
     assert isinstance(conn.transport, transport.Transport)
     assert conn.as_uri() == "redis://:**@127.0.0.1:1/0"  # Flower's broker view and the banner read this
     assert not isinstance(app.connection_for_read("sentinel://127.0.0.1:1").transport, transport.Transport)
+
+
+# The kombu 5.7.0 code tasks.transport replaces or relies on, by the SHA-256 of its source (first 16
+# hex digits). A change here means kombu changed under the atomic delivery: read the new code, port
+# tasks.transport to it, then update the digest (and the pin in pyproject.toml).
+KOMBU_CODE = {
+    "redis.Channel._brpop_start": "06723d707ddf2240",
+    "redis.Channel._brpop_read": "c42518699709f2df",
+    "redis.Channel._put": "1c0cf9749576614c",
+    "redis.Channel._do_restore_message": "8b430df94e45b5b0",
+    "redis.Channel.close": "101e9b9cdad44b88",
+    "redis.Channel.get_table": "a4ba78a2265370f2",
+    "redis.QoS.append": "35c655f6ecc62fe6",
+    "redis.QoS.restore_by_tag": "58e161d81b6fe18d",
+    "virtual.Channel.basic_consume": "0fec962694938b61",
+    "virtual.Channel.basic_get": "ba4884c15b6bed6d",
+    "virtual.Channel._lookup": "82b0e60149b5e172",
+    "virtual.Transport._deliver": "799e242f3ec53863",
+    "virtual.Transport._reject_inbound_message": "0fd42f24d40a132d",
+    "redis.MultiChannelPoller._register_BRPOP": "85724582464a615f",
+    "redis.MultiChannelPoller.handle_event": "a96a90b9df4bd447",
+}
+
+
+def test_the_kombu_code_the_transport_replaces_is_the_code_it_was_written_against():
+    import hashlib
+    import inspect
+
+    from kombu.transport import redis as kombu_redis
+    from kombu.transport.virtual import base
+
+    assert kombu.__version__ == "5.7.0", f"kombu {kombu.__version__}: tasks.transport was written for 5.7.0"
+    modules = {"redis": kombu_redis, "virtual": base}
+    changed = []
+    for name, digest in KOMBU_CODE.items():
+        module, cls, method = name.split(".")
+        source = inspect.getsource(getattr(getattr(modules[module], cls), method))
+        if hashlib.sha256(source.encode()).hexdigest()[:16] != digest:
+            changed.append(name)
+    assert not changed, f"kombu code changed under tasks.transport: {changed}; port tasks.transport, then update"
+
+
+def _server(tmp_path, persistent: bool) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen(server_argv(port, tmp_path, persistent=persistent), stdout=subprocess.DEVNULL)
+    wait_until(lambda: _answers(f"redis://127.0.0.1:{port}/0"), 10, "the private redis-server", poll_s=0.02)
+    return proc, port
+
+
+def test_a_taken_message_has_the_unacked_entry_kombu_writes_and_priorities_hold(broker):
+    import json
+
+    conn, _ = broker
+    channel = conn.channel()
+    queue = kombu.Queue("q", routing_key="q")
+    producer = kombu.Producer(channel)
+    producer.publish({"n": "low"}, routing_key="q", declare=[queue], priority=7)
+    producer.publish({"n": "high"}, routing_key="q", declare=[queue], priority=0)
+    first = queue(channel).get(no_ack=False)
+    assert first.payload == {"n": "high"}
+    client = channel.client
+    entry = json.loads(client.hget(channel.unacked_key, first.delivery_tag))
+    info = first.delivery_info
+    assert entry == json.loads(json.dumps([first._raw, info["exchange"], info["routing_key"]]))  # kombu's QoS.append
+    assert client.zscore(channel.unacked_index_key, first.delivery_tag) is not None
+    assert queue(channel).get(no_ack=True).payload == {"n": "low"}
+    assert client.hlen(channel.unacked_key) == 1  # a consumer that does not ack leaves no entry
+
+
+def test_a_message_popped_as_redis_goes_away_stays_in_its_queue(tmp_path):
+    """Mechanism A (../shared/repro/redis-loss/e1): a pending BRPOP, Redis stops before the reply is read."""
+    import socket
+
+    proc, port = _server(tmp_path, persistent=True)
+    url = f"redis://127.0.0.1:{port}/0"
+    queue = kombu.Queue("gpu1", kombu.Exchange("gpu1", "direct"), "gpu1")
+    got = []
+    conn = kombu.Connection(url)
+    try:
+        consumer = kombu.Consumer(conn.default_channel, [queue], callbacks=[lambda body, m: got.append(body)])
+        consumer.qos(prefetch_count=1)
+        consumer.consume()
+        with pytest.raises(socket.timeout):
+            conn.drain_events(timeout=0.05)  # sends the blocking pop; nothing is queued yet
+        with kombu.Connection(url) as sender:
+            kombu.Producer(sender).publish("M", exchange="", routing_key="gpu1", declare=[queue])
+        r = redis.Redis(port=port)
+        # taken by the pending pop: the ring (tasks.transport), or with kombu's own BRPOP the message
+        wait_until(lambda: not (r.llen("gpu1") and r.llen("ff:bell:gpu1")), 5, "the pending pop to take")
+        proc.terminate()
+        proc.wait()
+        with pytest.raises((redis.ConnectionError, OSError)):
+            conn.drain_events(timeout=3)
+        with contextlib.suppress(redis.ConnectionError, OSError):
+            conn.close()  # what Celery's consumer restart does
+        proc = subprocess.Popen(server_argv(port, tmp_path, persistent=True), stdout=subprocess.DEVNULL)
+        wait_until(lambda: _answers(url), 10, "redis-server back with its AOF", poll_s=0.02)
+        r = redis.Redis(port=port)
+        assert got or r.llen("gpu1") == 1 or r.hlen("unacked") == 1, "the message is lost"
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sends_and_restores_to_a_queues_exchange_reach_it_after_a_restart_without_persistence(tmp_path):
+    """Mechanism B (../shared/repro/redis-loss/e4): kombu's binding set is gone after the restart."""
+    proc, port = _server(tmp_path, persistent=False)
+    url = f"redis://127.0.0.1:{port}/0"
+    queue = kombu.Queue("gpu1", kombu.Exchange("gpu1", "direct"), "gpu1")
+    try:
+        with kombu.Connection(url) as conn:
+            producer = kombu.Producer(conn.default_channel)
+            producer.publish("before", exchange="gpu1", routing_key="gpu1", declare=[queue])
+            proc.kill()
+            proc.wait()
+            proc = subprocess.Popen(server_argv(port, tmp_path), stdout=subprocess.DEVNULL)
+            wait_until(lambda: _answers(url), 10, "redis-server restarted empty", poll_s=0.02)
+            r = redis.Redis(port=port)
+            assert not r.exists("_kombu.binding.gpu1")
+            producer.publish("after", exchange="gpu1", routing_key="gpu1", declare=[queue], retry=True)
+            assert r.llen("gpu1") == 1, "a send to the queue's exchange went nowhere"
+            channel = conn.channel()
+            message = queue(channel).get(no_ack=False)
+            r.delete("_kombu.binding.gpu1")  # the worker's declaration made it again; a restart would not
+            channel.qos.restore_by_tag(message.delivery_tag, leftmost=True)
+            assert r.llen("gpu1") == 1 and not r.hlen("unacked"), "a restore to the queue's exchange went nowhere"
+    finally:
+        proc.kill()
+        proc.wait()

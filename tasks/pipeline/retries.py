@@ -22,6 +22,8 @@ def retry_later(
 ) -> None:
     """Send ``task`` again with ``job`` after ``countdown_s``; raises Retry (or Reject when it cannot be sent)."""
     # Celery sends a retry back to the queue it came from; route it afresh instead, at the stage's priority.
+    # Through the default exchange (routing key = queue): a send to the queue's own exchange needs
+    # kombu's binding set, which a Redis restarted without its data no longer has (tasks.delivery.transport).
     payload = job.to_dict()
     route = route_task(task.name, (payload,), {}, {})
     queue = route["queue"]
@@ -32,7 +34,7 @@ def retry_later(
         max_retries=max_retries,
         priority=route.get("priority"),
         queue=queue,
-        exchange=queue,
+        exchange="",
         routing_key=queue,
     )
 
