@@ -123,6 +123,7 @@ def enqueue(
     completion.hold(r, run_id, jobs[width:], conf.result_expires_s)
     if not jobs:  # nothing to run: the statistics are still rebuilt
         completion.start_statistics(r, record, conf.result_expires_s)
+    completion.note_sent(r, jobs[:width], conf.result_expires_s)  # what tasks.sweep accounts for
     for job in jobs[:width]:
         video_chain(job).apply_async()
     release_result_subscriptions()
@@ -219,8 +220,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument(
         "--resume-on-loss",
         action="store_true",
-        help="if the run's messages vanish from Redis, enqueue the unfinished videos again "
-        "(as --continue would) instead of exiting with status 3",
+        help="kept for old scripts: what it did is the default now (a video whose message vanished is sent "
+        "again by the workers' sweep; a run Redis lost altogether is enqueued again as --continue would)",
     )
     parser.add_argument(
         "--retry-quarantined", action="store_true", help="enqueue again only the videos listed in OUT/quarantine.jsonl"
@@ -274,29 +275,32 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 f"`framefleet cancel {record['run_id']}` stops it"
             )
             return 0
-        resend = None
-        if args.resume_on_loss:
-
-            def resend() -> dict[str, Any]:
-                return enqueue(
-                    conf,
-                    args.raw_dir,
-                    args.out,
-                    args.limit,
-                    args.gpus,
-                    resume=True,
-                    add=args.add,
-                    keep=args.intermediates,
-                    metadata=args.metadata,
-                    require_text=args.require_text,
-                    window=args.window,
-                    mixed=args.mixed,
-                )
-
-        return follow(conf, record, args.out, resend=resend)
+        return follow(conf, record, args.out, resend=resender(conf, args))
     except KeyboardInterrupt:  # before following began
         watch.detached(record, args.out)
         return 130
+
+
+def resender(conf: Settings, args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
+    """What enqueues the unfinished videos of the run ``args`` sent again, as --continue would."""
+
+    def resend() -> dict[str, Any]:
+        return enqueue(
+            conf,
+            args.raw_dir,
+            args.out,
+            args.limit,
+            args.gpus,
+            resume=True,
+            add=args.add,
+            keep=args.intermediates,
+            metadata=args.metadata,
+            require_text=args.require_text,
+            window=args.window,
+            mixed=args.mixed,
+        )
+
+    return resend
 
 
 def follow(
@@ -309,8 +313,8 @@ def follow(
     """Follow the run to its end and print how it ended; Ctrl-C detaches (when the run goes on
     without this process: ``detachable``, else KeyboardInterrupt propagates). Returns the exit status.
 
-    When the run's messages vanish from Redis, ``resend`` (if given) enqueues its unfinished videos
-    again and following goes on with the new run; without it the exit status is 3.
+    When Redis loses the run altogether (restarted empty, flushed), ``resend`` (if given) enqueues its
+    unfinished videos again and following goes on with the new run; without it the exit status is 3.
     """
     while True:
         try:
@@ -322,7 +326,7 @@ def follow(
             if resend is None:
                 return common.fail(
                     f"{exc}. Complete outputs are kept: `framefleet enqueue {record['raw_dir']} --out {out} "
-                    "--continue` finishes the run (or pass --resume-on-loss to do it by itself)",
+                    "--continue` finishes the run",
                     code=3,
                 )
             record = resend()

@@ -32,7 +32,7 @@ import redis
 from tasks.autoscaler.supervisor import CPU_GROUP, Supervisor, cpu_worker_count, worker_argv
 from tasks.cli import common as _cli
 from tasks.cli.common import check_redis, parse_gpus
-from tasks.cli.enqueue import add_run_arguments, check_run_arguments, enqueue, follow
+from tasks.cli.enqueue import add_run_arguments, check_run_arguments, enqueue, follow, resender
 from tasks.gpu import open_probe
 from tasks.observe.metrics import GpuSampler, start_exporter
 from tasks.redis_client import free_port, get_redis, server_argv
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             mixed=args.mixed,
         )
         print(f"run {record['run_id']}: {_cli.plural(record['videos'], 'video')}", flush=True)
-        code = follow(conf, record, args.out, detachable=False)  # its workers stop with it
+        code = follow(conf, record, args.out, detachable=False, resend=resender(conf, args))  # workers stop with it
         print(f"outputs: {args.out.resolve()}")
         if args.serve:
             serve(flower_line, exporter.url)

@@ -114,7 +114,8 @@ def latest_run(
     """A run's id, one row per stage (done, failed, rate, ETA) and a line about it: ``chosen`` (a run
     record), else the newest run in Redis."""
     r = get_redis(conf.redis_url)
-    known = sorted(k.removeprefix(progress.run_key("")) for k in r.scan_iter(match=progress.run_key("*"), count=500))
+    found = (k.removeprefix(progress.run_key("")) for k in r.scan_iter(match=progress.run_key("*"), count=500))
+    known = sorted(k for k in found if ":" not in k)  # a run's other keys (ff:run:<id>:<part>) are not runs
     if chosen is None and not known:
         return None
     run_id = chosen["run_id"] if chosen else known[-1]  # ids begin with the local start time

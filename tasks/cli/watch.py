@@ -19,7 +19,7 @@ from tasks.delivery import requeues
 from tasks.observe import progress, stall
 from tasks.outputs.intermediates import summary_line
 from tasks.redis_client import get_redis
-from tasks.run import cancel, quarantine
+from tasks.run import cancel, quarantine, runs, sweep
 from tasks.workers import registry
 from worker_config.settings import Settings
 
@@ -108,8 +108,8 @@ def _current(worker: dict[str, Any], now: float) -> str:
 def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dict[str, Any]:
     """Show the run's progress until its statistics callback has run; return the callback's summary.
 
-    Raises cancel.RunCancelled when the run is cancelled, stall.RunLost when no message of it is
-    left in Redis (seen twice, LOSS_CHECK_S apart).
+    Raises cancel.RunCancelled when the run is cancelled, stall.RunLost when Redis no longer knows
+    the run and holds no message of it (seen twice, LOSS_CHECK_S apart).
     """
     from tasks import app
 
@@ -119,7 +119,7 @@ def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dic
     last, last_print = "", 0.0
     counts: dict[str, int] = {}
     changed, reported, looked = time.monotonic(), -math.inf, -math.inf
-    checked, misses, seen_requeues = time.monotonic(), 0, 0
+    checked, misses, seen_requeues, seen_resent = time.monotonic(), 0, 0, 0
     run_id = record["run_id"]
     while True:
         try:
@@ -133,6 +133,9 @@ def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dic
             for entry in requeues.read(r, run_id, seen_requeues):
                 seen_requeues += 1
                 _say(requeues.line(entry), tty)
+            for entry in sweep.resent(r, run_id)[seen_resent:]:
+                seen_resent += 1
+                _say(f"sent {entry['video']} again from {entry['stage']}: its message was gone", tty, sys.stderr)
             quiet = time.monotonic() - changed
             if (
                 quiet > min(EARLY_LOOK_S, conf.stall_after_s)
@@ -148,7 +151,11 @@ def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dic
                 raise cancel.RunCancelled(f"run {run_id} was cancelled")
             if time.monotonic() - checked > LOSS_CHECK_S:
                 checked = time.monotonic()
-                found = stall.run_messages(r, get_redis(conf.broker), conf, run_id, record["callback_id"])
+                # While Redis still knows the run, the workers' sweep (tasks.sweep) sends a video whose
+                # message is gone; lost is a Redis that lost the run itself (restarted empty, flushed).
+                found = runs.lookup(r, run_id) is not None or stall.run_messages(
+                    r, get_redis(conf.broker), conf, run_id, record["callback_id"]
+                )
                 misses = 0 if found else misses + 1
             # Polled without an AsyncResult: its pub/sub outlives a private Redis at teardown.
             meta = app.backend.get_task_meta(record["callback_id"])

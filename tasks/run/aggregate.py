@@ -28,7 +28,7 @@ from tasks.observe.flower_view import VideoTask
 from tasks.outputs.stage_io import MARKERS_DIR, read_done
 from tasks.outputs.storage import write_text_atomic
 from tasks.redis_client import get_redis
-from tasks.run import completion, lineage, partials, quarantine, runs
+from tasks.run import completion, lineage, partials, quarantine, runs, sweep
 from tasks.stages import STAGE_NAMES, dataset_stage
 
 log = logging.getLogger("framefleet.aggregate")
@@ -156,6 +156,14 @@ def _requeued(r: Any, run_id: str) -> list[dict[str, Any]]:
         return []
 
 
+def _resent(r: Any, run_id: str) -> list[dict[str, Any]]:
+    """The run's videos sent again by the sweep (tasks/sweep.py); [] when Redis does not answer."""
+    try:
+        return sweep.resent(r, run_id) if r is not None else []
+    except Exception:  # the summary matters more than this part of it
+        return []
+
+
 def write_report(out_root: Path) -> None:
     """Build OUT/report.html while Redis still holds the run's stage log; never raises.
 
@@ -239,6 +247,7 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         "backend_lines": describe(backends),
         "low_quality": {vid: detail.get("shortfalls", []) for vid, detail in low.items()},
         "requeued": _requeued(r, run["run_id"]),
+        "resent": _resent(r, run["run_id"]),
         "outputs": {
             "statistics": "normalization_stats.yaml",
             "hdf5": "{video_id}.hdf5",

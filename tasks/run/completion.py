@@ -60,6 +60,25 @@ def key(run_id: str, suffix: str) -> str:
     return keys.RUN_PREFIX + run_id + suffix
 
 
+def sent_key(run_id: str) -> str:
+    return key(run_id, keys.RUN_SENT_SUFFIX)
+
+
+def note_sent(r: redis.Redis, jobs: list[Job], ttl_s: int) -> None:
+    """Record that the chains of ``jobs`` are being sent, for tasks.sweep (before the send: a crash
+    between the two leaves a video the sweep finds nowhere, and sends)."""
+    by_run: dict[str, dict[str | bytes, str]] = {}
+    for job in jobs:
+        by_run.setdefault(job.run_id, {})[job.video_id] = json.dumps(job.to_dict())
+    if not by_run:
+        return
+    pipe = r.pipeline(transaction=False)
+    for run_id, mapping in by_run.items():
+        pipe.hset(sent_key(run_id), mapping=mapping)
+        pipe.expire(sent_key(run_id), ttl_s)
+    pipe.execute()
+
+
 def auto_window(live_workers: int) -> int:
     """The default number of videos in flight: WINDOW_PER_WORKER per live worker, at least MIN_WINDOW."""
     return max(MIN_WINDOW, WINDOW_PER_WORKER * live_workers)
@@ -111,7 +130,7 @@ def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None)
     outcome = json.dumps({k: message[k] for k in OUTCOME_KEYS if k in message})
     finished, order = key(run_id, keys.RUN_FINISHED_SUFFIX), key(run_id, keys.RUN_ORDER_SUFFIX)
     k, count = r.eval(_RECORD, 2, finished, order, job.video_id, outcome, ttl_s)
-    send_pending(r, run_id, int(k) - 1)
+    send_pending(r, run_id, int(k) - 1, ttl_s)
     record = runs.lookup(r, run_id)
     if record is None:
         log.error("run %s has no record in Redis (expired or flushed): its statistics are not started", run_id)
@@ -120,13 +139,14 @@ def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None)
         start_statistics(r, record, ttl_s, sender)
 
 
-def send_pending(r: redis.Redis, run_id: str, index: int) -> bool:
+def send_pending(r: redis.Redis, run_id: str, index: int, ttl_s: int) -> bool:
     """Send pending job ``index`` if it was not sent yet; return whether it was sent now."""
     pending = key(run_id, keys.RUN_PENDING_SUFFIX)
     raw = r.hget(pending, str(index))
     if raw is None:
         return False
     job = Job.from_dict(json.loads(raw))
+    note_sent(r, [job], ttl_s)
     video_chain(job).apply_async()
     r.hdel(pending, str(index))  # after the send: a crash in between sends it twice, never zero times
     log.info("sent %s of run %s (pending video %d)", job.video_id, run_id, index)

@@ -20,6 +20,7 @@ from tasks.delivery import claims, leases, routing
 from tasks.delivery.rebalance import rebalance
 from tasks.observe import flower_view
 from tasks.redis_client import get_redis
+from tasks.run import sweep
 from tasks.workers import registry
 
 log = logging.getLogger("framefleet.heartbeat")
@@ -78,7 +79,7 @@ class Heartbeat(threading.Thread):
         log.warning("%s failed (%d so far)", what, self.errors, exc_info=True)
 
     def tick(self, conf: Any) -> None:
-        """One round: event, leases and claims re-asserted, state published, reaper, rebalancer, deadline.
+        """One round: event, leases and claims re-asserted, state published, reaper, rebalancer, sweep, deadline.
 
         Each part runs whatever the others did; a part that fails is logged and counted.
         """
@@ -123,6 +124,11 @@ class Heartbeat(threading.Thread):
             rebalance(get_redis(conf.redis_url), conf, broker=get_redis(conf.broker))
         except Exception:
             self.failed("the reaper or the rebalancer")
+        try:  # a video of a run in flight whose message is nowhere is sent again (once per SWEEP_EVERY_S)
+            if now - self.redis_back_at >= conf.lease_ttl_s:
+                sweep.sweep(get_redis(conf.redis_url), get_redis(conf.broker), conf)
+        except Exception:
+            self.failed("the sweep of runs in flight")
 
     def send_event(self, state: dict[str, Any], interval: float) -> None:
         if self.dispatcher is None:

@@ -1,0 +1,105 @@
+"""The sweep of runs in flight: a video whose message is nowhere is sent again, once, and recorded.
+
+A real Redis; the last two tests run real workers and a real run.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+
+from tasks.delivery import leases, queues
+from tasks.job import Job
+from tasks.run import cancel, completion, sweep
+from tasks.workers import registry
+from tests.conftest import run_script, settings_env, wait_until
+
+
+def _job(tmp_path, vid: str, run_id: str = "r1") -> Job:
+    return Job(
+        run_id=run_id,
+        video_id=vid,
+        video=f"{vid}.mp4",
+        dataset_root=str(tmp_path / "raw"),
+        output_root=str(tmp_path / "out"),
+        chain=("preprocess", "depth", "tracks", "hands", "h5"),
+    )
+
+
+@pytest.fixture
+def swept(app_on_test_redis, monkeypatch):
+    """Settings whose lease TTL lets a young Redis be swept, and no wait between the two sightings."""
+    conf, r = app_on_test_redis
+    monkeypatch.setattr(sweep, "CONFIRM_S", 0.0)
+    wait_until(lambda: leases.redis_uptime_s(r) >= 1, 5, "the test Redis a second old")  # swept from then on
+    return conf.model_copy(update={"lease_ttl_s": 0.5}), r
+
+
+def _waiting_videos(r: redis.Redis, queue: str) -> list[str]:
+    return [Job.peek(cancel.decode(raw)[2][0]).video_id for _key, raw in queues.waiting(r, queue)]
+
+
+def test_a_video_missing_on_two_sweeps_is_sent_again_from_its_first_unfinished_stage(swept, tmp_path):
+    conf, r = swept
+    queued, lost = _job(tmp_path, "a"), _job(tmp_path, "b")
+    completion.note_sent(r, [queued, lost], 3600)
+    from tasks.run.dataset import video_chain
+
+    video_chain(queued).apply_async()  # a's message waits in the cpu queue; b's was never sent
+    assert sweep.sweep(r, r, conf, force=True) == []  # b missed once: not yet
+    assert set(r.hkeys("ff:sweep:r1")) == {"b"}
+    again = sweep.sweep(r, r, conf, force=True)
+    assert [(e["video_id"], e["stage"]) for e in again] == [("b", "preprocess")]
+    assert sorted(_waiting_videos(r, conf.cpu_queue)) == ["a", "b"]
+    assert sweep.sweep(r, r, conf, force=True) == []  # its message is there now
+    assert [e["video_id"] for e in sweep.resent(r, "r1")] == ["b"]
+
+
+def test_a_video_found_again_is_forgotten_and_finished_or_cancelled_runs_are_not_swept(swept, tmp_path):
+    conf, r = swept
+    job = _job(tmp_path, "a")
+    completion.note_sent(r, [job], 3600)
+    assert sweep.sweep(r, r, conf, force=True) == []
+    r.hset(completion.key("r1", ":finished"), "a", "{}")  # its end was counted meanwhile
+    assert sweep.sweep(r, r, conf, force=True) == [] and not r.hkeys("ff:sweep:r1")
+    completion.note_sent(r, [_job(tmp_path, "c", "r2")], 3600)
+    r.set("ff:cancelled:r2", "1")
+    assert sweep.active_runs(r) == ["r1"]
+
+
+def test_a_held_message_or_a_running_task_accounts_for_its_video(swept, tmp_path):
+    conf, r = swept
+    held, running = _job(tmp_path, "a"), _job(tmp_path, "b")
+    completion.note_sent(r, [held, running], 3600)
+    from tasks.run.dataset import video_chain
+
+    video_chain(held).apply_async()
+    key, raw = queues.waiting(r, conf.cpu_queue)[0]
+    r.lrem(key, 0, raw)  # as a worker's pop does: into unacked
+    message = json.loads(raw)
+    r.hset("unacked", message["properties"]["delivery_tag"], json.dumps([message, "", conf.cpu_queue]))
+    registry.publish(r, {"hostname": "w@test", "current": {"run": "r1", "video": "b"}}, ttl_s=60)
+    assert sweep.located(r, r, conf) >= {("r1", "a"), ("r1", "b")}
+
+
+VIDEO_TIMEOUT_S = 240
+
+
+def test_a_run_whose_message_is_deleted_by_hand_finishes_on_its_own(video_factory, workers, pipeline_env, tmp_path):
+    raw = video_factory(1)
+    env = settings_env(tmp_path, "", FRAMEFLEET_LEASE_TTL_S="3")
+    workers.start("cpu", env=env)  # no GPU worker yet: the depth message waits in gpu0's queue
+    out = tmp_path / "out"
+    enqueued = run_script("enqueue_dataset.py", str(raw), "--out", str(out), "--no-wait", env={**pipeline_env, **env})
+    assert enqueued.returncode == 0, enqueued.stderr
+    broker = redis.Redis.from_url(pipeline_env["REDIS_URL"])
+    key, message = wait_until(lambda: (queues.waiting(broker, "gpu0") or [None])[0], 120, "the depth message")
+    assert broker.lrem(key, 0, message) == 1  # gone: a hand, a Redis from an older save, a send that failed
+    workers.start("gpu0", env=env)
+    wait_until((out / "run_summary.json").exists, VIDEO_TIMEOUT_S, "the run to finish without its depth message")
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert summary["done"] == 1 and summary["failed"] == []
+    assert [e["stage"] for e in summary["resent"]] == ["depth"]
+    assert summary["resent"][0]["video_id"] == summary["done_videos"][0]
