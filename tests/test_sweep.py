@@ -85,8 +85,8 @@ def test_a_held_message_or_a_running_task_accounts_for_its_video(swept, tmp_path
 
 
 VIDEO_TIMEOUT_S = 240
-# Depth waits (no CPU taken) 0.5 s a frame: long enough to resend it while it runs.
-SLOW_DEPTH = "stages:\n  depth:\n    params: {seconds_per_frame: 0.5}\n"
+# Depth waits (no CPU taken) 2 s a frame, 32 s a video: long enough to resend it while it runs.
+SLOW_DEPTH = "stages:\n  depth:\n    params: {seconds_per_frame: 2.0}\n"
 
 
 def test_a_run_whose_message_is_deleted_by_hand_finishes_on_its_own(video_factory, workers, pipeline_env, tmp_path):
@@ -108,23 +108,25 @@ def test_a_run_whose_message_is_deleted_by_hand_finishes_on_its_own(video_factor
 
 
 def test_a_resend_of_a_stage_running_elsewhere_waits_for_its_claim_and_never_runs_it_twice(
-    video_factory, workers, pipeline_env, tmp_path
+    video_factory, workers, pipeline_env, app_on_test_redis, tmp_path
 ):
     """The sweep misjudging a running video (say, its worker's state unreadable for two sweeps) costs a wait."""
     import dataclasses
 
     raw = video_factory(1)
     env = settings_env(tmp_path, SLOW_DEPTH, FRAMEFLEET_LEASE_TTL_S="3")
-    workers.start("cpu", env=env)
-    workers.start("gpu0", env=env)
+    for queue in ("cpu", "gpu0", "gpu1"):
+        workers.start(queue, env=env)
     out = tmp_path / "out"
-    enqueued = run_script("enqueue_dataset.py", str(raw), "--out", str(out), "--no-wait", env={**pipeline_env, **env})
+    # --gpus 0: the run's GPU stages go to gpu0; gpu1 idles, ready for the resend.
+    enqueued = run_script(
+        "enqueue_dataset.py", str(raw), "--out", str(out), "--gpus", "0", "--no-wait", env={**pipeline_env, **env}
+    )
     assert enqueued.returncode == 0, enqueued.stderr
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
     wait_until(
         lambda: ((workers.state("gpu0") or {}).get("current") or {}).get("task") == "framefleet.depth", 120, "depth"
     )
-    workers.start("gpu1", env=env)
     [run_id] = sweep.active_runs(r)
     [job] = sweep.in_flight(r, run_id).values()
     entry = sweep.resend(r, dataclasses.replace(job, gpus=(1,)), 3600)  # to the idle GPU, while gpu0 runs it
