@@ -11,7 +11,7 @@ import redis
 
 from tasks import keys
 from tasks.celery_app import TASK_PREFIX
-from tasks.delivery import queues
+from tasks.delivery import queues, transport
 from tasks.delivery.routing import job_of
 from tasks.job import Job
 from tasks.workers import registry
@@ -129,6 +129,7 @@ def _move_one(r: redis.Redis, src: str, dst: QueueLoad) -> bool:
                 continue
             allowed = job.gpus if job else None
             if (allowed is None or dst.gpu in allowed) and r.eval(_MOVE_IF_SAME, 2, source, target, raw, index):
+                transport.ring(r, dst.queue)  # wake its worker now, not at its next poll (at most 1 s)
                 return True
             index -= 1
     return False

@@ -222,6 +222,8 @@ def record(
         "stats_rel_diff": diff,
         "recovered_s": recovered_s,
     }
+    if (out / "run_summary.json").exists():  # videos whose message was gone, sent again by the sweep
+        row["resent"] = len(json.loads((out / "run_summary.json").read_text()).get("resent", []))
     if logs is not None:
         runs = stage_runs(logs)
         row.update(stage_runs=sum(runs.values()), double_runs=sum(1 for n in runs.values() if n > 1))
