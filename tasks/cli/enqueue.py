@@ -123,8 +123,10 @@ def enqueue(
     completion.hold(r, run_id, jobs[width:], conf.result_expires_s)
     if not jobs:  # nothing to run: the statistics are still rebuilt
         completion.start_statistics(r, record, conf.result_expires_s)
-    completion.note_sent(r, jobs[:width], conf.result_expires_s)  # what tasks.sweep accounts for
     for job in jobs[:width]:
+        # What tasks.sweep accounts for, just before each send: a video noted long before its send
+        # (a big window on a slow host) would be found nowhere, and sent twice.
+        completion.note_sent(r, [job], conf.result_expires_s)
         video_chain(job).apply_async()
     release_result_subscriptions()
     return record
