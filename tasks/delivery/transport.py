@@ -53,17 +53,23 @@ BELL_MAX = 100  # rings kept per doorbell: more only wake a worker to find nothi
 # KEYS: unacked, unacked_index, then the lists to take from, in order; ARGV: the delivery time (unix s),
 # then per list '1' when its consumer acks (its message is registered) or '0' (no_ack consumers).
 # Returns {list, message} or nil. The unacked entry is kombu's own: [message, exchange, routing key].
+# A message it cannot read is handed over unregistered, as kombu's BRPOP would (a script error after
+# the RPOP would drop it: Redis keeps a script's writes up to its error).
 POP = """
 for i = 3, #KEYS do
   local item = redis.call('RPOP', KEYS[i])
-  if item and ARGV[i - 1] == '0' then return {KEYS[i], item} end
   if item then
-    local m = cjson.decode(item)
-    local info = m['properties']['delivery_info']
-    local tag = m['properties']['delivery_tag']
-    redis.call('ZADD', KEYS[2], ARGV[1], tag)
-    redis.call('HSET', KEYS[1], tag,
-      '[' .. item .. ', ' .. cjson.encode(info['exchange']) .. ', ' .. cjson.encode(info['routing_key']) .. ']')
+    if ARGV[i - 1] == '0' then return {KEYS[i], item} end
+    local ok, entry = pcall(function()
+      local p = cjson.decode(item)['properties']
+      local info = p['delivery_info']
+      return {p['delivery_tag'],
+        '[' .. item .. ', ' .. cjson.encode(info['exchange']) .. ', ' .. cjson.encode(info['routing_key']) .. ']'}
+    end)
+    if ok and type(entry[1]) == 'string' then
+      redis.call('ZADD', KEYS[2], ARGV[1], entry[1])
+      redis.call('HSET', KEYS[1], entry[1], entry[2])
+    end
     return {KEYS[i], item}
   end
 end
