@@ -134,6 +134,7 @@ def sweep(r: redis.Redis, broker: redis.Redis, conf: Settings, force: bool = Fal
     """One sweep of every active run (unless another ran less than SWEEP_EVERY_S ago); return the resends.
 
     Nothing is swept while either Redis is younger than a lease TTL: live workers re-register first.
+    ``force`` sweeps now, however recently another sweep ran (for tests and tools).
     """
     if not force and not r.set(LOCK, "1", nx=True, px=int(SWEEP_EVERY_S * 1000)):
         return []
