@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""What one delivery costs with kombu's Redis transport and with tasks.transport's atomic one, in turns.
+"""What one delivery costs with kombu's Redis transport and with tasks.delivery.transport's atomic one, in turns.
 
     python bench/delivery_cost.py [--messages 400] [--rounds 4]
 
 Against one private redis-server, each round sends ``--messages`` messages one at a time through a
 consumer of each transport in turn (publish, the consumer's blocking wait and take, the ack) and
 times each message from its publish to its ack. kombu's takes it with BRPOP and registers it in
-``unacked`` afterwards; tasks.transport rings a doorbell with the LPUSH, the consumer BRPOPs the
+``unacked`` afterwards; tasks.delivery.transport rings a doorbell with the LPUSH, the consumer BRPOPs the
 doorbell and one Lua script pops the message and registers it. Prints the median and p90 per
 delivery in microseconds, per transport, and the ratio.
 """
@@ -30,7 +30,7 @@ def deliveries(url: str, transport: str, messages: int) -> list[float]:
     """Microseconds from each publish to its ack, ``messages`` times, on ``transport``."""
     import kombu
 
-    from tasks import queues
+    from tasks.delivery import queues
 
     options = queues.transport_options()
     spent: list[float] = []
@@ -57,7 +57,10 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
-    systems = {"kombu 5.7.0": "kombu.transport.redis:Transport", "tasks.transport": "tasks.transport:Transport"}
+    systems = {
+        "kombu 5.7.0": "kombu.transport.redis:Transport",
+        "tasks.delivery.transport": "tasks.delivery.transport:Transport",
+    }
     spent: dict[str, list[float]] = {name: [] for name in systems}
     with private_redis() as url:
         for transport in systems.values():  # warm-up: connections, scripts loaded
@@ -67,11 +70,11 @@ def main() -> int:
                 spent[name] += deliveries(url, systems[name], args.messages)
     base = statistics.median(spent["kombu 5.7.0"])
     print(f"{args.rounds} rounds × {args.messages} deliveries each, in turns; load {os.getloadavg()[0]:.1f}")
-    print(f"{'transport':<18}{'n':>6}{'median µs':>11}{'p90 µs':>9}{'÷ kombu':>9}")
+    print(f"{'transport':<26}{'n':>6}{'median µs':>11}{'p90 µs':>9}{'÷ kombu':>9}")
     for name, values in spent.items():
         values.sort()
         median, p90 = statistics.median(values), values[int(0.9 * (len(values) - 1))]
-        print(f"{name:<18}{len(values):>6}{median:>11.0f}{p90:>9.0f}{median / base:>9.2f}")
+        print(f"{name:<26}{len(values):>6}{median:>11.0f}{p90:>9.0f}{median / base:>9.2f}")
     return 0
 
 

@@ -81,9 +81,9 @@ def test_redis_brokers_use_this_transport_and_still_read_redis_urls():
     assert not isinstance(app.connection_for_read("sentinel://127.0.0.1:1").transport, transport.Transport)
 
 
-# The kombu 5.7.0 code tasks.transport replaces or relies on, by the SHA-256 of its source (first 16
+# The kombu 5.7.0 code tasks.delivery.transport replaces or relies on, by the SHA-256 of its source (first 16
 # hex digits). A change here means kombu changed under the atomic delivery: read the new code, port
-# tasks.transport to it, then update the digest (and the pin in pyproject.toml).
+# tasks.delivery.transport to it, then update the digest (and the pin in pyproject.toml).
 KOMBU_CODE = {
     "redis.Channel._brpop_start": "06723d707ddf2240",
     "redis.Channel._brpop_read": "c42518699709f2df",
@@ -110,7 +110,7 @@ def test_the_kombu_code_the_transport_replaces_is_the_code_it_was_written_agains
     from kombu.transport import redis as kombu_redis
     from kombu.transport.virtual import base
 
-    assert kombu.__version__ == "5.7.0", f"kombu {kombu.__version__}: tasks.transport was written for 5.7.0"
+    assert kombu.__version__ == "5.7.0", f"kombu {kombu.__version__}: tasks.delivery.transport was written for 5.7.0"
     modules = {"redis": kombu_redis, "virtual": base}
     changed = []
     for name, digest in KOMBU_CODE.items():
@@ -118,7 +118,7 @@ def test_the_kombu_code_the_transport_replaces_is_the_code_it_was_written_agains
         source = inspect.getsource(getattr(getattr(modules[module], cls), method))
         if hashlib.sha256(source.encode()).hexdigest()[:16] != digest:
             changed.append(name)
-    assert not changed, f"kombu code changed under tasks.transport: {changed}; port tasks.transport, then update"
+    assert not changed, f"kombu code changed under tasks.delivery.transport: {changed}; port it, then update these"
 
 
 def _server(tmp_path, persistent: bool) -> tuple[subprocess.Popen, int]:
@@ -166,7 +166,7 @@ def test_a_message_popped_as_redis_goes_away_stays_in_its_queue(tmp_path):
         with kombu.Connection(url) as sender:
             kombu.Producer(sender).publish("M", exchange="", routing_key="gpu1", declare=[queue])
         r = redis.Redis(port=port)
-        # taken by the pending pop: the ring (tasks.transport), or with kombu's own BRPOP the message
+        # taken by the pending pop: the ring (tasks.delivery.transport), or with kombu's own BRPOP the message
         wait_until(lambda: not (r.llen("gpu1") and r.llen("ff:bell:gpu1")), 5, "the pending pop to take")
         proc.terminate()
         proc.wait()

@@ -124,7 +124,7 @@ def enqueue(
     if not jobs:  # nothing to run: the statistics are still rebuilt
         completion.start_statistics(r, record, conf.result_expires_s)
     for job in jobs[:width]:
-        # What tasks.sweep accounts for, just before each send: a video noted long before its send
+        # What tasks.run.sweep accounts for, just before each send: a video noted long before its send
         # (a big window on a slow host) would be found nowhere, and sent twice.
         completion.note_sent(r, [job], conf.result_expires_s)
         video_chain(job).apply_async()

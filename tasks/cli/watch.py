@@ -151,7 +151,7 @@ def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dic
                 raise cancel.RunCancelled(f"run {run_id} was cancelled")
             if time.monotonic() - checked > LOSS_CHECK_S:
                 checked = time.monotonic()
-                # While Redis still knows the run, the workers' sweep (tasks.sweep) sends a video whose
+                # While Redis still knows the run, the workers' sweep (tasks.run.sweep) sends a video whose
                 # message is gone; lost is a Redis that lost the run itself (restarted empty, flushed).
                 found = runs.lookup(r, run_id) is not None or stall.run_messages(
                     r, get_redis(conf.broker), conf, run_id, record["callback_id"]

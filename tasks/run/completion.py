@@ -65,7 +65,7 @@ def sent_key(run_id: str) -> str:
 
 
 def note_sent(r: redis.Redis, jobs: list[Job], ttl_s: int) -> None:
-    """Record that the chains of ``jobs`` are being sent, for tasks.sweep (before the send: a crash
+    """Record that the chains of ``jobs`` are being sent, for tasks.run.sweep (before the send: a crash
     between the two leaves a video the sweep finds nowhere, and sends)."""
     by_run: dict[str, dict[str | bytes, str]] = {}
     for job in jobs:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from tasks import queues
 from tasks.celery_app import app as project_app
+from tasks.delivery import queues
 from tests.conftest import ROOT, wait_until
 from tests.faults.conftest import RedisServer
 
@@ -84,7 +84,7 @@ def test_a_message_taken_by_a_stopped_workers_pending_pop_survives_redis_going_a
             worker.proc.send_signal(signal.SIGSTOP)
             _send(sender, f"M{attempt}")
             # The stopped worker's pending pop has answered: with kombu's BRPOP the message itself left
-            # its queue; with tasks.transport only the doorbell's ring did.
+            # its queue; with tasks.delivery.transport only the doorbell's ring did.
             if _within_a_second(lambda: not queues.length(r, "q1") or not r.llen("ff:bell:q1")):
                 break
             worker.proc.send_signal(signal.SIGCONT)  # its pop had timed out: let it run this one, try again
