@@ -105,6 +105,7 @@ def test_a_run_whose_message_is_deleted_by_hand_finishes_on_its_own(video_factor
     assert summary["done"] == 1 and summary["failed"] == []
     assert [e["stage"] for e in summary["resent"]] == ["depth"]
     assert summary["resent"][0]["video_id"] == summary["done_videos"][0]
+    assert not broker.hlen(completion.sent_key(summary["run_id"]))  # a finished video is no longer in flight
 
 
 def test_a_resend_of_a_stage_running_elsewhere_waits_for_its_claim_and_never_runs_it_twice(

@@ -40,11 +40,13 @@ WINDOW_PER_WORKER = 4  # videos in flight per live worker: each worker's next ta
 MIN_WINDOW = 32  # the automatic window with few (or not yet any) workers
 OUTCOME_KEYS = ("video_id", "video", "failed", "timings", "notes", "gpu", "report")
 
-# KEYS: finished, order; ARGV: video id, outcome, ttl. The newest outcome replaces the one before
-# (a second chain of a video that failed may succeed); the order is given once. Returns {k, count}.
+# KEYS: finished, order, sent; ARGV: video id, outcome, ttl. The newest outcome replaces the one before
+# (a second chain of a video that failed may succeed); the order is given once; the video leaves the
+# sent hash (tasks.run.sweep reads it whole: it holds the videos in flight only). Returns {k, count}.
 _RECORD = """
 local k = redis.call('HGET', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HDEL', KEYS[3], ARGV[1])
 local count = redis.call('HLEN', KEYS[1])
 if not k then
   k = count
@@ -129,7 +131,7 @@ def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None)
     message = job.to_dict()
     outcome = json.dumps({k: message[k] for k in OUTCOME_KEYS if k in message})
     finished, order = key(run_id, keys.RUN_FINISHED_SUFFIX), key(run_id, keys.RUN_ORDER_SUFFIX)
-    k, count = r.eval(_RECORD, 2, finished, order, job.video_id, outcome, ttl_s)
+    k, count = r.eval(_RECORD, 3, finished, order, sent_key(run_id), job.video_id, outcome, ttl_s)
     send_pending(r, run_id, int(k) - 1, ttl_s)
     record = runs.lookup(r, run_id)
     if record is None:
