@@ -142,8 +142,8 @@ class MasksBackend(Backend):
 
     stage = "masks"
 
-    def segment(self, frames: np.ndarray, prompt: str, progress: Progress | None = None) -> np.ndarray:
-        """Return (T, H, W) bool masks of the object named by ``prompt`` in ``frames`` (T, H, W, 3) uint8."""
+    def segment(self, frames: np.ndarray, prompt: str, progress: Progress | None = None) -> np.ndarray | None:
+        """Return (T, H, W) bool masks of the object ``prompt`` names in ``frames`` (T, H, W, 3) uint8; None if none."""
         raise NotImplementedError
 
 

@@ -6,11 +6,18 @@ loads ``IDEA-Research/grounding-dino-base`` and SAM 2.1 hiera-large once;
 (lines 114-150), prompts SAM 2's video predictor with each box and propagates forward, then
 backward from the key frame (lines 210-260). process_gsam.py:135-139 retries on the middle
 frame when the first finds nothing; process_tapip3d.py:426-428 merges the objects into one mask.
+When neither finds anything y2r saves no mask (grounded_sam2.py:146-148 returns None), and its
+tracks step then queries a grid (process_tapip3d.py:462-482): ``segment`` returns None.
+
+SAM 2 sees the frames y2r's vendored sam2 gives it: the decoded frames, losslessly, resized to
+the model's square with OpenCV's bilinear filter (y2r ``thirdparty/sam2/utils/misc.py:218-232``),
+normalised by ImageNet's mean and std (misc.py:314-318); upstream sam2 would resize with PIL.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import tempfile
 from pathlib import Path
@@ -19,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from tasks.backends.base import MasksBackend, Progress, check_params
-from tasks.backends.upstream import need_dir, need_file, need_module
+from tasks.backends.upstream import need_dir, need_file, need_module, no_downloads
 
 log = logging.getLogger(__name__)
 INSTALL = "bash deploy/envs/build.sh grounded_sam  (transformers and SAM 2: pip install git+https://github.com/facebookresearch/sam2)"
@@ -41,8 +48,41 @@ def key_frame(num_frames: int, key_frame_idx: int) -> int:
     return num_frames // 2 if key_frame_idx == -1 else key_frame_idx
 
 
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def sam2_images(frames: np.ndarray, image_size: int) -> np.ndarray:
+    """Return (T, 3, S, S) float32: RGB ``frames`` (T, H, W, 3) uint8 as y2r's sam2 loads them for its model.
+
+    OpenCV's bilinear resize to ``image_size`` square, then /255 and ImageNet's mean and std
+    (y2r ``thirdparty/sam2/utils/misc.py:218-232`` and 314-318).
+    """
+    import cv2
+
+    out = np.empty((len(frames), 3, image_size, image_size), np.float32)
+    mean = np.asarray(IMAGENET_MEAN, np.float32)[:, None, None]
+    std = np.asarray(IMAGENET_STD, np.float32)[:, None, None]
+    for i, frame in enumerate(frames):
+        img = np.ascontiguousarray(frame)
+        if img.shape[:2] != (image_size, image_size):
+            img = cv2.resize(img, (image_size, image_size), interpolation=cv2.INTER_LINEAR)
+        out[i] = (img.astype(np.float32).transpose(2, 0, 1) / 255.0 - mean) / std
+    return out
+
+
+def write_lossless_frames(frames: np.ndarray, folder: Path) -> None:
+    """Write ``frames`` (T, H, W, 3) as ``00000.jpg``... holding PNG data (SAM 2 wants the name; PIL reads the data)."""
+    from PIL import Image
+
+    for i, frame in enumerate(frames):
+        buf = io.BytesIO()
+        Image.fromarray(np.ascontiguousarray(frame)).save(buf, format="PNG", compress_level=1)
+        (folder / f"{i:05d}.jpg").write_bytes(buf.getvalue())
+
+
 class GroundedSamMasks(MasksBackend):
-    """Object masks (T, H, W) bool of the object a text prompt names; all True when nothing is found (y2r's fallback).
+    """Object masks (T, H, W) bool of the object a text prompt names; None when nothing is found (y2r saves no mask).
 
     ``weights_dir`` holds ``grounding-dino-base/`` (a Hugging Face snapshot) and
     ``sam2_checkpoint``; ``box_threshold`` is GroundingDINO's score threshold (0-1).
@@ -89,14 +129,15 @@ class GroundedSamMasks(MasksBackend):
         build_sam = need_module("sam2.build_sam", "SAM 2", INSTALL)
         import torch
 
-        processor = transformers.AutoProcessor.from_pretrained(str(detector_dir))
-        model = transformers.AutoModelForZeroShotObjectDetection.from_pretrained(str(detector_dir)).to(device)
-        predictor = build_sam.build_sam2_video_predictor(self.sam2_config, str(sam_ckpt), device=device)
+        with no_downloads():
+            processor = transformers.AutoProcessor.from_pretrained(str(detector_dir))
+            model = transformers.AutoModelForZeroShotObjectDetection.from_pretrained(str(detector_dir)).to(device)
+            predictor = build_sam.build_sam2_video_predictor(self.sam2_config, str(sam_ckpt), device=device)
         self._api = {"torch": torch, "processor": processor, "model": model, "predictor": predictor}
         super().load(device)
 
-    def segment(self, frames: np.ndarray, prompt: str, progress: Progress | None = None) -> np.ndarray:
-        """Return (T, H, W) bool: the union of the objects ``prompt`` names, through ``frames`` (T, H, W, 3)."""
+    def segment(self, frames: np.ndarray, prompt: str, progress: Progress | None = None) -> np.ndarray | None:
+        """Return (T, H, W) bool: the union of the objects ``prompt`` names in ``frames`` (T, H, W, 3); None if none."""
         if not self._api:
             raise RuntimeError("GroundedSamMasks.segment called before load(device)")
         T, H, W = frames.shape[:3]
@@ -107,10 +148,8 @@ class GroundedSamMasks(MasksBackend):
             start = key_frame(T, -1)
             boxes = self._boxes(frames[start], text)
         if len(boxes) == 0:
-            log.warning(
-                "no %r found on frames %d or %d; the mask covers the whole frame", text, self.key_frame_idx, start
-            )
-            return np.ones((T, H, W), dtype=bool)
+            log.warning("no %r found on frames %d or %d; no mask (as y2r)", text, self.key_frame_idx, start)
+            return None
         masks = self._propagate(frames, boxes, start)
         if progress is not None:
             progress(T, T)
@@ -130,20 +169,26 @@ class GroundedSamMasks(MasksBackend):
         )
         return np.asarray(results[0]["boxes"].cpu().numpy(), dtype=np.float32).reshape(-1, 4)
 
+    def init_state(self, frames: np.ndarray) -> dict[str, Any]:
+        """Return SAM 2's inference state for ``frames`` (T, H, W, 3), its images as y2r's sam2 makes them."""
+        torch, predictor = self._api["torch"], self._api["predictor"]
+        with tempfile.TemporaryDirectory(prefix="framefleet-sam2-") as folder:
+            # SAM 2's video predictor reads a folder of frames named by index (sam2/utils/misc.py:243-248).
+            write_lossless_frames(frames, Path(folder))
+            state = predictor.init_state(video_path=folder)
+        images = torch.from_numpy(sam2_images(frames, int(predictor.image_size)))
+        state["images"] = images.to(state["images"].device)
+        return state
+
     def _propagate(self, frames: np.ndarray, boxes: np.ndarray, start: int) -> np.ndarray:
         """Prompt SAM 2 with ``boxes`` on frame ``start``, propagate both ways; return the union mask (T, H, W)."""
-        from PIL import Image
-
         torch, predictor = self._api["torch"], self._api["predictor"]
         T, H, W = frames.shape[:3]
         union = np.zeros((T, H, W), dtype=bool)
         on_cuda = str(self.device).startswith("cuda")
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else contextlib.nullcontext()
-        with tempfile.TemporaryDirectory(prefix="framefleet-sam2-") as folder, autocast:
-            # SAM 2's video predictor reads a folder of JPEG frames named by index.
-            for i, frame in enumerate(frames):
-                Image.fromarray(np.ascontiguousarray(frame)).save(Path(folder) / f"{i:05d}.jpg", quality=95)
-            state = predictor.init_state(video_path=folder)
+        with autocast:
+            state = self.init_state(frames)
             for obj_id, box in enumerate(boxes, start=1):
                 predictor.add_new_points_or_box(inference_state=state, frame_idx=start, obj_id=obj_id, box=box)
             directions = [False, True] if start > 0 else [False]

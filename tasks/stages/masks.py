@@ -14,7 +14,10 @@ __all__ = ["MasksStage", "erode"]
 
 
 class MasksStage(ModelStage):
-    """Turn ``{"frames", "prompt"}`` into ``{"masks" (T, H, W) bool}`` at frame size.
+    """Turn ``{"frames", "prompt"}`` into ``{"masks" (T, H, W) bool, "found" bool}`` at frame size.
+
+    ``found`` is False when the backend found no object (it returned None): the masks are then
+    all False and the tracks stages query as if there were no masks (y2r saves no mask file).
 
     Off unless ``stages.masks.enabled``. The prompt is the ``text_prompt`` parameter when set (one
     prompt for every clip, as y2r's process_gsam.py:110-113 does), else the video's ``noun`` from
@@ -38,9 +41,22 @@ class MasksStage(ModelStage):
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
         frames = require(inputs, "frames", self.name, (None, None, None, 3), "u")
         prompt = self.text_prompt or str(inputs.get("prompt") or "")
-        masks = np.asarray(self.model.segment(frames, prompt, progress=lambda d, t: report(progress, d, t)))
+        found = self.model.segment(frames, prompt, progress=lambda d, t: report(progress, d, t))
+        if found is None:
+            return {"masks": np.zeros(frames.shape[:3], dtype=bool), "found": np.bool_(False)}
+        masks = np.asarray(found)
         if masks.shape != frames.shape[:3]:
             raise RuntimeError(
                 f"masks backend {self.backend_name!r} returned masks {masks.shape}, wanted {frames.shape[:3]}"
             )
-        return {"masks": masks.astype(bool)}
+        return {"masks": masks.astype(bool), "found": np.bool_(True)}
+
+
+def found_masks(outputs: Outputs) -> np.ndarray | None:
+    """Return the masks stage's masks (T, H, W) from ``outputs``, or None when it did not run or found nothing."""
+    if "masks" not in outputs:
+        return None
+    out = outputs["masks"]
+    if "found" in out and not bool(np.asarray(out["found"])):
+        return None
+    return out["masks"]

@@ -6,9 +6,11 @@ from typing import Any
 
 import numpy as np
 
+from tasks.backends.convert_tracks import grid_on_mask
 from tasks.job import Job
 from tasks.outputs.geometry import content_seed, unproject, window_poses, window_starts
 from tasks.stages.base import Gate, ModelStage, Outputs, Progress, report, require
+from tasks.stages.masks import found_masks
 
 
 def sample_pixels(
@@ -49,6 +51,23 @@ def sample_queries(
     return unproject(pixels, d[rows, cols], K)
 
 
+def grid_queries(depth: np.ndarray, K: np.ndarray, grid_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return TAPIP3D's grid queries of one frame: pixels (N, 2) and camera-frame points (N, 3) float64.
+
+    zbw001/TAPIP3D ``utils/inference_utils.py:12-42`` (``get_grid_queries``, which y2r calls when a
+    video has no mask, process_tapip3d.py:476-482): CoTracker's ``grid_size`` x ``grid_size`` grid over
+    the frame, the depth read at each point's rounded pixel, points without depth > 0 dropped, and
+    the rest unprojected at their unrounded pixel.
+    """
+    d = np.asarray(depth, dtype=np.float32)
+    pixels = grid_on_mask(np.ones(d.shape, dtype=bool), grid_size)
+    rows = np.clip(np.round(pixels[:, 1]).astype(int), 0, d.shape[0] - 1)
+    cols = np.clip(np.round(pixels[:, 0]).astype(int), 0, d.shape[1] - 1)
+    z = d[rows, cols]
+    keep = np.isfinite(z) & (z > 0)
+    return pixels[keep], unproject(pixels[keep], z[keep], K)
+
+
 class TracksStage(ModelStage):
     """Turn ``{"frames", "depths", "intrinsics", "extrinsics"}`` into fixed-shape window arrays.
 
@@ -57,6 +76,10 @@ class TracksStage(ModelStage):
     ``intrinsics`` (3, 3) of frame 0, ``num_frames``, ``resolution`` (H, W) int64, and
     ``window_length``; and its ``quality`` (``track_quality``). A video shorter than the window
     gives W = 0, not an error.
+
+    Queries: ``target_points`` pixels with depth sampled at random inside the eroded mask; where
+    there is no mask (no masks stage, or it found nothing) and ``grid_size`` > 0, TAPIP3D's
+    ``grid_size`` grid instead, as y2r does (``grid_queries``); P is then the most queries of a window.
     """
 
     name = "tracks"
@@ -75,13 +98,15 @@ class TracksStage(ModelStage):
         stride: int = 1,
         target_points: int = 64,
         mask_erosion_pixels: int = 0,
+        grid_size: int = 0,
         **backend_params: Any,
     ) -> None:
-        if window_length < 1 or stride < 1 or target_points < 0 or mask_erosion_pixels < 0:
+        if window_length < 1 or stride < 1 or target_points < 0 or mask_erosion_pixels < 0 or grid_size < 0:
             raise ValueError(
-                f"window_length and stride must be >= 1 and target_points >= 0, "
-                f"got {window_length}, {stride}, {target_points}"
+                f"window_length and stride must be >= 1, target_points, mask_erosion_pixels and grid_size >= 0, "
+                f"got {window_length}, {stride}, {target_points}, {mask_erosion_pixels}, {grid_size}"
             )
+        self.grid_size = int(grid_size)
         self.window_length = int(window_length)
         self.stride = int(stride)
         self.target_points = int(target_points)
@@ -91,8 +116,9 @@ class TracksStage(ModelStage):
     @classmethod
     def select_inputs(cls, outputs: Outputs, job: Job) -> dict[str, Any]:
         inputs = {"frames": outputs["preprocess"]["frames"], **outputs["depth"]}
-        if "masks" in outputs:
-            inputs["masks"] = outputs["masks"]["masks"]
+        masks = found_masks(outputs)
+        if masks is not None:
+            inputs["masks"] = masks
         return inputs
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
@@ -104,16 +130,15 @@ class TracksStage(ModelStage):
         masks = inputs.get("masks")
         L, P = self.window_length, self.target_points
         starts = window_starts(T, L, self.stride)
+        video_seed = content_seed(frames[:, ::8, ::8]) if len(starts) else 0
+        chosen = [self._queries(depths[s], intrinsics[s], masks, int(s), video_seed) for s in starts]
+        P = max([P, *(len(q) for _, q in chosen)])
         tracks = np.zeros((len(starts), L, P, 3), dtype=np.float32)
         num_points = np.zeros(len(starts), dtype=np.int64)
         poses = np.zeros((len(starts), L, 4, 4), dtype=np.float32)
-        video_seed = content_seed(frames[:, ::8, ::8]) if len(starts) else 0
         for w, s in enumerate(starts):
             window = slice(int(s), int(s) + L)
-            mask = None if masks is None else np.asarray(masks[s], dtype=bool)
-            seed = content_seed(np.int64(s), video_seed)
-            pixels = sample_pixels(depths[s], P, seed, mask, self.mask_erosion_pixels)
-            queries = sample_queries(depths[s], intrinsics[s], P, seed, mask, self.mask_erosion_pixels)
+            pixels, queries = chosen[w]
             if len(queries):
                 out = self.model.track(
                     frames=frames[window],
@@ -142,6 +167,16 @@ class TracksStage(ModelStage):
             "quality": track_quality(np.isfinite(tracks).all(axis=-1), num_points),
         }
 
+    def _queries(
+        self, depth: np.ndarray, K: np.ndarray, masks: np.ndarray | None, s: int, video_seed: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Return one window's query pixels (N, 2) and camera-frame points (N, 3) at its first frame ``s``."""
+        if masks is None and self.grid_size > 0:
+            return grid_queries(depth, K, self.grid_size)
+        mask = None if masks is None else np.asarray(masks[s], dtype=bool)
+        seed = content_seed(np.int64(s), video_seed)
+        pixels = sample_pixels(depth, self.target_points, seed, mask, self.mask_erosion_pixels)
+        return pixels, sample_queries(depth, K, self.target_points, seed, mask, self.mask_erosion_pixels)
 
 def track_quality(present: Any, num_points: np.ndarray) -> dict[str, Any]:
     """Measure tracks from ``present`` (W, L, P) bool, whether each point is tracked at each step, with

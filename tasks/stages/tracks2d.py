@@ -10,6 +10,7 @@ from tasks.backends.convert_tracks import erode, grid_on_mask
 from tasks.job import Job
 from tasks.outputs.geometry import content_seed, window_starts
 from tasks.stages.base import Gate, ModelStage, Outputs, Progress, report, require
+from tasks.stages.masks import found_masks
 from tasks.stages.tracks import sample_pixels, track_quality
 
 
@@ -53,8 +54,9 @@ class Tracks2DStage(ModelStage):
     @classmethod
     def select_inputs(cls, outputs: Outputs, job: Job) -> dict[str, Any]:
         inputs = {"frames": outputs["preprocess"]["frames"], "depths": outputs["depth"]["depths"]}
-        if "masks" in outputs:
-            inputs["masks"] = outputs["masks"]["masks"]
+        masks = found_masks(outputs)
+        if masks is not None:
+            inputs["masks"] = masks
         return inputs
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
