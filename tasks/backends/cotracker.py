@@ -17,7 +17,7 @@ import numpy as np
 
 from tasks.backends.base import Track2DBackend, Tracks2DOutput, check_params
 from tasks.backends.convert_tracks import cotracker_queries, cotracker_visible, drop_not_always_visible
-from tasks.backends.upstream import need_dir, need_file, need_module
+from tasks.backends.upstream import need_dir, need_file, need_module, no_downloads
 
 INSTALL = "bash deploy/envs/build.sh cotracker  (pip install git+https://github.com/facebookresearch/co-tracker)"
 CHECKPOINT_URL = "https://huggingface.co/facebook/cotracker3/resolve/main/scaled_offline.pth"
@@ -68,7 +68,10 @@ class CoTrackerTracks2D(Track2DBackend):
         predictor = need_module("cotracker.predictor", "CoTracker3", INSTALL)
         import torch
 
-        model = predictor.CoTrackerPredictor(checkpoint=str(ckpt), offline=True, window_len=self.window_len, v2=False)
+        with no_downloads():
+            model = predictor.CoTrackerPredictor(
+                checkpoint=str(ckpt), offline=True, window_len=self.window_len, v2=False
+            )
         self._model = model.to(device).eval()
         self._torch = torch
         super().load(device)

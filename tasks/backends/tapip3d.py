@@ -17,7 +17,7 @@ import numpy as np
 
 from tasks.backends.base import TrackBackend, check_params
 from tasks.backends.convert_tracks import tapip3d_to_first_camera, tapip3d_window_inputs
-from tasks.backends.upstream import inside, need_dir, need_file
+from tasks.backends.upstream import inside, need_dir, need_file, no_downloads
 from tasks.errors import ModelLoadError
 
 CHECKOUT = "git clone https://github.com/zbw001/TAPIP3D <repo_dir> && bash deploy/envs/build.sh tapip3d"
@@ -29,7 +29,8 @@ class Tapip3dTracker(TrackBackend):
 
     ``repo_dir`` is the TAPIP3D checkout; ``weights_dir`` holds ``checkpoint`` (default: the
     checkout's ``checkpoints/``). ``visibility_threshold`` (0-1, y2r's 0.0) drops a point not
-    visible at every step; ``resolution_factor`` scales the model's image area (y2r's 1).
+    visible at every step; ``resolution_factor`` (y2r's 1) is y2r's setting, which has no effect
+    (TAPIP3D sets the image size to the video's on every call).
     """
 
     name = "tapip3d"
@@ -86,11 +87,16 @@ class Tapip3dTracker(TrackBackend):
                     f"TAPIP3D's dependencies are not installed ({exc}); install them into this stage's "
                     f"environment: {CHECKOUT}"
                 ) from exc
-            model = module.load_model(str(ckpt))
+            # A checkpoint whose cfg.model.encoder.pretrained is true makes TAPIP3D call torch.hub.load
+            # (models/encoders/cotracker_cnn.py:24-25): offline, that is a start-up error naming the cache.
+            with no_downloads():
+                model = module.load_model(str(ckpt))
         model.to(device)
         model.eval()
         if self.resolution_factor != 1.0:
-            # process_tapip3d.py:410-414: the inference size grows with sqrt(resolution_factor).
+            # process_tapip3d.py:410-414: the inference size grows with sqrt(resolution_factor). It has no
+            # effect, in y2r as here: TAPIP3D's inference() sets the image size to the video's on every call
+            # (utils/inference_utils.py:136).
             base_h, base_w = model.image_size
             scale = float(np.sqrt(self.resolution_factor))
             model.set_image_size((int(base_h * scale), int(base_w * scale)))

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+from urllib.parse import urlparse
 
 from tasks.errors import ModelLoadError
 
@@ -57,3 +59,80 @@ def inside(repo_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.chdir(before)
+
+
+def _hub_downloads_refused(hub: Any) -> dict[str, Any]:
+    """Return replacements for torch hub's downloaders that use the cache or raise ModelLoadError naming the file."""
+    original_from_url, original_load = hub.load_state_dict_from_url, hub.load
+
+    def load_state_dict_from_url(url: str, model_dir: str | None = None, *args: Any, **kwargs: Any) -> Any:
+        folder = Path(model_dir) if model_dir else Path(hub.get_dir()) / "checkpoints"
+        name = kwargs.get("file_name") or os.path.basename(urlparse(url).path)
+        if not (folder / name).is_file():
+            raise ModelLoadError(f"{folder / name} is missing, and a worker never downloads: put {url} there")
+        return original_from_url(url, model_dir, *args, **kwargs)
+
+    def download_url_to_file(url: str, dst: str, *args: Any, **kwargs: Any) -> None:
+        raise ModelLoadError(f"{dst} is missing, and a worker never downloads: put {url} there")
+
+    def load(repo_or_dir: str, model: str, *args: Any, source: str = "github", **kwargs: Any) -> Any:
+        if source == "local":
+            return original_load(repo_or_dir, model, *args, source=source, **kwargs)
+        owner_name, _, ref = str(repo_or_dir).partition(":")
+        folders = [
+            Path(hub.get_dir()) / f"{owner_name.replace('/', '_')}_{r}" for r in ([ref] if ref else ["main", "master"])
+        ]
+        for folder in folders:
+            if folder.is_dir():  # torch hub's own cache of the repository: load it from there, offline
+                kwargs.pop("trust_repo", None)
+                kwargs.pop("skip_validation", None)
+                return original_load(str(folder), model, *args, source="local", **kwargs)
+        raise ModelLoadError(
+            f"torch.hub.load({repo_or_dir!r}, {model!r}) needs the repository in {folders[0]}, and a worker never "
+            "downloads: fill torch hub's cache on a machine with network access, or use a config that does not "
+            "load it"
+        )
+
+    return {
+        "load_state_dict_from_url": load_state_dict_from_url,
+        "download_url_to_file": download_url_to_file,
+        "load": load,
+    }
+
+
+def _gdown_refused() -> Any:
+    def download(url: str | None = None, output: str | None = None, *args: Any, **kwargs: Any) -> str:
+        if output and Path(output).is_file():
+            return output
+        raise ModelLoadError(f"{output} is missing, and a worker never downloads: put {url} there")
+
+    return download
+
+
+@contextlib.contextmanager
+def no_downloads() -> Iterator[None]:
+    """Within the block, torch hub, gdown and the Hugging Face hub use their caches only: a missing file raises.
+
+    The error (ModelLoadError) names the file and where it comes from, so a worker stops at
+    start-up instead of trying the network (or hanging on it). ``HF_HUB_OFFLINE`` is set for
+    the process (huggingface_hub reads it when first imported).
+    """
+    import torch.hub as hub
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    saved: list[tuple[Any, str, Any]] = []
+    patches: list[tuple[Any, str, Any]] = [(hub, k, v) for k, v in _hub_downloads_refused(hub).items()]
+    try:
+        import gdown  # type: ignore[import-not-found]
+
+        patches.append((gdown, "download", _gdown_refused()))
+    except ImportError:
+        pass
+    for module, name, value in patches:
+        saved.append((module, name, getattr(module, name)))
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for module, name, value in reversed(saved):
+            setattr(module, name, value)

@@ -20,7 +20,8 @@ import numpy as np
 
 from tasks.backends.base import DepthBackend, DepthOutput, Progress, check_params
 from tasks.backends.convert_vipe import stack_vipe_outputs, vipe_overrides
-from tasks.backends.upstream import need_dir, need_file, need_module
+from tasks.backends.upstream import need_dir, need_module, no_downloads
+from tasks.backends.vipe_files import check_files
 
 INSTALL = (
     "bash deploy/envs/build.sh vipe  (y2r's ViPE, github.com/hgupt3/vipe, built with USE_SYSTEM_EIGEN=1 "
@@ -73,9 +74,6 @@ class VipeDepth(DepthBackend):
     def load(self, device: str) -> None:
         """Check the model cache, import ViPE and build its pipeline and model cache once on ``device``."""
         weights = need_dir(self.weights_dir, "ViPE's model cache", "stages.depth.params.weights_dir", FILL_CACHE)
-        # DroidNet is loaded for every pipeline (vipe/model_cache.py:82-84) from torch hub's folder
-        # (vipe/slam/networks/droid_net.py:534): its presence says the cache was filled.
-        need_file(weights / "torch" / "hub" / "droid_slam" / "droid.pth", "ViPE's DroidNet checkpoint", FILL_CACHE)
         if "huggingface_hub" in sys.modules:
             # It reads HF_HOME once, at import: another model loaded first in this process wins.
             log.warning(
@@ -96,12 +94,15 @@ class VipeDepth(DepthBackend):
         # process_vipe.py:229-244: compose, load every model into the cache, build the pipeline.
         with hydra.initialize_config_dir(config_dir=str(vipe.get_config_path()), version_base=None):
             args = hydra.compose("default", overrides=self.overrides)
-        cache = cache_mod.VipeModelCache.create(
-            slam_cfg=args.pipeline.slam,
-            init_cfg=args.pipeline.init,
-            post_cfg=args.pipeline.post,
-            device=torch.device(device),
-        )
+        # Every file the pipeline will open, named with where it goes, before the worker takes a task.
+        check_files(args.pipeline, weights, FILL_CACHE)
+        with no_downloads():
+            cache = cache_mod.VipeModelCache.create(
+                slam_cfg=args.pipeline.slam,
+                init_cfg=args.pipeline.init,
+                post_cfg=args.pipeline.post,
+                device=torch.device(device),
+            )
         self._pipeline = vipe.make_pipeline(args.pipeline, model_cache=cache)
         self._pipeline.return_output_streams = True
         self._api = {"base": base, "torch": torch, "stream": _array_stream_class(base, torch)}
@@ -117,7 +118,8 @@ class VipeDepth(DepthBackend):
             torch.cuda.reset_peak_memory_stats(self.device)
         stream = self._api["stream"](frames, self.device)
         cached = base.ProcessedVideoStream(stream, []).cache(desc="Reading image frames")
-        result = self._pipeline.run(cached)
+        with no_downloads():
+            result = self._pipeline.run(cached)
         output = result.output_streams[0]
         attr = base.FrameAttribute
         poses = [None if p is None else p.matrix().cpu().numpy() for p in output.get_stream_attribute(attr.POSE)]

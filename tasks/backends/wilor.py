@@ -11,6 +11,7 @@ median of the betas are the hands stage's (y2r's 759-829).
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from tasks.backends.convert_wilor import (
     wrist_depth,
     wrist_pixel,
 )
-from tasks.backends.upstream import inside, need_dir, need_file, need_module
+from tasks.backends.upstream import inside, need_dir, need_file, need_module, no_downloads
 
 CHECKOUT = "git clone https://github.com/rolpotamias/WiLoR <repo_dir> && bash deploy/envs/build.sh wilor"
 WEIGHTS_URL = "https://huggingface.co/spaces/rolpotamias/WiLoR/resolve/main/pretrained_models"
@@ -85,7 +86,10 @@ class WilorHands(HandsBackend):
         need_file(mano / "mano_mean_params.npz", "WiLoR's mano_mean_params.npz", f"It ships with WiLoR: {CHECKOUT}")
         import torch
 
-        with inside(repo):
+        # wilor.utils imports pyrender (wilor/utils/__init__.py:4-6, mesh_renderer.py:7), whose OpenGL needs a
+        # display unless a headless platform is chosen before the import; the adapter never renders.
+        os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+        with inside(repo), no_downloads():
             models = need_module("wilor.models", "WiLoR", f"install its requirements: {CHECKOUT}")
             utils = need_module("wilor.utils", "WiLoR", f"install its requirements: {CHECKOUT}")
             vitdet = need_module("wilor.datasets.vitdet_dataset", "WiLoR", f"install its requirements: {CHECKOUT}")
@@ -222,12 +226,15 @@ def _full_torch_load(torch: Any) -> Iterator[None]:
     """Let WiLoR's and YOLO's checkpoints unpickle under torch >= 2.6, as y2r does, but only while they load.
 
     y2r patches ``torch.load`` to default ``weights_only=False`` for the whole process
-    (process_wilor.py:21-28); here the patch lasts for the load alone.
+    (process_wilor.py:21-28); here the patch lasts for the load alone. pytorch-lightning 2.6
+    passes ``weights_only=None`` explicitly (lightning_fabric/utilities/cloud_io.py:74-79), which
+    torch >= 2.6 reads as True, so None is replaced too.
     """
     original = torch.load
 
     def load(*args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("weights_only", False)
+        if kwargs.get("weights_only") is None:
+            kwargs["weights_only"] = False
         return original(*args, **kwargs)
 
     torch.load = load
