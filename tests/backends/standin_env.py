@@ -16,9 +16,20 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from tasks.backends.vipe_files import needed_files
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDINS = ROOT / "tests" / "standins"
+# ViPE's lyra pipeline as y2r composes it (field-of-view bounds, so GeoCalib runs).
+LYRA = {
+    "slam": {"keyframe_depth": "moge"},
+    "init": {"camera_type": "pinhole", "fixed_fov_degrees": None, "instance": {"add_sky": True}},
+    "post": {"depth_align_model": "adaptive_moge_vda"},
+}
 
 
 def _digest() -> str:
@@ -54,6 +65,8 @@ def standin_python() -> Path:
         # addsitedir (not a bare path) so the project's editable install and its .pth files apply too.
         (purelib / "zz-framefleet-project.pth").write_text(
             "".join(f"import site; site.addsitedir({p!r})\n" for p in ours)
+            # The vipe stand-in refuses a CPU as ViPE does, except here, where the chain tests run it on one.
+            + "import os; os.environ.setdefault('FRAMEFLEET_STANDIN_VIPE_CPU', '1')\n"
         )
         for package in (STANDINS / "site").iterdir():
             if package.is_dir():
@@ -69,10 +82,26 @@ def lay_out_upstream(base: Path) -> dict[str, Path]:
     shutil.copytree(STANDINS / "TAPIP3D", tapip3d, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(STANDINS / "WiLoR", wilor, ignore=shutil.ignore_patterns("__pycache__"))
     vipe = base / "vipe-cache"
+    for needed in needed_files(LYRA):
+        f = vipe / needed.path.replace("*", "0" * 40)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({}, f)  # ViPE's loaders unpickle them
+    tapip3d_ckpt = tapip3d / "checkpoints" / "tapip3d_final.pth"
+    tapip3d_ckpt.parent.mkdir(parents=True)
+    # TAPIP3D's layout (models/__init__.py:31-37): its config and the state dict of the stand-in's one parameter.
+    torch.save(
+        {
+            "cfg": {"model": {"encoder": {"pretrained": False}}, "train_dataset": {"resolution": [384, 512]}},
+            "weight": {"scale": torch.ones(1)},
+        },
+        tapip3d_ckpt,
+    )
+    wilor_ckpt = wilor / "pretrained_models" / "wilor_final.ckpt"
+    wilor_ckpt.parent.mkdir(parents=True)
+    # A Lightning checkpoint whose hyper-parameters hold a config object (WiLoR's is a yacs CfgNode): torch's
+    # weights-only unpickler refuses it.
+    torch.save({"state_dict": {}, "hyper_parameters": {"cfg": SimpleNamespace(MODEL={"IMAGE_SIZE": 256})}}, wilor_ckpt)
     files = [
-        vipe / "torch" / "hub" / "droid_slam" / "droid.pth",
-        tapip3d / "checkpoints" / "tapip3d_final.pth",
-        wilor / "pretrained_models" / "wilor_final.ckpt",
         wilor / "pretrained_models" / "model_config.yaml",
         wilor / "pretrained_models" / "detector.pt",
         wilor / "mano_data" / "MANO_RIGHT.pkl",

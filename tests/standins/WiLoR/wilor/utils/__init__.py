@@ -1,8 +1,21 @@
-"""Stand-in for WiLoR's ``wilor/utils``: ``recursive_to``."""
+"""Stand-in for WiLoR's ``wilor/utils``: ``recursive_to``, and the renderer import's platform need.
+
+Upstream's ``wilor/utils/__init__.py:4-6`` imports the renderers, which import pyrender
+(wilor/utils/mesh_renderer.py:7); on a machine without a display pyrender's OpenGL needs a
+headless platform (PYOPENGL_PLATFORM=egl or osmesa) chosen before that import.
+"""
 
 from __future__ import annotations
 
+import os
+
 import torch
+
+if os.environ.get("PYOPENGL_PLATFORM") not in ("egl", "osmesa"):
+    raise ImportError(
+        "pyrender (imported by wilor.utils) needs a display or PYOPENGL_PLATFORM=egl|osmesa; "
+        f"PYOPENGL_PLATFORM is {os.environ.get('PYOPENGL_PLATFORM')!r}"
+    )
 
 
 def recursive_to(x, target):
