@@ -21,7 +21,7 @@ TORCH_INDEX ?=
 REDIS_HINT := redis-server not found: install it with `sudo apt-get install -y redis-server` (Debian, Ubuntu; \
   macOS: `brew install redis`), or set REDIS_URL (make demo) / FRAMEFLEET_TEST_REDIS (make test) to a Redis you have
 
-.PHONY: install test test-faults test-gpu lint demo demo-real clean need-redis need-test-tools system-packages
+.PHONY: install install-upstream test test-upstream test-faults test-gpu lint demo demo-real clean need-redis need-test-tools system-packages
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,13 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+# The packages the upstream models' own code needs on the CPU ([upstream] in pyproject.toml); torch stays pinned.
+$(VENV)/.upstream-installed: pyproject.toml $(VENV)/.installed
+	$(PY) -m pip install -q "$(TORCH_SPEC)" -e ".[test,real,upstream]"
+	touch $@
+
+install-upstream: $(VENV)/.upstream-installed
 
 # The tests start their own redis-server; demo does unless REDIS_URL answers.
 need-redis:
@@ -65,6 +72,12 @@ system-packages:
 # Installs what it needs first (need-test-tools, install): on a fresh clone it is the only command.
 test: need-test-tools install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not gpu and not slow" tests
+
+# Every adapter through the real upstream model code (random weights, CPU): the sources come from
+# ../shared/upstream (or $$FRAMEFLEET_UPSTREAM_SRC), unpacked once under the temp folder. `make test`
+# runs its fast part (CoTracker3) too.
+test-upstream: need-test-tools install-upstream
+	$(PY) -m pytest -q -m upstream tests/upstream
 
 # The whole fault-injection suite.
 test-faults: need-test-tools install
