@@ -108,17 +108,36 @@ def backproject(u: float, v: float, depth: float, K: np.ndarray) -> np.ndarray:
     return np.array([(u - K[0, 2]) * depth / K[0, 0], (v - K[1, 2]) * depth / K[1, 1], depth])
 
 
-def place_hand(
-    global_orient: np.ndarray, joints: np.ndarray, wrist_position: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(wrist_pose (4, 4), joints_3d (21, 3))`` in the camera frame (process_wilor.py:723-731).
+HAND_FRAMES = ("y2r", "camera")
+MIRROR_X = np.diag([-1.0, 1.0, 1.0])
 
-    The rotation is MANO's global orient (3, 3); the joints (21, 3), mirrored and relative
-    to the wrist, are rotated by it and moved to ``wrist_position`` (3,) metres.
+
+def place_hand(
+    global_orient: np.ndarray,
+    joints: np.ndarray,
+    wrist_position: np.ndarray,
+    is_right: float = 1.0,
+    frame: str = "y2r",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(wrist_pose (4, 4), joints_3d (21, 3))`` in the camera frame; ``joints`` (21, 3) already mirrored.
+
+    ``frame`` "y2r" (process_wilor.py:723-731): the rotation is MANO's global orient (3, 3) as
+    WiLoR gives it, and the joints relative to the wrist are rotated by it once more, although
+    MANO's joints already carry that rotation; the joints are then moved to ``wrist_position``.
+    "camera": the joints relative to the wrist are moved there as they are, and a left hand's
+    rotation is mirrored (``M R M``, M = diag(-1, 1, 1)) since WiLoR saw it flipped as a right
+    hand: both then describe the hand in the camera frame (README, "Two geometry conventions").
     """
+    if frame not in HAND_FRAMES:
+        raise ValueError(f"hand frame must be one of {HAND_FRAMES}, got {frame!r}")
     R = np.asarray(global_orient, dtype=np.float64).reshape(3, 3)
+    local = np.asarray(joints, dtype=np.float64) - np.asarray(joints, dtype=np.float64)[:1]
+    if frame == "camera":
+        if float(is_right) < 0.5:
+            R = MIRROR_X @ R @ MIRROR_X
+    else:
+        local = local @ R.T
     pose = np.eye(4)
     pose[:3, :3] = R
     pose[:3, 3] = wrist_position
-    local = np.asarray(joints, dtype=np.float64) - np.asarray(joints, dtype=np.float64)[:1]
-    return pose, local @ R.T + np.asarray(wrist_position, dtype=np.float64)
+    return pose, local + np.asarray(wrist_position, dtype=np.float64)

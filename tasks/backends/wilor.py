@@ -20,6 +20,7 @@ import numpy as np
 
 from tasks.backends.base import HandDetections, HandsBackend, Progress, check_params
 from tasks.backends.convert_wilor import (
+    HAND_FRAMES,
     backproject,
     best_per_side,
     full_image_translation,
@@ -47,7 +48,9 @@ class WilorHands(HandsBackend):
     ``repo_dir`` is the WiLoR checkout (with ``mano_data/MANO_RIGHT.pkl``); ``weights_dir``
     holds ``wilor_final.ckpt``, ``model_config.yaml`` and ``detector.pt`` (default: the
     checkout's ``pretrained_models/``). ``detection_confidence`` 0-1; ``wrist_depth_offset``
-    metres added to the depth at the wrist pixel (the joint lies under the skin).
+    metres added to the depth at the wrist pixel (the joint lies under the skin); ``hand_frame``
+    "y2r" (default) writes y2r's rotations and joints, "camera" the camera-frame geometry
+    (``convert_wilor.place_hand``).
     """
 
     name = "wilor"
@@ -59,9 +62,17 @@ class WilorHands(HandsBackend):
         batch_size: int = 256,
         detection_confidence: float = 0.75,
         wrist_depth_offset: float = 0.02,
+        hand_frame: str = "y2r",
         **unknown: Any,
     ) -> None:
-        check_params(type(self), unknown, "repo_dir, weights_dir, batch_size, detection_confidence, wrist_depth_offset")
+        check_params(
+            type(self),
+            unknown,
+            "repo_dir, weights_dir, batch_size, detection_confidence, wrist_depth_offset, hand_frame",
+        )
+        if hand_frame not in HAND_FRAMES:
+            raise ValueError(f"hand_frame must be one of {HAND_FRAMES}, got {hand_frame!r}")
+        self.hand_frame = hand_frame
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         super().__init__()
@@ -170,7 +181,8 @@ class WilorHands(HandsBackend):
             d = wrist_depth(np.asarray(depths[t], dtype=np.float32), u, v)
             if d is None:
                 continue  # y2r skips a detection with no depth near the wrist (process_wilor.py:714-716)
-            pose, joints_cam = place_hand(r["global_orient"], joints, backproject(u, v, d + self.wrist_depth_offset, K))
+            wrist = backproject(u, v, d + self.wrist_depth_offset, K)
+            pose, joints_cam = place_hand(r["global_orient"], joints, wrist, r["right"], self.hand_frame)
             side_out = out[side]
             side_out["valid"][t] = True
             side_out["wrist_pose"][t] = pose

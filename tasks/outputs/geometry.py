@@ -35,10 +35,23 @@ def project_uvd(points: np.ndarray, K: np.ndarray, image_size: float) -> np.ndar
     return np.stack([u, v, p[..., 2]], axis=-1)
 
 
-def window_poses(extrinsics: np.ndarray) -> np.ndarray:
-    """Return ``inv(E_0) @ E_t`` (L, 4, 4) float64 for world->camera extrinsics (L, 4, 4), y2r's order."""
+WINDOW_POSE_ORDERS = ("y2r", "camera")
+
+
+def window_poses(extrinsics: np.ndarray, order: str = "y2r") -> np.ndarray:
+    """Return a window's poses (L, 4, 4) float64 from its world->camera extrinsics (L, 4, 4).
+
+    ``y2r``: ``inv(E_0) @ E_t``, what y2r writes and gives TAPIP3D (process_tapip3d.py:255-273)
+    and what its models were trained on. ``camera``: ``E_t @ inv(E_0)``, the world->camera pose
+    of step t in a world that is step 0's camera (it maps a point of camera 0 into camera t).
+    The two agree when the camera does not rotate from step 0 or step 0's camera is the world.
+    """
     E = np.asarray(extrinsics, dtype=np.float64)
-    return np.linalg.inv(E[0]) @ E
+    if order == "y2r":
+        return np.linalg.inv(E[0]) @ E
+    if order == "camera":
+        return E @ np.linalg.inv(E[0])
+    raise ValueError(f"window pose order must be one of {WINDOW_POSE_ORDERS}, got {order!r}")
 
 
 def rot_6d(R: np.ndarray) -> np.ndarray:

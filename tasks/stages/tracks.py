@@ -8,7 +8,7 @@ import numpy as np
 
 from tasks.backends.convert_tracks import grid_on_mask
 from tasks.job import Job
-from tasks.outputs.geometry import content_seed, unproject, window_poses, window_starts
+from tasks.outputs.geometry import WINDOW_POSE_ORDERS, content_seed, unproject, window_poses, window_starts
 from tasks.stages.base import Gate, ModelStage, Outputs, Progress, report, require
 from tasks.stages.masks import found_masks
 
@@ -80,6 +80,11 @@ class TracksStage(ModelStage):
     Queries: ``target_points`` pixels with depth sampled at random inside the eroded mask; where
     there is no mask (no masks stage, or it found nothing) and ``grid_size`` > 0, TAPIP3D's
     ``grid_size`` grid instead, as y2r does (``grid_queries``); P is then the most queries of a window.
+
+    ``window_pose_order`` "y2r" (the default) writes y2r's ``inv(E_s) @ E_t`` and gives the
+    backend the video's extrinsics (TAPIP3D's adapter makes y2r's poses of them); "camera" writes
+    ``E_t @ inv(E_s)``, the correct world->camera pose of step t with camera s as the world,
+    and gives the backend those as its extrinsics (README, "Two geometry conventions").
     """
 
     name = "tracks"
@@ -99,8 +104,12 @@ class TracksStage(ModelStage):
         target_points: int = 64,
         mask_erosion_pixels: int = 0,
         grid_size: int = 0,
+        window_pose_order: str = "y2r",
         **backend_params: Any,
     ) -> None:
+        if window_pose_order not in WINDOW_POSE_ORDERS:
+            raise ValueError(f"window_pose_order must be one of {WINDOW_POSE_ORDERS}, got {window_pose_order!r}")
+        self.window_pose_order = window_pose_order
         if window_length < 1 or stride < 1 or target_points < 0 or mask_erosion_pixels < 0 or grid_size < 0:
             raise ValueError(
                 f"window_length and stride must be >= 1, target_points, mask_erosion_pixels and grid_size >= 0, "
@@ -139,19 +148,19 @@ class TracksStage(ModelStage):
         for w, s in enumerate(starts):
             window = slice(int(s), int(s) + L)
             pixels, queries = chosen[w]
+            poses[w] = window_poses(extrinsics[window], self.window_pose_order)
             if len(queries):
                 out = self.model.track(
                     frames=frames[window],
                     queries=queries,
                     depths=depths[window],
                     intrinsics=intrinsics[window],
-                    extrinsics=extrinsics[window],
+                    extrinsics=extrinsics[window] if self.window_pose_order == "y2r" else poses[w],
                     query_pixels=pixels,
                     masks=None if masks is None else np.asarray(masks[window], dtype=bool),
                 )
                 tracks[w, :, : len(queries)] = out
             num_points[w] = len(queries)
-            poses[w] = window_poses(extrinsics[window])
             if w % 8 == 7:
                 report(progress, int(s) + 1, T)
         report(progress, T, T)
