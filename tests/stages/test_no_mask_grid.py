@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from tasks.backends.convert_tracks import grid_on_mask
-from tasks.outputs.geometry import project_uvd
 from tasks.job import Job
+from tasks.outputs.geometry import project_uvd
 from tasks.stages.depth import DepthStage
 from tasks.stages.masks import MasksStage
 from tasks.stages.tracks import TracksStage, grid_queries

@@ -13,7 +13,8 @@ import pytest
 
 from tests.upstream.sources import run_python, source
 
-pytestmark = [pytest.mark.upstream, pytest.mark.timeout(1800)]
+# About 2.5 CPU-minutes (4 CoTracker3 passes over 10 frames): make test-upstream, not make test.
+pytestmark = [pytest.mark.upstream, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 SCRIPT = r"""
 import json, sys, time
