@@ -187,6 +187,7 @@ class TracksStage(ModelStage):
         pixels = sample_pixels(depth, self.target_points, seed, mask, self.mask_erosion_pixels)
         return pixels, sample_queries(depth, K, self.target_points, seed, mask, self.mask_erosion_pixels)
 
+
 def track_quality(present: Any, num_points: np.ndarray) -> dict[str, Any]:
     """Measure tracks from ``present`` (W, L, P) bool, whether each point is tracked at each step, with
     ``num_points`` (W,) valid: the fraction of a window's query points still tracked at its last step,
