@@ -37,6 +37,7 @@ CANCELLED_PREFIX = "ff:cancelled:"  # + run id: the run was cancelled (frameflee
 REQUEUES_PREFIX = "ff:requeues:"  # + run id: list of requeues after a lost worker (tasks.delivery.requeues)
 RESENT_PREFIX = "ff:resent:"  # + run id: list of videos the sweep sent again, with stage and time (tasks.run.sweep)
 SWEEP_PREFIX = "ff:sweep:"  # + run id: hash video id -> when a sweep first found it nowhere (tasks.run.sweep)
+SWEEP_LOCK = "ff:sweep-lock"  # held by the one sweep running across all hosts (tasks.run.sweep)
 METRIC_COUNTS = "ff:metrics:counts"
 METRIC_DURATIONS = "ff:metrics:stage-seconds"
 

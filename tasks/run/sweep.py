@@ -35,7 +35,7 @@ from worker_config.settings import Settings
 log = logging.getLogger("framefleet.sweep")
 SWEEP_EVERY_S = 10.0  # at most one sweep this often, over every host
 CONFIRM_S = 5.0  # a video missed twice this far apart (at least) is resent
-LOCK = "ff:sweep-lock"
+LOCK = keys.SWEEP_LOCK
 
 
 def located(broker: redis.Redis, r: redis.Redis, conf: Settings) -> set[tuple[str, str]]:
