@@ -105,11 +105,11 @@ def processes(logs: Path) -> Iterator[Any]:
 
 
 def stage_log(redis_url: str) -> list[dict[str, Any]]:
-    """framefleet's stage log (ff:stages) as spans."""
+    """framefleet's stage logs (ff:run:<id>:stages, every run) as spans."""
     import redis
 
     r = redis.Redis.from_url(redis_url, decode_responses=True)
-    entries = [json.loads(raw) for raw in r.lrange("ff:stages", 0, -1)]
+    entries = [json.loads(raw) for key in r.scan_iter(match="ff:run:*:stages") for raw in r.lrange(key, 0, -1)]
     return [
         {
             "video": e["video"],

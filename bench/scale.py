@@ -213,7 +213,7 @@ def fill_partials(r: Any, big: Path, ids: list[str]) -> None:
 def callback_phase(out: Path, n: int, work: Path, url: str) -> dict[str, Any]:
     import redis
 
-    from tasks.observe.metrics import STAGE_LOG_KEPT, STAGE_LOG_KEY
+    from tasks.observe.metrics import STAGE_LOG_KEPT, stage_log_key
     from tasks.run import aggregate as agg
     from tasks.run import completion, partials
     from tasks.run.stats import VideoStats, normalization_stats, write_stats_yaml
@@ -223,12 +223,12 @@ def callback_phase(out: Path, n: int, work: Path, url: str) -> dict[str, Any]:
     r.flushall()
     stages = list(summary["stages"])
     now = time.time()
-    entry = {"run": "scale", "gpu": 0, "ok": True, "skipped": False, "worker": "gpu0@bench", "run_s": 0.5}
+    entry = {"gpu": 0, "ok": True, "skipped": False, "worker": "gpu0@bench", "run_s": 0.5}
     pipe = r.pipeline(transaction=False)
     for i in range(STAGE_LOG_KEPT):
         s = stages[i % len(stages)]
         pipe.rpush(
-            STAGE_LOG_KEY,
+            stage_log_key("scale"),
             json.dumps(
                 {**entry, "video": f"v{i // len(stages):06d}", "stage": s, "start": now + i, "end": now + i + 1}
             ),

@@ -54,13 +54,13 @@ def main(argv: list[str] | None = None) -> int:
         ttl = 30 * 24 * 3600
         calls: dict[str, Callable[[int], object]] = {
             "PING (one round trip)": lambda i: r.ping(),
-            "claims.is_done (EXISTS)": lambda i: claims.is_done(r, f"t{i}"),
+            "claims.is_done (HEXISTS)": lambda i: claims.is_done(r, "bench", f"t{i}"),
             "claims.acquire (SET NX PX)": lambda i: claims.acquire(r, f"{key}{i}", "w t", 30),
             "start counter (INCR+EXPIRE pipeline)": lambda i: (
                 r.pipeline().incr(f"ff:attempts:t{i}").expire(f"ff:attempts:t{i}", ttl).execute()
             ),
             "claims.release (EVAL)": lambda i: claims.release(r, f"{key}{i}"),
-            "claims.mark_done (SET EX)": lambda i: claims.mark_done(r, f"t{i}", ttl),
+            "claims.mark_done (HSET, EXPIRE)": lambda i: claims.mark_done(r, "bench", f"t{i}", ttl),
             "progress.record (pipeline)": lambda i: progress.record(r, "bench", "depth", True, ttl),
             "metrics.record_stage (pipeline)": lambda i: metrics.record_stage(url, "depth", job),
             "task state PROGRESS (SET + PUBLISH)": lambda i: (
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             pipe.set(f"ff:done:b{i}", "1", ex=ttl)
             pipe.hincrby("ff:run:bench", "depth.done", 1)
             pipe.expire("ff:run:bench", ttl)
-            pipe.rpush(metrics.STAGE_LOG_KEY, "{}")
+            pipe.rpush(metrics.stage_log_key("bench"), "{}")
             pipe.hincrby(metrics.COUNTS_KEY, "stage|depth|done", 1)
             pipe.execute()
 

@@ -1,7 +1,7 @@
 """Every Redis key framefleet writes, named once (``ff:`` prefix; Celery's and kombu's own keys are theirs).
 
-Per-item keys are a prefix plus an id; the modules that own the data build them. TTLs are
-the owners' business and are documented there.
+Per-item keys are a prefix plus an id; the modules that own the data build them. Who reads each
+key, its size per video and its lifetime: docs/redis-keys.md.
 """
 
 from __future__ import annotations
@@ -15,24 +15,27 @@ LEASE_OWNER_PREFIX = "ff:lease-owner:"  # + delivery tag: "hostname task_id", ke
 ORPHAN_PREFIX = "ff:orphan:"  # + delivery tag: when the reaper first saw it with no lease and no owner
 REAPER_LOCK = "ff:reaper-lock"
 CLAIM_PREFIX = "ff:claim:"  # + root hash:video:stage: one live run of a video's stage
-DONE_PREFIX = "ff:done:"  # + task id: that task finished (a late duplicate is dropped)
-ATTEMPTS_PREFIX = "ff:attempts:"  # + task id: how many times it started
 REBALANCE_LOCK = "ff:rebalance-lock"
 BELL_PREFIX = "ff:bell:"  # + queue: the doorbell workers block on; publishers ring it (tasks.delivery.transport)
 
 # runs, results and records (tasks.observe.progress, tasks.run.quarantine, tasks.pipeline.oom, tasks.observe.metrics)
-RUN_PREFIX = "ff:run:"  # + run id: per-stage done/failed counters
-# + run id + one of these (tasks.run.completion): the run's completion counter and its enqueue window
+RUN_PREFIX = "ff:run:"  # + run id: the run's one lasting hash: per-stage counters and the fields below
+RUN_RECORD_FIELD = "record"  # the run's record (its OUT, callback id), for status and cancel (tasks.run.runs)
+RUN_AGGREGATED_FIELD = "aggregated"  # set NX once, by the task that sends the statistics callback
+RUN_ENDED_FIELD = "ended"  # when the callback wrote the run's files: a task of the run arriving now is a duplicate
+RUNS = "ff:runs"  # sorted set run id -> start time: the newest runs, without a scan of every key
+# + run id + one of these: what a live run needs per video, gone soon after its files are written
 RUN_FINISHED_SUFFIX = ":finished"  # hash video id -> the video's outcome (its count: HLEN)
 RUN_ORDER_SUFFIX = ":order"  # hash video id -> k: it was the k-th video to finish
 RUN_PENDING_SUFFIX = ":pending"  # hash i -> the job of a video not sent yet (beyond the window)
 RUN_SENT_SUFFIX = ":sent"  # hash video id -> the job of a video sent (its chain began; tasks.run.sweep)
-RUN_AGGREGATED_SUFFIX = ":aggregated"  # set NX once, by the task that sends the statistics callback
+RUN_DONE_SUFFIX = ":done"  # hash task id -> 1: that task finished (a late duplicate is dropped)
+RUN_ATTEMPTS_SUFFIX = ":attempts"  # hash task id -> how many times it started
+RUN_STAGES_SUFFIX = ":stages"  # list of the run's stage spans (the report's and status's source)
 PARTIALS_PREFIX = "ff:partials:"  # + output-root hash: hash video id -> its partial statistics (tasks.run.partials)
 QUARANTINE_PREFIX = "ff:quarantine:"  # + output-root hash: the quarantined videos of that root
 OOM_LOG = "ff:oom"  # list of out-of-memory records, newest first
-STAGE_LOG = "ff:stages"  # list of stage spans (the report's source)
-RUN_INFO_PREFIX = "ff:runinfo:"  # + run id: the run's record (its OUT, callback id), for status and cancel
+RUN_INFO_PREFIX = "ff:runinfo:"  # + run id: where an earlier version kept the run's record (read only)
 CANCELLED_PREFIX = "ff:cancelled:"  # + run id: the run was cancelled (framefleet cancel)
 REQUEUES_PREFIX = "ff:requeues:"  # + run id: list of requeues after a lost worker (tasks.delivery.requeues)
 RESENT_PREFIX = "ff:resent:"  # + run id: list of videos the sweep sent again, with stage and time (tasks.run.sweep)

@@ -89,13 +89,13 @@ def test_the_last_task_redelivered_after_dying_mid_send_sends_the_callback(redis
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     jobs, run = build_jobs([{"video_id": "v0", "path": "v0.mp4"}], tmp_path, tmp_path / "out", "run3")
     runs.publish(r, {**run, "callback_id": "callback-3"}, 3600)
-    flag = completion.key("run3", keys.RUN_AGGREGATED_SUFFIX)
-    r.set(flag, "sending task-a")  # what task-a left when its worker died before the send
+    flag = keys.RUN_AGGREGATED_FIELD  # a field of the run's hash
+    r.hset(runs.redis_key("run3"), flag, "sending task-a")  # what task-a left when its worker died before the send
     completion.video_ended(r, jobs[0], 3600, sender="task-b")  # another task: not its mark
     assert waiting(r) == []
     completion.video_ended(r, jobs[0], 3600, sender="task-a")  # task-a's redelivery
     assert waiting(r) == [("framefleet.aggregate", "callback-3")]
-    assert r.get(flag) == "sent callback-3"
+    assert r.hget(runs.redis_key("run3"), flag) == "sent callback-3"
     completion.video_ended(r, jobs[0], 3600, sender="task-a")  # once sent, never again
     assert len(waiting(r)) == 1
 
@@ -173,19 +173,20 @@ def test_a_window_of_one_finishes_every_video_without_its_enqueuer_and_counts_fa
     assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:], strict=False)), spans
     assert progress.read(r, record["run_id"]).get("aggregate.done") == 1
 
-    # The last stage of a finished video delivered again: it counts nothing and sends no second callback.
+    # The last stage of a finished video delivered again after the run ended: dropped at its claim (the
+    # run's end mark), it counts nothing and sends no second callback.
     from tasks.pipeline import STAGE_TASKS
     from tasks.run.dataset import build_jobs
 
     last = next(o for o in completion.outcomes(r, record["run_id"]) if not o.get("failed"))
     entry = {"video_id": last["video_id"], "path": last["video"]}
     job = build_jobs([entry], raw, out, record["run_id"])[0][0]
-    again = STAGE_TASKS[job.chain[-1]].apply_async((job.to_dict(),))
-    wait_until(lambda: task_result(pipeline_env["REDIS_URL"], again.id), 120, "the repeated last stage")
-    assert task_result(pipeline_env["REDIS_URL"], again.id)["status"] == "SUCCESS"
+    STAGE_TASKS[job.chain[-1]].apply_async((job.to_dict(),))
+    wait_until(lambda: not waiting(r) and not r.hlen("unacked"), 120, "the repeated last stage taken and acked")
     assert progress.read(r, record["run_id"]).get("aggregate.done") == 1
     assert len(completion.outcomes(r, record["run_id"])) == len(videos)
-    assert waiting(r) == []
+    logs = " ".join(p.read_text(errors="replace") for p in workers.logs.glob("*.log"))
+    assert f"its run {record['run_id']} has ended" in logs
 
 
 def test_the_statistics_read_the_partials_hash_and_fall_back_to_the_markers(
@@ -206,20 +207,27 @@ def test_the_statistics_read_the_partials_hash_and_fall_back_to_the_markers(
     key = partials.redis_key(out)
     ids = sorted(p.stem for p in out.glob("*.hdf5"))
     assert sorted(r.hkeys(key)) == ids
+    # The run has ended: its partials are in OUT/markers/partials.bin, and the Redis copy goes soon.
+    assert 0 < r.ttl(key) <= 600
+    assert sorted(partials.read_file(out)) == ids
+    kept = partials.file_path(out).rename(tmp_path / "partials.bin")
     markers_only = tmp_path / "markers-only.yaml"
     assert aggregate.write_statistics(out, "3d", None) == 3
     (out / "normalization_stats.yaml").rename(markers_only)
+    kept.rename(partials.file_path(out))
 
     def statistics(client) -> str:
         assert aggregate.write_statistics(out, "3d", client) == 3
         assert verify(out) == []
         return (out / "normalization_stats.yaml").read_text()
 
-    # Every entry current: no marker is read.
+    # Every entry current, in Redis or in the file alone (Redis gone): no marker is read.
     real_read_done = aggregate.read_done
     monkeypatch.setattr(aggregate, "read_done", lambda *a, **k: pytest.fail(f"marker read: {a}"))
     assert statistics(r) == markers_only.read_text()
+    assert statistics(None) == markers_only.read_text()
     monkeypatch.setattr(aggregate, "read_done", real_read_done)
+    partials.file_path(out).unlink()  # from here on, Redis's copy and the markers
 
     # Partial (one entry gone) and stale (an output redone since its entry: other mtime, other
     # numbers): each such video's statistics come from its marker.

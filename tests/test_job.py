@@ -162,27 +162,29 @@ def test_a_worker_runs_an_earlier_versions_message_and_keeps_its_unknown_keys(
 
 
 def test_the_end_of_progress_leaves_a_stored_result_to_celery_when_the_call_asks_for_one(app_on_test_redis):
-    """A stage that showed progress replaces its PROGRESS state only when Celery will store no result.
+    """A stage that showed progress removes its PROGRESS state only when Celery will store no result.
 
     A call that asks for the result (``apply_async(..., ignore_result=False)`` on a stage that
-    ignores it by default) gets the stage's real result: a short SUCCESS written first would
-    be what a reader polling the result sees until Celery stores the real one.
+    ignores it by default) gets the stage's real result; otherwise nothing of the task stays in
+    Redis (a PROGRESS state left there would be kept result_expires_s).
     """
     from tasks.celery_app import app
-    from tasks.pipeline import progress
+    from tasks.pipeline import STAGE_TASKS, progress
 
     task = app.tasks["framefleet.preprocess"]
-    assert task.ignore_result  # a stage before the last stores nothing by default
+    assert all(t.ignore_result for t in STAGE_TASKS.values())  # no stage stores its result by default
     job = Job.from_dict({**ENQUEUED, "dataset_root": "/d", "output_root": "/o"})
     for task_id, asked in (("asked-for", False), ("default", None)):
         options = {} if asked is None else {"ignore_result": asked}
         task.push_request(id=task_id, **options)
+        task.update_state(state="PROGRESS", meta={"done": 1, "total": 2})
         progress.PROGRESS_STORED.add(task_id)
         try:
             progress.end_progress(task, job)
         finally:
             task.pop_request()
             progress.PROGRESS_STORED.discard(task_id)
-    assert task.AsyncResult("asked-for").state == "PENDING"  # left for Celery's own SUCCESS
-    default = task.AsyncResult("default")
-    assert default.state == "SUCCESS" and default.result == {"video_id": job.video_id, "stage": task.name}
+    assert task.AsyncResult("asked-for").state == "PROGRESS"  # left for Celery's own SUCCESS
+    _, r = app_on_test_redis
+    assert not r.exists("celery-task-meta-default")  # nothing of it kept
+    assert task.AsyncResult("default").state == "PENDING"

@@ -124,10 +124,28 @@ def test_a_task_of_a_cancelled_run_stops_at_its_claim_and_takes_none(r):
 
 def test_a_task_end_writes_its_counts_marks_it_done_and_releases_its_claim(r):
     key = claims.claim_key("/out", "v1", "depth")
-    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S).action == "run"
+    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S, run_id="x").action == "run"
     claims.finish(r, "t1", succeeded=True, done_ttl_s=60, before=lambda pipe: pipe.hincrby("ff:run:x", "n", 1))
-    assert r.hget("ff:run:x", "n") == "1" and claims.is_done(r, "t1") and r.get(key) is None
-    assert 0 < r.ttl(claims.DONE_PREFIX + "t1") <= 60
+    assert r.hget("ff:run:x", "n") == "1" and claims.is_done(r, "x", "t1") and r.get(key) is None
+    assert 0 < r.ttl(claims.done_key("x")) <= 60  # the run's done marks: one hash, gone with the run
+    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S, run_id="x").action == "drop"
+
+
+def test_a_task_of_an_ended_run_is_dropped_without_its_done_mark(r):
+    """Once the run has ended (tasks.run.completion.retire) its done marks are gone; its end mark drops
+    every later delivery of its tasks, and nothing is claimed."""
+    from tasks.run import completion
+
+    key = claims.claim_key("/out", "v1", "depth")
+    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S, run_id="x").action == "run"
+    claims.finish(r, "t1", succeeded=True, done_ttl_s=60)
+    completion.retire(r, "x", keep_s=60)
+    assert not r.exists(claims.done_key("x"))
+    verdict = claims.decide(r, key, "t1", "gpu0@h", TTL_S, run_id="x")
+    assert verdict.action == "drop" and "has ended" in verdict.why, verdict
+    assert claims.decide(r, key, "t2", "gpu0@h", TTL_S, run_id="x").action == "drop"  # any task of the run
+    assert r.get(key) is None and key not in claims.HELD
+    assert claims.decide(r, key, "t3", "gpu0@h", TTL_S, run_id="y").action == "run"  # another run's
 
 
 def test_a_duplicate_is_dropped_only_while_its_holder_runs_the_task(r):

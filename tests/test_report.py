@@ -72,14 +72,21 @@ def test_run_local_writes_a_report_with_plots_and_keeps_flower_password_out_of_s
     assert record["status"] == "finished" and record["finished"] == summary["finished"] and record["done"] == 1
     assert (out / "logs" / "gpu-samples.jsonl").read_text().count("\n") >= 2
 
-    # Once Redis has forgotten the run, the report is rebuilt from its snapshot.
+    # Once Redis has forgotten the run, the report is rebuilt from the run's stage log in OUT/runs/,
+    # and without that, from its snapshot.
     r.flushdb()
+    stage_log = out / "runs" / f"{summary['run_id']}.stages.jsonl"
+    assert len(stage_log.read_text().splitlines()) == 5  # one line per stage of the one video
     again = run_script("report.py", str(out), env=env, timeout_s=60)
     assert again.returncode == 0, again.stderr
     rebuilt = (out / "report.html").read_text()
-    assert f"a snapshot ({out / 'report' / 'data.json'})" in rebuilt and "OUT/" not in rebuilt
+    assert str(stage_log) in rebuilt and "OUT/" not in rebuilt
     for name in PLOTS:
         assert_real_plot(out / "report" / f"{name}.png")
+    stage_log.unlink()
+    again = run_script("report.py", str(out), env=env, timeout_s=60)
+    assert again.returncode == 0, again.stderr
+    assert f"a snapshot ({out / 'report' / 'data.json'})" in (out / "report.html").read_text()
 
     # With no GPU data at all, the report says so instead of drawing an empty plot.
     (out / "logs" / "gpu-samples.jsonl").unlink()

@@ -130,6 +130,9 @@ class Settings(BaseSettings):
     registry_ttl_s: float = Field(default=10.0, gt=0)
     stall_after_s: float = Field(default=60.0, gt=0)
     result_expires_s: int = Field(default=30 * 24 * 3600, ge=3600)
+    # How long a finished run's per-video copies (outcomes, stage log, partials) stay in Redis once its
+    # files in OUT hold them (docs/redis-keys.md); a redelivered callback within it still finds them.
+    finished_run_keep_s: int = Field(default=600, ge=0)
     # Videos of a run in flight at once (tasks.run.completion); 0: 4 per live worker at enqueue, at least 32.
     enqueue_window: int = Field(default=0, ge=0)
     max_tasks_per_worker: int = Field(default=0, ge=0)

@@ -19,13 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tasks import keys
 from tasks.cli import common as _cli
 from tasks.cli import watch
 from tasks.cli.common import check_redis
 from tasks.delivery.queues import lengths as queue_lengths
 from tasks.gpu import GpuReading, open_probe
 from tasks.observe import progress, stall
-from tasks.observe.metrics import QUARANTINE_PREFIX, STAGE_LOG_KEY
+from tasks.observe.metrics import QUARANTINE_PREFIX
 from tasks.redis_client import get_redis
 from tasks.run import cancel, runs
 from tasks.workers import registry
@@ -114,16 +115,16 @@ def latest_run(
     """A run's id, one row per stage (done, failed, rate, ETA) and a line about it: ``chosen`` (a run
     record), else the newest run in Redis."""
     r = get_redis(conf.redis_url)
-    found = (k.removeprefix(progress.run_key("")) for k in r.scan_iter(match=progress.run_key("*"), count=500))
-    known = sorted(k for k in found if ":" not in k)  # a run's other keys (ff:run:<id>:<part>) are not runs
+    known = runs.newest_ids(r)  # one read of ff:runs, not a scan of every key
     if chosen is None and not known:
         return None
-    run_id = chosen["run_id"] if chosen else known[-1]  # ids begin with the local start time
+    run_id = chosen["run_id"] if chosen else known[0]
     counts = progress.read(r, run_id)
     record = chosen or _run_record(out, run_id) or runs.lookup(r, run_id) or {}
     total = record.get("videos")
     started = record.get("started") or time.mktime(time.strptime(run_id[:15], "%Y%m%d-%H%M%S"))
-    last_end = _last_ends(r, run_id)
+    root = record.get("output_root")
+    last_end = _last_ends(r, Path(root) if root else out, run_id)
     rows = []
     for stage in conf.enabled_stages():
         done, failed = counts.get(f"{stage}.done", 0), counts.get(f"{stage}.failed", 0)
@@ -137,7 +138,7 @@ def latest_run(
         rows.append([stage, done, failed, f"{rate:.1f}/min", eta])
     size = _cli.plural(total, "video") if total is not None else "size unknown (give --out OUT for it and the ETA)"
     began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
-    which = f"in {record['output_root']}" if record.get("output_root") else f"latest of {len(known)} in Redis"
+    which = f"in {record['output_root']}" if record.get("output_root") else f"latest of {r.zcard(keys.RUNS)} in Redis"
     ended = f", {record['status']}" if record.get("status") else ""
     return run_id, rows, f"run {run_id} ({which}), {size}, started {began}{ended}"
 
@@ -149,11 +150,11 @@ def _run_record(out: Path | None, run_id: str) -> dict[str, Any]:
         return {}
 
 
-def _last_ends(r: Any, run_id: str) -> dict[str, float]:
+def _last_ends(r: Any, out: Path | None, run_id: str) -> dict[str, float]:
+    """When each stage last ended in the run: from its stage log (Redis while live, else its file in OUT)."""
     ends: dict[str, float] = {}
-    for raw in r.lrange(STAGE_LOG_KEY, -STAGE_LOG_SCANNED, -1):
-        entry = json.loads(raw)
-        if entry.get("run") == run_id and entry.get("ok"):
+    for entry in runs.stage_log(r, out, run_id, last=STAGE_LOG_SCANNED)[0]:
+        if entry.get("ok"):
             ends[entry["stage"]] = max(ends.get(entry["stage"], 0.0), float(entry["end"]))
     return ends
 

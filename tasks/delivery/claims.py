@@ -3,7 +3,9 @@
 A task redelivered while its first delivery still runs (past the visibility timeout), or the
 same dataset enqueued twice, would otherwise run a stage twice at once and continue the chain
 twice. A claim is a Redis key per (output root, video, stage) held with a TTL that the
-worker's heartbeat re-asserts; a finished task id is remembered so a late duplicate is dropped.
+worker's heartbeat re-asserts; a finished task id is remembered in its run's hash of done marks
+so a late duplicate is dropped, and once the run has ended (tasks.run.completion.retire) every
+task of it is: the done marks then go, and the run's end mark stands for them.
 
 The task thread takes claims and the heartbeat thread renews them, so the held set is read
 under a lock. A task is marked done only after Celery has sent its continuation (the
@@ -29,12 +31,12 @@ from tasks.workers import registry
 
 log = logging.getLogger("framefleet.claims")
 CLAIM_PREFIX = keys.CLAIM_PREFIX
-DONE_PREFIX = keys.DONE_PREFIX
 MARKS_MARGIN_S = 24 * 3600  # a redelivered message's wait in a long queue, past the visibility timeout
 
-# claim key → owner value, for the heartbeat to renew; task id → its claim key, to finish at postrun
+# claim key → owner value, for the heartbeat to renew; task id → (its claim key, its run's done marks), to
+# finish at postrun
 HELD: dict[str, str] = {}
-PENDING: dict[str, str] = {}
+PENDING: dict[str, tuple[str, str]] = {}
 _lock = threading.Lock()
 
 _RELEASE = """
@@ -51,11 +53,13 @@ end
 return 0
 """
 # The start of a delivery in one round trip: a cancelled run (KEYS[1], optional), a finished task
-# (KEYS[2]), else the claim (KEYS[3]) taken, or its holder's value. Atomic, so the holder read after
-# a refused SET NX cannot have lapsed in between.
+# (field ARGV[3] of its run's done marks, KEYS[2]) or an ended run (KEYS[4], the run's hash), else
+# the claim (KEYS[3]) taken, or its holder's value. Atomic, so the holder read after a refused SET NX
+# cannot have lapsed in between.
 _BEGIN = """
 if KEYS[1] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then return {'cancelled', ''} end
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'done', ''} end
+if redis.call('HEXISTS', KEYS[2], ARGV[3]) == 1 then return {'done', ''} end
+if redis.call('HEXISTS', KEYS[4], 'ended') == 1 then return {'ended', ''} end
 if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then return {'claimed', ''} end
 return {'held', redis.call('GET', KEYS[3]) or ''}
 """
@@ -86,6 +90,11 @@ def claim_key(output_root: str, video_id: str, stage: str) -> str:
 
 def owner_value(hostname: str, task_id: str) -> str:
     return f"{hostname} {task_id}"
+
+
+def done_key(run_id: str) -> str:
+    """The hash of the run's finished task ids (tasks.keys.RUN_DONE_SUFFIX)."""
+    return keys.RUN_PREFIX + run_id + keys.RUN_DONE_SUFFIX
 
 
 def acquire(r: redis.Redis, key: str, owner: str, ttl_s: float) -> str | None:
@@ -122,29 +131,39 @@ def holder_running(r: redis.Redis, hostname: str, task_id: str) -> bool:
 
 
 def decide(
-    r: redis.Redis, key: str, task_id: str, hostname: str, ttl_s: float, cancel_key: str | None = None
+    r: redis.Redis,
+    key: str,
+    task_id: str,
+    hostname: str,
+    ttl_s: float,
+    cancel_key: str | None = None,
+    run_id: str = "",
 ) -> Verdict:
-    """Claim ``key`` for this delivery of ``task_id``, or say why it must drop itself, wait, or stop.
+    """Claim ``key`` for this delivery of ``task_id`` of run ``run_id``, or say why it must drop itself, wait, or stop.
 
-    A delivery is dropped only when its task is done or its holder is provably alive and
-    running that very task; a holder that died hands its claim over at once. With ``cancel_key``
-    (the run's cancel flag) set in Redis, the verdict is "cancelled" and nothing is claimed.
-    The common case, a free claim, is one round trip. Raises redis.RedisError when Redis cannot be asked.
+    A delivery is dropped only when its task is done, its run has ended, or its holder is provably
+    alive and running that very task; a holder that died hands its claim over at once. With
+    ``cancel_key`` (the run's cancel flag) set in Redis, the verdict is "cancelled" and nothing is
+    claimed. The common case, a free claim, is one round trip. Raises redis.RedisError when Redis
+    cannot be asked.
     """
     owner = owner_value(hostname, task_id)
-    status, holder = r.eval(_BEGIN, 3, cancel_key or "", DONE_PREFIX + task_id, key, owner, int(ttl_s * 1000))
+    done, run = done_key(run_id), keys.RUN_PREFIX + run_id
+    status, holder = r.eval(_BEGIN, 4, cancel_key or "", done, key, run, owner, int(ttl_s * 1000), task_id)
     if status == "cancelled":
         return Verdict("cancelled", why="its run was cancelled")
     if status == "done":
         return Verdict("drop", why="it has finished")
+    if status == "ended":
+        return Verdict("drop", why=f"its run {run_id} has ended")
     if status == "claimed" or holder == owner:  # free, or our own claim (e.g. after a retry of this very task)
         _hold(key, owner)
-        _remember(task_id, key)
+        _remember(task_id, key, done)
         return Verdict("run")
     if not holder:  # cannot happen (the script is atomic); take the claim the usual way
         holder = acquire(r, key, owner, ttl_s)
         if holder is None:
-            _remember(task_id, key)
+            _remember(task_id, key, done)
             return Verdict("run")
     holder_host, _, holder_task = holder.partition(" ")
     if holder_task != task_id:
@@ -154,14 +173,14 @@ def decide(
     if r.eval(_TAKE_OVER, 1, key, holder, owner, int(ttl_s * 1000)):
         log.warning("took over the claim of task %s from %s, which no longer runs it", task_id, holder_host)
         _hold(key, owner)
-        _remember(task_id, key)
+        _remember(task_id, key, done)
         return Verdict("run", holder)
     return Verdict("wait", r.get(key) or "", "the claim changed hands")
 
 
-def _remember(task_id: str, key: str) -> None:
+def _remember(task_id: str, key: str, done: str) -> None:
     with _lock:
-        PENDING[task_id] = key
+        PENDING[task_id] = (key, done)
 
 
 def finish(
@@ -171,18 +190,20 @@ def finish(
 
     Called after Celery has sent the task's continuation, so a duplicate delivery is dropped
     only once the chain has moved on. ``before`` queues the task's other end-of-task writes on
-    the same pipeline (one round trip for all).
+    the same pipeline (one round trip for all). A task that took no claim (not a stage task) has
+    no done mark: nothing asks for one.
     """
     with _lock:
-        key = PENDING.pop(task_id, None)
+        key, done = PENDING.pop(task_id, (None, None))
         owner = HELD.pop(key, None) if key is not None else None
     # One round trip; Redis runs a pipeline's commands in order, so the done mark is set before the
     # claim goes (if the connection breaks between them, the claim's TTL ends it).
     pipe = r.pipeline(transaction=False)
     if before is not None:
         before(pipe)
-    if succeeded:
-        pipe.set(DONE_PREFIX + task_id, "1", ex=done_ttl_s)
+    if succeeded and done is not None:
+        pipe.hset(done, task_id, 1)
+        pipe.expire(done, done_ttl_s)
     if owner is not None:
         pipe.eval(_RELEASE, 1, key, owner)
     if not len(pipe):
@@ -243,17 +264,22 @@ def renew(r: redis.Redis, ttl_s: float) -> list[str]:
 
 
 def marks_ttl_s(visibility_timeout_s: int) -> int:
-    """How long a task's done mark and start count live (s): past any redelivery of its message.
+    """How long a run's done marks and start counts live past its last write (s), when the run does not
+    end (it was cancelled, or its callback never ran): past any redelivery of its messages.
 
     A second delivery exists only while the first is unacknowledged (kombu restores it after the
     visibility timeout, the reaper after a lost worker); the margin covers its wait in the queue.
+    A run that ends deletes them at once (tasks.run.completion.retire): its end mark drops later ones.
     """
     return visibility_timeout_s + MARKS_MARGIN_S
 
 
-def mark_done(r: redis.Redis, task_id: str, ttl_s: int) -> None:
-    r.set(DONE_PREFIX + task_id, "1", ex=ttl_s)
+def mark_done(r: redis.Redis, run_id: str, task_id: str, ttl_s: int) -> None:
+    pipe = r.pipeline()
+    pipe.hset(done_key(run_id), task_id, 1)
+    pipe.expire(done_key(run_id), ttl_s)
+    pipe.execute()
 
 
-def is_done(r: redis.Redis, task_id: str) -> bool:
-    return bool(r.exists(DONE_PREFIX + task_id))
+def is_done(r: redis.Redis, run_id: str, task_id: str) -> bool:
+    return bool(r.hexists(done_key(run_id), task_id))

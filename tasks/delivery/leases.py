@@ -32,8 +32,8 @@ from tasks.workers import registry
 
 log = logging.getLogger("framefleet.leases")
 LEASE_PREFIX = keys.LEASE_PREFIX
-OWNER_PREFIX = keys.LEASE_OWNER_PREFIX  # per delivery tag: "hostname task_id", kept an hour past the lease
-OWNER_TTL_S = 3600
+OWNER_PREFIX = keys.LEASE_OWNER_PREFIX  # per delivery tag: "hostname task_id", kept past a lapsed lease
+OWNER_TTL_S = 3600  # a lost worker's record, for the reaper; a task that ends removes its own (``release``)
 ORPHAN_PREFIX = keys.ORPHAN_PREFIX  # first time the reaper saw a message with no lease and no owner
 UNACKED = "unacked"
 UNACKED_INDEX = "unacked_index"
@@ -103,12 +103,35 @@ def reassert(r: redis.Redis, tag: str, owner: str, ttl_s: float) -> bool:
     return True
 
 
-def forget(task_id: str) -> None:
-    """This process no longer holds the message of ``task_id`` (the task ended; the ack follows)."""
+# KEYS: a message's lease and owner record; ARGV: this holder's value. Each goes only if it is ours.
+_RELEASE = """
+for i = 1, 2 do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then redis.call('DEL', KEYS[i]) end
+end
+return 0
+"""
+
+
+def forget(task_id: str) -> list[str]:
+    """This process no longer holds the message of ``task_id`` (the task ended; the ack follows); return
+    the tags whose lease it held (not those of a duplicate delivery, whose lease is another's)."""
     with _lock:
-        for tag in [t for t, h in HELD.items() if h.task_id == task_id]:
+        tags = [t for t, h in HELD.items() if h.task_id == task_id]
+        for tag in tags:
             del HELD[tag]
-        SHARED.pop(task_id, None)
+        shared = SHARED.pop(task_id, None)
+    return [t for t in tags if t != shared]
+
+
+def release(pipe: Any, tags: list[str], hostname: str, task_id: str) -> None:
+    """Queue on ``pipe`` the removal of the leases and owner records of ``tags`` that are still this task's.
+
+    The ack follows at once; should the worker die before it, the message stays in ``unacked``
+    without an owner, and the reaper requeues it after a TTL (its task's done mark then drops it).
+    """
+    owner = owner_value(hostname, task_id)
+    for tag in tags:
+        pipe.eval(_RELEASE, 2, LEASE_PREFIX + tag, OWNER_PREFIX + tag, owner)
 
 
 def dropped_duplicate(task_id: str) -> None:

@@ -1,8 +1,9 @@
 """Prometheus metrics, read at scrape time, and the hook that records every finished stage task.
 
 ``record_stage`` (called by each stage task) keeps cumulative counters and a duration histogram
-in Redis, shared by every worker of every host, and appends the task to the stage log
-``ff:stages`` that the run report reads. ``start_exporter`` serves ``/metrics``: GPUs (the probe),
+in Redis, shared by every worker of every host, and appends the task to its run's stage log
+``ff:run:<id>:stages`` that the run report and status read (OUT/runs/<id>.stages.jsonl once the
+run has ended). ``start_exporter`` serves ``/metrics``: GPUs (the probe),
 the worker registry, queue depths, those counters and the autoscaler's decisions (``ff:autoscale``).
 Nothing here touches CUDA; prometheus_client is imported only by the exporter.
 """
@@ -32,8 +33,8 @@ from worker_config.settings import Settings
 
 log = logging.getLogger("framefleet.metrics")
 
-STAGE_LOG_KEY = keys.STAGE_LOG
-STAGE_LOG_KEPT = 100_000
+STAGE_LOG_KEPT = 100_000  # newest entries of a run's stage log kept (5 stages of 20,000 videos)
+STAGE_LOG_TTL_S = 30 * 24 * 3600  # a run that never ends (its callback never ran): how long its log stays
 COUNTS_KEY = keys.METRIC_COUNTS
 DURATIONS_KEY = keys.METRIC_DURATIONS
 AUTOSCALE_KEY = keys.AUTOSCALE_LOG
@@ -43,9 +44,16 @@ OUTCOMES = ("done", "skipped", "failed")
 MIB = float(1 << 20)
 
 
+def stage_log_key(run_id: str) -> str:
+    return keys.RUN_PREFIX + run_id + keys.RUN_STAGES_SUFFIX
+
+
 def stage_record(stage: str, job: Job) -> dict[str, Any]:
-    """The stage-log entry of ``job`` just after ``stage`` finished (its timing) or failed for good."""
-    entry = {"run": job.run_id, "video": job.video_id, "stage": stage, "gpu": job.gpu}
+    """The stage-log entry of ``job`` just after ``stage`` finished (its timing) or failed for good.
+
+    The run is the log's (one list per run), not a field of each entry.
+    """
+    entry = {"video": job.video_id, "stage": stage, "gpu": job.gpu}
     failed = job.failed
     if failed:
         return {
@@ -77,11 +85,13 @@ def record_stage(redis_url: str, stage: str, job: Job) -> None:
         log.warning("metrics of %s not recorded: %s", stage, exc)
 
 
-def add_stage(pipe: Any, stage: str, job: Job) -> None:
+def add_stage(pipe: Any, stage: str, job: Job, ttl_s: int = STAGE_LOG_TTL_S) -> None:
     """Queue on ``pipe`` (a Redis pipeline; the caller executes it) what record_stage writes."""
     entry = stage_record(stage, job)
-    pipe.rpush(STAGE_LOG_KEY, json.dumps(entry))
-    pipe.ltrim(STAGE_LOG_KEY, -STAGE_LOG_KEPT, -1)
+    log_key = stage_log_key(job.run_id)
+    pipe.rpush(log_key, json.dumps(entry, separators=(",", ":")))
+    pipe.ltrim(log_key, -STAGE_LOG_KEPT, -1)
+    pipe.expire(log_key, ttl_s)
     outcome = "failed" if not entry["ok"] else "skipped" if entry["skipped"] else "done"
     pipe.hincrby(COUNTS_KEY, f"stage|{stage}|{outcome}", 1)
     if outcome == "failed":

@@ -1,4 +1,4 @@
-"""Per-run progress counters in Redis, read by the enqueue script's progress bar."""
+"""Per-run progress counters in Redis (fields ``<stage>.done|failed`` of the run's hash), read by the progress bar."""
 
 from __future__ import annotations
 
@@ -32,5 +32,14 @@ def add(pipe: Any, run_id: str, stage: str, ok: bool, ttl_s: int) -> None:
     pipe.expire(key, ttl_s)
 
 
+COUNTER_ENDS = (".done", ".failed")
+
+
 def read(r: redis.Redis, run_id: str) -> dict[str, int]:
-    return {k: int(v) for k, v in r.hgetall(run_key(run_id)).items()}
+    """The run's counters (its hash holds its record and end too: those are left out)."""
+    found = r.hgetall(run_key(run_id))
+    return {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in found.items() if _counter(k)}
+
+
+def _counter(field: str | bytes) -> bool:
+    return (field.decode() if isinstance(field, bytes) else field).endswith(COUNTER_ENDS)

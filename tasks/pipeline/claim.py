@@ -69,10 +69,11 @@ def _key(call: StageCall) -> str:
 
 def _count_start(call: StageCall, ttl_s: int) -> int:
     task = call.task
-    key = keys.ATTEMPTS_PREFIX + task.request.id
+    # The run's hash of start counts: deleted with its done marks when the run ends (tasks.run.completion.retire).
+    key = keys.RUN_PREFIX + call.job.run_id + keys.RUN_ATTEMPTS_SUFFIX
     try:
         pipe = get_redis(settings().redis_url).pipeline()
-        pipe.incr(key)
+        pipe.hincrby(key, task.request.id, 1)
         pipe.expire(key, ttl_s)
         return int(pipe.execute()[0])
     except Exception as exc:
@@ -96,6 +97,7 @@ def _claim_or_wait(call: StageCall) -> None:
             task.request.hostname,
             conf.lease_ttl_s,
             cancel_key=cancel.flag_key(job.run_id),  # `framefleet cancel`: checked in the same round trip
+            run_id=job.run_id,  # the run's done marks, and its end
         )
     except redis.RedisError as exc:
         log.warning(

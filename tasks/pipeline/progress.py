@@ -1,5 +1,5 @@
 """Frames done, shown while a stage runs: the worker's published state, task-progress events and the
-PROGRESS state for Flower, replaced at the end by a short SUCCESS where Celery stores no result."""
+PROGRESS state for Flower, removed at the end where Celery stores no result."""
 
 from __future__ import annotations
 
@@ -58,15 +58,17 @@ def announce(meta: dict[str, Any]) -> None:
 
 
 def end_progress(task: Task, job: Job) -> None:
-    """Replace the PROGRESS state of a task whose result is not stored by SUCCESS (a short record); never raises.
+    """Remove the PROGRESS state of a task whose result is not stored; never raises.
 
-    Without it a result reader would see such a task in PROGRESS for good; tasks that sent no
-    progress (shorter than PROGRESS_EVENT_INTERVAL_S) have no state to replace and write nothing.
+    Without it a result reader would see such a task in PROGRESS for result_expires_s (30 days of
+    Redis per stage task); with it, the task reads as every task of an ignored result does (PENDING:
+    not known), and Flower shows its end from the task-succeeded event. Tasks that sent no progress
+    (shorter than PROGRESS_EVENT_INTERVAL_S) have no state to remove and write nothing.
     """
     # The per-call ignore_result (apply_async(..., ignore_result=False)) overrides the task's own.
     if task.request.id not in PROGRESS_STORED or not get_actual_ignore_result(task, task.request):
-        return  # nothing to replace, or Celery stores this task's end itself
+        return  # nothing to remove, or Celery stores this task's end itself
     try:
-        task.update_state(state="SUCCESS", meta={"video_id": job.video_id, "stage": task.name})
+        task.backend.forget(task.request.id)
     except Exception as exc:
-        log.warning("end of %s not stored: %s", task.request.id, exc)
+        log.warning("PROGRESS state of %s (%s of %s) not removed: %s", task.request.id, task.name, job.video_id, exc)

@@ -33,7 +33,7 @@ class Record(StageHook):
         def queue(pipe: Any) -> None:
             progress.add(pipe, job.run_id, stage_name, ok, conf.result_expires_s)
             try:
-                metrics.add_stage(pipe, stage_name, job)
+                metrics.add_stage(pipe, stage_name, job, conf.result_expires_s)
             except Exception as exc:  # a job without the entry's fields: the progress still counts
                 log.warning("metrics of %s not recorded: %s", stage_name, exc)
 

@@ -25,7 +25,7 @@ from tasks.pipeline.progress import Progress
 from tasks.pipeline.record import Record
 from tasks.pipeline.retries import Retries
 from tasks.pipeline.video_end import VideoEnd
-from tasks.stages import STAGE_NAMES, dataset_stage, stage_class
+from tasks.stages import STAGE_NAMES, stage_class
 from tasks.workers import worker
 
 log = logging.getLogger("framefleet.pipeline")
@@ -124,18 +124,18 @@ def _stage_task(stage_name: str) -> Task:
 
     body.__name__ = stage_name
     body.__doc__ = f"Run the {stage_name} stage for one video; return the job for the next stage."
-    # Only the last stage's result is read (it feeds the run's chord, tasks/run/dataset.py build_chord); a
-    # chain hands every other result to the next task in its message. Not storing those saves two
+    # No stage's result is read: a chain hands each result to the next task in its message, and the
+    # chain's last task counts its video in Redis (tasks.run.completion). Not storing them saves two
     # result-backend writes per transition (the result, and the STARTED state: Celery's trace skips
-    # track_started for an ignored result, celery/app/trace.py build_tracer). update_state (PROGRESS,
-    # REVOKED) still writes, and failures are stored. Revert: drop ignore_result when the chord goes.
-    ignored = stage_name != dataset_stage().name
+    # track_started for an ignored result, celery/app/trace.py build_tracer) and the 2 KB job kept for
+    # result_expires_s. update_state (PROGRESS, REVOKED) still writes, and failures are stored; a caller
+    # that wants a result asks for it (apply_async(..., ignore_result=False)).
     return app.task(
         bind=True,
         name=TASK_PREFIX + stage_name,
         acks_late=True,
         base=VideoTask,
-        ignore_result=ignored,
+        ignore_result=True,
         store_errors_even_if_ignored=True,
     )(body)
 

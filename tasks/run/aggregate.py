@@ -66,17 +66,20 @@ def completed_videos(out_root: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
-def completed_partials(out_root: Path, track_type: str, r: Any = None) -> np.ndarray:
+def completed_partials(
+    out_root: Path, track_type: str, r: Any = None, current: dict[str, bytes] | None = None
+) -> np.ndarray:
     """Return the partial statistics of every video of ``out_root`` whose HDF5 file is complete, any
     run, as rows (tasks.run.stats.to_row) in video id order.
 
-    The same videos and partials as ``completed_videos``, read from the Redis hash of tasks.run.partials
-    (one HVALS and a stat per file) where its entry matches the file, else from the marker.
-    Raises ValueError on a partial of another track type.
+    The same videos and partials as ``completed_videos``, read from tasks.run.partials (OUT's file and
+    the Redis hash of a live run: one read each and a stat per file) where an entry matches the file,
+    else from the marker. ``current``, if given, receives the entry of every video counted beside a
+    marker (for ``partials.save``). Raises ValueError on a partial of another track type.
     """
     root = out_root.resolve()
     marked, folders = _candidates(root)
-    kept = partials.read(r, root)
+    kept = partials.known(r, root)
     final = dataset_stage().name
     rows = []
     prefix = str(root) + os.sep  # strings, not Paths: 50,000 of them
@@ -89,18 +92,29 @@ def completed_partials(out_root: Path, track_type: str, r: Any = None) -> np.nda
             if stats is None:
                 continue
             row = partials.encode(stats, track_type)
+            entry = _entry(prefix + vid + ".hdf5", stats) if current is not None and vid in marked else None
+        if current is not None and entry is not None:
+            current[vid] = entry
         rows.append(row)
     return np.frombuffer(b"".join(rows), dtype="<f8").reshape(len(rows), partials.row_width(track_type))
 
 
-def write_statistics(out_root: Path, track_type: str, r: Any = None) -> int:
+def _entry(output: str, stats: dict[str, Any]) -> bytes | None:
+    try:
+        return partials.entry_of(output, stats)
+    except OSError:
+        return None
+
+
+def write_statistics(out_root: Path, track_type: str, r: Any = None, current: dict[str, bytes] | None = None) -> int:
     """Write normalization_stats.yaml from every completed video; return how many were merged.
 
-    ``r``: the Redis client whose copy of the partials spares reading the markers (None: markers only).
+    ``r``: the Redis client whose copy of a live run's partials spares reading the markers (None: the
+    file of tasks.run.partials and the markers). ``current``: as for ``completed_partials``.
     """
     from tasks.run.stats import normalization_stats, pool_rows, write_stats_yaml
 
-    rows = completed_partials(out_root, track_type, r)
+    rows = completed_partials(out_root, track_type, r, current)
     stats = normalization_stats(pool_rows(rows, track_type))
     write_stats_yaml(out_root / "normalization_stats.yaml", stats, stats_header(lineage.read(out_root)))
     return int(rows.shape[0])
@@ -218,6 +232,10 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         results = first
     out_root = Path(run["output_root"])
     track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
+    if not results and run.get("videos") and (earlier := _summary(out_root, run["run_id"])) is not None:
+        # Delivered again after the run was retired (its outcomes gone): the summary written then stands.
+        log.warning("run %s: its summary was written already and its outcomes are gone; keeping it", run["run_id"])
+        return _short(earlier)
     # A chord's results are whole job messages; an outcome (tasks.run.completion) is a part of one.
     jobs = [Job.from_dict({"run_id": run["run_id"], **v}, required=IDENTITY) for v in results]
     done = sorted(j.video_id for j in jobs if not j.failed)
@@ -226,7 +244,12 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     low = {j.video_id: dict(j.failed.detail or {}) for j in jobs if j.failed and j.failed.detail}
     # Before the statistics: their header reads it.
     lineage.record_outcomes(out_root, reports, low, {f["video_id"] for f in failed})
-    merged = write_statistics(out_root, track_type, r)
+    current: dict[str, bytes] = {}
+    merged = write_statistics(out_root, track_type, r, current)
+    try:
+        partials.save(out_root, current)
+    except OSError as exc:
+        log.warning("%s not written (%s): the next statistics read the markers", partials.file_path(out_root), exc)
     quarantined = quarantine.update(out_root, failed, done, r)
     backends = _run_backends(reports)
     summary = {
@@ -259,10 +282,34 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     runs.finished(out_root, run["run_id"], summary)
     log.info("run %s: %d done, %d failed; statistics over %d videos", run["run_id"], len(done), len(failed), merged)
     if r is not None:
-        try:  # how often the callback ran (once per run: tasks.run.completion)
-            progress.record(r, run["run_id"], "aggregate", True, settings().result_expires_s)
-        except Exception as exc:
-            log.warning("callback of run %s not counted: %s", run["run_id"], exc)
+        _retire(r, out_root, run["run_id"])
     write_report(out_root)
+    return _short(summary)
+
+
+def _summary(out_root: Path, run_id: str) -> dict[str, Any] | None:
+    """OUT/run_summary.json when it is the summary of ``run_id``, else None."""
+    try:
+        summary = json.loads((out_root / "run_summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if summary.get("run_id") == run_id else None
+
+
+def _short(summary: dict[str, Any]) -> dict[str, Any]:
+    """The callback's result: what `framefleet run` prints."""
     keys = ("run_id", "videos", "done", "failed", "quarantined", "statistics_videos", "wall_s", "backend_lines")
-    return {k: summary[k] for k in keys}
+    return {k: summary.get(k) for k in keys}
+
+
+def _retire(r: Any, out_root: Path, run_id: str) -> None:
+    """Count the callback, write the run's stage log to OUT/runs/, and let the run's per-video keys go
+    (docs/redis-keys.md); never raises."""
+    conf = settings()
+    try:  # how often the callback ran (once per run: tasks.run.completion)
+        progress.record(r, run_id, "aggregate", True, conf.result_expires_s)
+        runs.save_stage_log(r, out_root, run_id)
+        completion.retire(r, run_id, conf.finished_run_keep_s)
+        partials.retire(r, out_root.resolve(), conf.finished_run_keep_s)
+    except Exception as exc:  # they expire with their TTLs anyway
+        log.warning("run %s: its Redis keys not retired (%s); they expire with their TTLs", run_id, exc)

@@ -11,10 +11,14 @@ Instead:
   records the video in ``ff:run:<id>:finished``, one field per video id, so a redelivered task
   counts its video once; the k-th video to finish sends pending job k-1, keeping ``window`` videos
   in flight;
-- the task whose record brings the count to the run's size sets ``ff:run:<id>:aggregated`` NX and
-  sends ``aggregate`` with the run's callback id: once, however often the last task is delivered
-  (and again by that same task's redelivery if its worker died between the flag and the send).
-  The callback reads the outcomes from Redis, not from a message.
+- the task whose record brings the count to the run's size sets the field ``aggregated`` of the
+  run's hash ``ff:run:<id>`` NX and sends ``aggregate`` with the run's callback id: once, however
+  often the last task is delivered (and again by that same task's redelivery if its worker died
+  between the flag and the send). The callback reads the outcomes from Redis, not from a message;
+- once the callback has written the run's files it retires the run (``retire``): the field ``ended``
+  marks it, the per-video keys (outcomes, order, done marks, attempts, stage log) expire soon after,
+  and a task of the run delivered later is dropped as a duplicate (tasks.delivery.claims) and counts
+  nothing here.
 
 A pending job is sent before its field is deleted: a worker killed in between sends it again on
 redelivery (its stage done-mark is set only after it returns, tasks.delivery.claims.finish), and the second
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import redis
@@ -40,10 +45,12 @@ WINDOW_PER_WORKER = 4  # videos in flight per live worker: each worker's next ta
 MIN_WINDOW = 32  # the automatic window with few (or not yet any) workers
 OUTCOME_KEYS = ("video_id", "video", "failed", "timings", "notes", "gpu", "report")
 
-# KEYS: finished, order, sent; ARGV: video id, outcome, ttl. The newest outcome replaces the one before
-# (a second chain of a video that failed may succeed); the order is given once; the video leaves the
-# sent hash (tasks.run.sweep reads it whole: it holds the videos in flight only). Returns {k, count}.
+# KEYS: finished, order, sent, the run's hash; ARGV: video id, outcome, ttl. The newest outcome replaces
+# the one before (a second chain of a video that failed may succeed); the order is given once; the video
+# leaves the sent hash (tasks.run.sweep reads it whole: it holds the videos in flight only). Returns
+# {k, count}, or {0, 0} when the run has ended (a late duplicate: nothing is recorded).
 _RECORD = """
+if redis.call('HEXISTS', KEYS[4], 'ended') == 1 then return {0, 0} end
 local k = redis.call('HGET', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HDEL', KEYS[3], ARGV[1])
@@ -131,7 +138,11 @@ def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None)
     message = job.to_dict()
     outcome = json.dumps({k: message[k] for k in OUTCOME_KEYS if k in message})
     finished, order = key(run_id, keys.RUN_FINISHED_SUFFIX), key(run_id, keys.RUN_ORDER_SUFFIX)
-    k, count = r.eval(_RECORD, 3, finished, order, sent_key(run_id), job.video_id, outcome, ttl_s)
+    run_hash = runs.redis_key(run_id)
+    k, count = r.eval(_RECORD, 4, finished, order, sent_key(run_id), run_hash, job.video_id, outcome, ttl_s)
+    if not int(k):
+        log.warning("run %s has ended: %s delivered again after its end is not counted", run_id, job.video_id)
+        return
     send_pending(r, run_id, int(k) - 1, ttl_s)
     record = runs.lookup(r, run_id)
     if record is None:
@@ -165,10 +176,10 @@ def start_statistics(r: redis.Redis, record: dict[str, Any], ttl_s: int, sender:
     same statistics and summary again.
     """
     aggregate = app.tasks[TASK_PREFIX + "aggregate"]  # by name: tasks.run.aggregate reads this module
-    flag = key(record["run_id"], keys.RUN_AGGREGATED_SUFFIX)
+    run_key, flag = runs.redis_key(record["run_id"]), keys.RUN_AGGREGATED_FIELD
     sending = f"sending {sender or '-'}"
-    if not r.set(flag, sending, nx=True, ex=ttl_s):
-        mark = r.get(flag)
+    if not r.hsetnx(run_key, flag, sending):
+        mark = r.hget(run_key, flag)
         if sender is None or (mark.decode() if isinstance(mark, bytes) else mark) != sending:
             return False
         log.warning(
@@ -179,9 +190,12 @@ def start_statistics(r: redis.Redis, record: dict[str, Any], ttl_s: int, sender:
     try:
         aggregate.apply_async((callback_run(record),), task_id=record["callback_id"])
     except BaseException:
-        r.delete(flag)  # not sent: the task's retry must be able to send it
+        r.hdel(run_key, flag)  # not sent: the task's retry must be able to send it
         raise
-    r.set(flag, f"sent {record['callback_id']}", ex=ttl_s)
+    pipe = r.pipeline()
+    pipe.hset(run_key, flag, f"sent {record['callback_id']}")
+    pipe.expire(run_key, ttl_s)
+    pipe.execute()
     log.info("run %s: every video finished; statistics callback %s sent", record["run_id"], record["callback_id"])
     return True
 
@@ -189,3 +203,19 @@ def start_statistics(r: redis.Redis, record: dict[str, Any], ttl_s: int, sender:
 def callback_run(record: dict[str, Any]) -> dict[str, Any]:
     """The part of the run's record the statistics callback needs."""
     return {k: record.get(k) for k in ("run_id", "output_root", "started", "videos", "already_complete")}
+
+
+def retire(r: redis.Redis, run_id: str, keep_s: int) -> None:
+    """Mark the run ended and let its per-video keys go: the done marks and attempts at once, the
+    outcomes, order and stage log ``keep_s`` seconds from now (its files hold them for good).
+
+    The mark outlives them (the run's hash, ``result_expires_s``): a task of the run delivered
+    later is a duplicate, dropped when it starts. Raises redis.RedisError.
+    """
+    pipe = r.pipeline()
+    pipe.hset(runs.redis_key(run_id), keys.RUN_ENDED_FIELD, f"{time.time():.0f}")
+    pipe.delete(*(key(run_id, s) for s in (keys.RUN_DONE_SUFFIX, keys.RUN_ATTEMPTS_SUFFIX, keys.RUN_PENDING_SUFFIX)))
+    for suffix in (keys.RUN_FINISHED_SUFFIX, keys.RUN_ORDER_SUFFIX, keys.RUN_STAGES_SUFFIX):
+        pipe.expire(key(run_id, suffix), max(1, keep_s))
+    pipe.expire(keys.REQUEUES_PREFIX + run_id, max(1, keep_s))
+    pipe.execute()

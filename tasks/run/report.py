@@ -3,9 +3,10 @@ throughput, GPU memory with the autoscaler's decisions, stage durations and fail
 
     framefleet report OUT [--config FILE]      (or: python -m tasks.run.report OUT)
 
-Reads OUT/run_summary.json; from Redis, when it answers, the run's stage log (ff:stages) and the
-autoscaler's decisions (ff:autoscale); and OUT/logs/gpu-samples.jsonl (run_local writes it). What
-it read from Redis is kept in OUT/report/data.json, so the report can be rebuilt once Redis is gone.
+Reads OUT/run_summary.json; the run's stage log (from Redis while the run is live, else
+OUT/runs/<run>.stages.jsonl); from Redis, when it answers, the autoscaler's decisions
+(ff:autoscale); and OUT/logs/gpu-samples.jsonl (run_local writes it). What it read is kept in
+OUT/report/data.json, so the report can be rebuilt once Redis is gone.
 A plot without data is replaced by a sentence saying what is missing. Exit status 0, or 2 without
 a run summary.
 """
@@ -22,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from tasks.cli import common as _cli
-from tasks.observe.metrics import AUTOSCALE_KEY, STAGE_LOG_KEY
+from tasks.observe.metrics import AUTOSCALE_KEY
 from tasks.redis_client import get_redis
+from tasks.run import runs
 from tasks.stages import STAGE_NAMES, dataset_stage
 from worker_config.settings import Settings
 
@@ -43,17 +45,23 @@ def load(out: Path, conf: Settings) -> dict[str, Any]:
     saved = json.loads(snapshot.read_text()) if snapshot.exists() else {}
     if saved.get("run_id") != summary["run_id"]:
         saved = {}
-    source = f"a snapshot ({snapshot})" if saved else "nowhere (no stage log in Redis, no snapshot)"
+    source = f"a snapshot ({snapshot})" if saved else "nowhere (no stage log in Redis or OUT/runs/, no snapshot)"
     stage_log, decisions = saved.get("stage_log", []), saved.get("autoscale", [])
+    r = None
     try:
         r = get_redis(conf.redis_url)
-        entries = [json.loads(raw) for raw in r.lrange(STAGE_LOG_KEY, 0, -1)]
-        mine = [e for e in entries if e.get("run") == summary["run_id"]]
-        if mine:  # Redis still knows the run: it is the source; else keep what the snapshot kept
-            records = [json.loads(raw) for raw in r.lrange(AUTOSCALE_KEY, 0, -1)]
-            stage_log, source = mine, "Redis"
-            decisions = [d for d in records if start <= float(d.get("time", 0)) <= end]
+        r.ping()
     except Exception as exc:  # a report from the files alone is still a report
+        print(f"framefleet: Redis not read ({type(exc).__name__}); using the files", file=sys.stderr)
+        r = None
+    mine, where = runs.stage_log(r, out, summary["run_id"])
+    if mine:  # Redis or the run's own file: the source; else keep what the snapshot kept
+        stage_log, source = mine, where
+    try:
+        if r is not None and mine:
+            records = [json.loads(raw) for raw in r.lrange(AUTOSCALE_KEY, 0, -1)]
+            decisions = [d for d in records if start <= float(d.get("time", 0)) <= end]
+    except Exception as exc:
         print(f"framefleet: Redis not read ({type(exc).__name__}); using {source}", file=sys.stderr)
     snapshot.parent.mkdir(parents=True, exist_ok=True)
     snapshot.write_text(json.dumps({"run_id": summary["run_id"], "stage_log": stage_log, "autoscale": decisions}))

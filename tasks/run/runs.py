@@ -1,4 +1,5 @@
-"""A run's record, OUT/runs/<run_id>.json: what was sent, and how the run ended (finished or cancelled)."""
+"""A run's record, OUT/runs/<run_id>.json: what was sent, and how the run ended (finished or cancelled);
+beside it, the run's stage log, OUT/runs/<run_id>.stages.jsonl, written when it ends."""
 
 from __future__ import annotations
 
@@ -31,6 +32,45 @@ def read(out_dir: Path, run_id: str) -> dict[str, Any] | None:
         return json.loads(path(out_dir, run_id).read_text())
     except (OSError, ValueError):
         return None
+
+
+def stage_log_path(out_dir: Path, run_id: str) -> Path:
+    return out_dir / FOLDER / f"{run_id}.stages.jsonl"
+
+
+def save_stage_log(r: Any, out_dir: Path, run_id: str) -> int:
+    """Write the run's stage log from Redis to OUT/runs/<run_id>.stages.jsonl (atomically); return its entries.
+
+    Nothing is written when Redis holds no entry (the file of an earlier call stays).
+    Raises redis.RedisError.
+    """
+    from tasks.observe.metrics import stage_log_key
+
+    raws = r.lrange(stage_log_key(run_id), 0, -1)
+    if raws:
+        lines = "".join((raw.decode() if isinstance(raw, bytes) else raw) + "\n" for raw in raws)
+        write_text_atomic(stage_log_path(out_dir, run_id), lines)
+    return len(raws)
+
+
+def stage_log(r: Any, out_dir: Path | None, run_id: str, last: int = 0) -> tuple[list[dict[str, Any]], str]:
+    """The run's stage log (its ``last`` entries; 0: all) and where it came from: Redis while the run
+    is live, else its file in OUT/runs/, else none ("")."""
+    from tasks.observe.metrics import stage_log_key
+
+    try:
+        raws = r.lrange(stage_log_key(run_id), -last if last else 0, -1) if r is not None else []
+    except Exception:  # the file, then
+        raws = []
+    if raws:
+        return [json.loads(raw) for raw in raws], "Redis"
+    path = stage_log_path(out_dir, run_id) if out_dir is not None else None
+    try:
+        lines = path.read_text().splitlines() if path is not None else []
+    except OSError:
+        return [], ""
+    entries = [json.loads(line) for line in lines[-last if last else 0 :] if line.strip()]
+    return entries, str(path) if entries else ""
 
 
 def latest(out_dir: Path) -> dict[str, Any] | None:
@@ -67,25 +107,42 @@ def finished(out_dir: Path, run_id: str, summary: dict[str, Any]) -> dict[str, A
     )
 
 
+RUNS_KEPT = 1000  # runs listed in ff:runs (the newest; an older run is still found by its id or its OUT)
+
+
 def redis_key(run_id: str) -> str:
-    return keys.RUN_INFO_PREFIX + run_id
+    """The run's one lasting hash (tasks.keys.RUN_PREFIX): its record, counters and end."""
+    return keys.RUN_PREFIX + run_id
 
 
 def publish(r: Any, record: dict[str, Any], ttl_s: int) -> None:
     """Keep the run's record in Redis too, so `framefleet status --watch RUN` and `cancel RUN` find its OUT."""
-    r.set(redis_key(record["run_id"]), json.dumps(record), ex=ttl_s)
+    pipe = r.pipeline()
+    pipe.hset(redis_key(record["run_id"]), keys.RUN_RECORD_FIELD, json.dumps(record, separators=(",", ":")))
+    pipe.expire(redis_key(record["run_id"]), ttl_s)
+    pipe.zadd(keys.RUNS, {record["run_id"]: float(record.get("started") or time.time())})
+    pipe.zremrangebyrank(keys.RUNS, 0, -RUNS_KEPT - 1)
+    pipe.execute()
 
 
 def lookup(r: Any, run_id: str) -> dict[str, Any] | None:
     """The record ``publish`` kept for ``run_id``, or None (an unknown or expired run)."""
-    raw = r.get(redis_key(run_id))
+    raw = r.hget(redis_key(run_id), keys.RUN_RECORD_FIELD) or r.get(keys.RUN_INFO_PREFIX + run_id)
     return json.loads(raw) if raw else None
 
 
+def newest_ids(r: Any, count: int = 1) -> list[str]:
+    """The ids of the ``count`` newest runs Redis lists, newest first (one read, never a scan of the keys)."""
+    return [i.decode() if isinstance(i, bytes) else i for i in r.zrevrange(keys.RUNS, 0, count - 1)]
+
+
 def newest_in_redis(r: Any) -> dict[str, Any] | None:
-    """The record of the newest run Redis knows (ids sort by start time), or None."""
-    ids = sorted(k.removeprefix(redis_key("")) for k in r.scan_iter(match=redis_key("*"), count=500))
-    return lookup(r, ids[-1]) if ids else None
+    """The record of the newest run Redis knows, or None."""
+    for run_id in newest_ids(r, 10):  # an expired run's id may linger in the list
+        record = lookup(r, run_id)
+        if record is not None:
+            return record
+    return None
 
 
 class RunNotFound(LookupError):

@@ -28,7 +28,7 @@ from tasks import keys
 from tasks.delivery import leases, queues
 from tasks.job import Job
 from tasks.observe import stall
-from tasks.run import cancel, completion
+from tasks.run import cancel, completion, runs
 from tasks.workers import registry
 from worker_config.settings import Settings
 
@@ -88,7 +88,9 @@ def active_runs(r: redis.Redis) -> list[str]:
     for key in r.scan_iter(match=f"{prefix}*{suffix}", count=500):
         name = key.decode() if isinstance(key, bytes) else key
         run_id = name[len(prefix) : -len(suffix)]
-        if not r.exists(completion.key(run_id, keys.RUN_AGGREGATED_SUFFIX)) and not cancel.is_cancelled(r, run_id):
+        run_hash = runs.redis_key(run_id)  # its callback sent (or its files written): not in flight
+        callback = r.hexists(run_hash, keys.RUN_AGGREGATED_FIELD) or r.hexists(run_hash, keys.RUN_ENDED_FIELD)
+        if not callback and not cancel.is_cancelled(r, run_id):
             found.append(run_id)
     return sorted(found)
 

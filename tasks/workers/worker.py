@@ -320,9 +320,20 @@ def on_task_end(
         flower_view.RECENT_ENDS.note(task_id, state, retval)
     conf = settings()
     if task_id is not None:
-        leases.forget(task_id)
+        tags = leases.forget(task_id)
+        at_end = AT_END.pop(task_id, None)
+        one_redis = conf.broker == conf.redis_url  # the leases live beside the broker's unacked messages
+
+        def before(pipe: Any) -> None:  # one round trip with the done mark and the claim's release
+            if at_end is not None:
+                at_end(pipe)
+            if one_redis:
+                leases.release(pipe, tags, ROLE.hostname, task_id)
+
         done_ttl_s = claims.marks_ttl_s(conf.visibility_timeout_s)
-        claims.finish(get_redis(conf.redis_url), task_id, state == "SUCCESS", done_ttl_s, AT_END.pop(task_id, None))
+        claims.finish(get_redis(conf.redis_url), task_id, state == "SUCCESS", done_ttl_s, before)
+        if tags and not one_redis:
+            _release_leases(get_redis(conf.broker), tags, task_id)
     rss = _rss_mib()
     if (conf.max_tasks_per_worker and STATE["tasks_done"] >= conf.max_tasks_per_worker) or (
         conf.max_rss_mib and rss > conf.max_rss_mib
@@ -333,6 +344,16 @@ def on_task_end(
             rss,
         )
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _release_leases(broker: Any, tags: list[str], task_id: str) -> None:
+    """Remove the leases of an ended task from the broker's Redis; never raises (they lapse anyway)."""
+    try:
+        pipe = broker.pipeline(transaction=False)
+        leases.release(pipe, tags, ROLE.hostname, task_id)
+        pipe.execute()
+    except Exception as exc:
+        log.warning("leases of task %s not released (%s); they lapse with their TTL", task_id, exc)
 
 
 @signals.worker_ready.connect
