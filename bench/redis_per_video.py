@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -56,7 +57,22 @@ def census(r: Any) -> dict[str, Any]:
         entry["bytes"] += r.memory_usage(key, samples=0) or 0
         ttl = r.ttl(key)
         entry["ttl_s"] = -1 if ttl == -1 or entry["ttl_s"] == -1 else max(entry["ttl_s"], ttl)
-    return {"used_memory": r.info("memory")["used_memory"], "families": dict(sorted(families.items()))}
+    info = r.info("memory")
+    memory = {k: info.get(k) for k in ("used_memory", "used_memory_dataset", "used_memory_overhead")}
+    memory["used_memory_scripts"] = info.get("used_memory_scripts_eval", info.get("used_memory_scripts"))
+    return {**memory, "families": dict(sorted(families.items()))}
+
+
+class Peak(threading.Thread):
+    """The largest ``used_memory`` seen, read every ``every_s`` seconds until stopped."""
+
+    def __init__(self, r: Any, every_s: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.r, self.every_s, self.peak, self.stopped = r, every_s, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.every_s):
+            self.peak = max(self.peak, self.r.info("memory")["used_memory"])
 
 
 def an_hour_later(r: Any) -> int:
@@ -149,7 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         results["expired1"] = an_hour_later(r)
         results["hour1"] = census(r)
         add_videos(raw, clips[args.first :])  # the dataset grew: the same RAW, 30 more videos
+        peak = Peak(r)
+        peak.start()
         results["run2_s"] = framefleet_run(args.code, raw, out, url, "--continue")
+        peak.stopped.set()
+        peak.join()
+        results["peak2_used_memory"] = peak.peak
         results["end2"] = census(r)
         results["expired2"] = an_hour_later(r)
         results["hour2"] = census(r)
@@ -166,10 +187,18 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {name:<26}{f['bytes_per_video']:>9.0f} B/video {f['keys_per_video']:>6.2f} keys/video  "
                 f"TTL {f['ttl_s']} s"
             )
+    during = (results["peak2_used_memory"] - results["hour1"]["used_memory"]) / args.then
+    results["during_per_video"] = during
+    print(f"during run 2: used_memory at most {during:.0f} B per video of the run above what run 1 left")
     v = results["hour_after_all"]
     print(
         f"an hour after both runs, over all {args.first + args.then} videos from an empty Redis: used_memory "
         f"{v['used_memory_per_video']:.0f} B/video, keys {v['key_bytes_per_video']:.0f} B/video"
+    )
+    h = results["hour2"]
+    print(
+        f"Redis an hour after both runs: used_memory {h['used_memory']} B, of which dataset "
+        f"{h['used_memory_dataset']} B, overhead {h['used_memory_overhead']} B, scripts {h['used_memory_scripts']} B"
     )
     print(f"runs: {results['run1_s']:.0f} s, {results['run2_s']:.0f} s; load {results['load']}")
     if args.json:

@@ -167,7 +167,7 @@ def test_dropped_intermediates_keep_continue_and_statistics_whole(video_factory,
     assert cleaned.returncode == 0 and "dropped the intermediates of 1 video (" in cleaned.stdout, cleaned.stdout
     assert list((out / "work").iterdir()) == []
     assert sorted(p.name for p in (out / "markers").iterdir()) == sorted(
-        f"{p.stem}.hdf5.done.json" for p in out.glob("*.hdf5")
+        [*(f"{p.stem}.hdf5.done.json" for p in out.glob("*.hdf5")), "partials.bin"]  # the markers' partials at once
     )
 
     again = ff("enqueue", str(raw), "--out", str(out), "--continue", env=pipeline_env)
