@@ -210,10 +210,18 @@ def retire(r: redis.Redis, run_id: str, keep_s: int) -> None:
     outcomes, order and stage log ``keep_s`` seconds from now (its files hold them for good).
 
     The mark outlives them (the run's hash, ``result_expires_s``): a task of the run delivered
-    later is a duplicate, dropped when it starts. Raises redis.RedisError.
+    later is a duplicate, dropped when it starts, and counts nothing (so the flag that guarded the
+    callback's send goes too). The record in Redis says "finished", as OUT/runs/ does, so
+    `framefleet status --watch RUN` needs neither OUT nor the callback's result. Raises redis.RedisError.
     """
+    run_key = runs.redis_key(run_id)
+    record = runs.lookup(r, run_id)
     pipe = r.pipeline()
-    pipe.hset(runs.redis_key(run_id), keys.RUN_ENDED_FIELD, f"{time.time():.0f}")
+    pipe.hset(run_key, keys.RUN_ENDED_FIELD, f"{time.time():.0f}")
+    pipe.hdel(run_key, keys.RUN_AGGREGATED_FIELD)
+    if record is not None:
+        finished = {**record, "status": "finished", "finished": round(time.time(), 3)}
+        pipe.hset(run_key, keys.RUN_RECORD_FIELD, json.dumps(finished, separators=(",", ":")))
     pipe.delete(*(key(run_id, s) for s in (keys.RUN_DONE_SUFFIX, keys.RUN_ATTEMPTS_SUFFIX, keys.RUN_PENDING_SUFFIX)))
     for suffix in (keys.RUN_FINISHED_SUFFIX, keys.RUN_ORDER_SUFFIX, keys.RUN_STAGES_SUFFIX):
         pipe.expire(key(run_id, suffix), max(1, keep_s))
