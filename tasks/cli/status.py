@@ -26,9 +26,8 @@ from tasks.cli.common import check_redis
 from tasks.delivery.queues import lengths as queue_lengths
 from tasks.gpu import GpuReading, open_probe
 from tasks.observe import progress, stall
-from tasks.observe.metrics import QUARANTINE_PREFIX
 from tasks.redis_client import get_redis
-from tasks.run import cancel, runs
+from tasks.run import cancel, quarantine, runs
 from tasks.workers import registry
 from worker_config.settings import Settings, redact_url
 
@@ -167,9 +166,8 @@ def quarantine_line(conf: Settings, out: Path | None) -> str:
         except OSError:
             count = 0
         return f"quarantined: {count} (in {path})"
-    r = get_redis(conf.redis_url)
-    keys = list(r.scan_iter(match=QUARANTINE_PREFIX + "*", count=500))
-    return f"quarantined: {sum(r.hlen(k) for k in keys)} (in Redis, {len(keys)} output folder(s); --out OUT for one)"
+    counts = quarantine.counts(get_redis(conf.redis_url))  # one read, not a scan of every key
+    return f"quarantined: {sum(counts.values())} (in Redis, {len(counts)} output folder(s); --out OUT for one)"
 
 
 def render(conf: Settings, out: Path | None, chosen: dict[str, Any] | None = None) -> str:

@@ -38,7 +38,7 @@ STAGE_LOG_TTL_S = 30 * 24 * 3600  # a run that never ends (its callback never ra
 COUNTS_KEY = keys.METRIC_COUNTS
 DURATIONS_KEY = keys.METRIC_DURATIONS
 AUTOSCALE_KEY = keys.AUTOSCALE_LOG
-QUARANTINE_PREFIX = keys.QUARANTINE_PREFIX  # one hash per output root (tasks.run.quarantine)
+QUARANTINED_KEY = keys.QUARANTINED  # output root -> videos in its quarantine (tasks.run.quarantine)
 DURATION_BUCKETS_S = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 OUTCOMES = ("done", "skipped", "failed")
 MIB = float(1 << 20)
@@ -218,10 +218,7 @@ class FramefleetCollector:
                 failed.add_metric(key.split("|")[1:3], value)
         # A gauge: a quarantined video leaves the quarantine when a later run finishes it.
         quarantined = GaugeMetricFamily("framefleet_videos_quarantined", "Videos in quarantine, every output root")
-        pipe = r.pipeline(transaction=False)
-        for key in r.scan_iter(match=QUARANTINE_PREFIX + "*", count=500):
-            pipe.hlen(key)
-        quarantined.add_metric([], sum(pipe.execute()))
+        quarantined.add_metric([], sum(int(v) for v in r.hvals(QUARANTINED_KEY)))
         decisions = CounterMetricFamily(
             "framefleet_autoscale_decisions", "Autoscaler changes seen (ff:autoscale)", labels=["gpu", "action"]
         )

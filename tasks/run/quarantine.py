@@ -1,4 +1,5 @@
-"""Quarantine: one record per video that failed for good, in OUT/quarantine.jsonl and in Redis."""
+"""Quarantine: one record per video that failed for good, in OUT/quarantine.jsonl; Redis keeps only how many
+per output root (for the metrics and `framefleet status` without OUT), in one hash."""
 
 from __future__ import annotations
 
@@ -17,8 +18,14 @@ log = logging.getLogger("framefleet.quarantine")
 FILE = "quarantine.jsonl"
 
 
-def redis_key(out_root: Path) -> str:
-    return keys.QUARANTINE_PREFIX + hashlib.sha256(str(out_root.resolve()).encode()).hexdigest()[:12]
+def root_field(out_root: Path) -> str:
+    """The field of ``out_root`` in tasks.keys.QUARANTINED."""
+    return hashlib.sha256(str(out_root.resolve()).encode()).hexdigest()[:12]
+
+
+def counts(r: redis.Redis) -> dict[str, int]:
+    """How many videos each output root holds in quarantine, by root field (one read)."""
+    return {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in r.hgetall(keys.QUARANTINED).items()}
 
 
 def read(out_root: Path) -> dict[str, dict[str, Any]]:
@@ -41,12 +48,10 @@ def update(out_root: Path, failed: list[dict[str, Any]], done: list[str], r: red
     write_text_atomic(out_root / FILE, "".join(json.dumps(rec, sort_keys=True) + "\n" for rec in ordered))
     if r is not None:
         try:
-            key = redis_key(out_root)
-            pipe = r.pipeline()
-            pipe.delete(key)
             if ordered:
-                pipe.hset(key, mapping={rec["video_id"]: json.dumps(rec) for rec in ordered})
-            pipe.execute()
+                r.hset(keys.QUARANTINED, root_field(out_root), len(ordered))
+            else:
+                r.hdel(keys.QUARANTINED, root_field(out_root))
         except redis.RedisError as exc:
-            log.warning("quarantine not mirrored to Redis: %s", exc)
+            log.warning("quarantine not counted in Redis: %s", exc)
     return ordered
