@@ -51,10 +51,13 @@ def absent_for_s(r: redis.Redis, hostname: str) -> float:
 
 
 def live_workers(r: redis.Redis) -> list[dict[str, Any]]:
-    keys = list(r.scan_iter(match=WORKER_PREFIX + "*", count=500))
-    if not keys:
-        return []
-    return [json.loads(raw) for raw in r.mget(keys) if raw]
+    """The published state of every live worker: those ``ff:worker-seen`` names whose state has not
+    expired (two reads, never a scan of every key: routing calls this for each GPU task it sends)."""
+    names = [n.decode() if isinstance(n, bytes) else n for n in r.hkeys(SEEN_KEY)]
+    found = []
+    for start in range(0, len(names), 1000):
+        found += [json.loads(raw) for raw in r.mget([WORKER_PREFIX + n for n in names[start : start + 1000]]) if raw]
+    return found
 
 
 def known_gpu_queues(r: redis.Redis) -> set[str]:
