@@ -127,6 +127,10 @@ def test_cancel_stops_the_run_and_continue_finishes_it(video_factory, workers, p
 
     assert queues.lengths(broker, ["cpu", "gpu0", "gpu1"]) == {"cpu": 0, "gpu0": 0, "gpu1": 0}
     assert not (out / "work" / running / "depth.npz").exists()  # stopped, not half-written
+    # No callback will read the cancelled run's per-video keys: they go (docs/redis-keys.md).
+    assert not broker.exists(f"ff:run:{run_id}:attempts", f"ff:run:{run_id}:pending")
+    assert 0 < broker.ttl(f"ff:run:{run_id}:stages") <= 600
+    assert (out / "runs" / f"{run_id}.stages.jsonl").exists()
     assert list(out.rglob("*.tmp")) == []
 
     again = ff("enqueue", str(raw), "--out", str(out), "--continue", "--no-wait", env=pipeline_env)

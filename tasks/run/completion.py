@@ -222,8 +222,16 @@ def retire(r: redis.Redis, run_id: str, keep_s: int) -> None:
     if record is not None:
         finished = {**record, "status": "finished", "finished": round(time.time(), 3)}
         pipe.hset(run_key, keys.RUN_RECORD_FIELD, json.dumps(finished, separators=(",", ":")))
+    pipe.delete(keys.LEGACY_STAGE_LOG)  # an earlier version's global stage log (no TTL): its runs have snapshots
+    let_go(pipe, run_id, keep_s)
+    pipe.execute()
+
+
+def let_go(pipe: Any, run_id: str, keep_s: int) -> None:
+    """Queue on ``pipe`` the end of the run's per-video keys: done marks, attempts and unsent jobs now,
+    outcomes, order, stage log and requeues ``keep_s`` seconds from now (also for a cancelled run,
+    whose tasks stop at its flag)."""
     pipe.delete(*(key(run_id, s) for s in (keys.RUN_DONE_SUFFIX, keys.RUN_ATTEMPTS_SUFFIX, keys.RUN_PENDING_SUFFIX)))
     for suffix in (keys.RUN_FINISHED_SUFFIX, keys.RUN_ORDER_SUFFIX, keys.RUN_STAGES_SUFFIX):
         pipe.expire(key(run_id, suffix), max(1, keep_s))
     pipe.expire(keys.REQUEUES_PREFIX + run_id, max(1, keep_s))
-    pipe.execute()

@@ -48,10 +48,13 @@ def update(out_root: Path, failed: list[dict[str, Any]], done: list[str], r: red
     write_text_atomic(out_root / FILE, "".join(json.dumps(rec, sort_keys=True) + "\n" for rec in ordered))
     if r is not None:
         try:
+            pipe = r.pipeline()
             if ordered:
-                r.hset(keys.QUARANTINED, root_field(out_root), len(ordered))
+                pipe.hset(keys.QUARANTINED, root_field(out_root), len(ordered))
             else:
-                r.hdel(keys.QUARANTINED, root_field(out_root))
+                pipe.hdel(keys.QUARANTINED, root_field(out_root))
+            pipe.delete(keys.LEGACY_QUARANTINE_PREFIX + root_field(out_root))  # an earlier version's copy
+            pipe.execute()
         except redis.RedisError as exc:
             log.warning("quarantine not counted in Redis: %s", exc)
     return ordered
