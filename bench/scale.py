@@ -219,6 +219,7 @@ def callback_phase(out: Path, n: int, work: Path, url: str) -> dict[str, Any]:
     from tasks.run.stats import VideoStats, normalization_stats, write_stats_yaml
 
     big, entries, summary = replicate(out, n, work)
+    partials.file_path(big).unlink(missing_ok=True)  # an earlier sitting's: "from the markers" reads markers
     r = redis.Redis.from_url(url, decode_responses=True)
     r.flushall()
     stages = list(summary["stages"])
@@ -285,6 +286,13 @@ def callback_phase(out: Path, n: int, work: Path, url: str) -> dict[str, Any]:
     t = time.perf_counter()
     agg.aggregate.run(run)
     figures["aggregate_callback_s"] = time.perf_counter() - t
+    # The run has ended and Redis has let its copies go: the statistics from OUT/markers/partials.bin.
+    r.flushall()
+    t = time.perf_counter()
+    agg.write_statistics(big, "3d", None)
+    figures["write_statistics_file_s"] = time.perf_counter() - t
+    figures["same_statistics_file"] = before == (big / "normalization_stats.yaml").read_text()
+    figures["partials_file_bytes"] = partials.file_path(big).stat().st_size
     return figures
 
 
@@ -294,12 +302,15 @@ def continue_phase(n: int, work: Path, url: str) -> dict[str, Any]:
 
     from tasks.celery_app import settings
     from tasks.cli.enqueue import enqueue
+    from tasks.run import partials
     from tasks.run.dataset import incomplete
 
     big = work / f"complete-{n}"
-    entries = [{"video_id": p.name.removesuffix(".hdf5.done.json")} for p in (big / "markers").iterdir()]
+    end = ".hdf5.done.json"
+    entries = [{"video_id": p.name.removesuffix(end)} for p in (big / "markers").iterdir() if p.name.endswith(end)]
     r = redis.Redis.from_url(url)
     r.flushall()
+    partials.file_path(big).unlink(missing_ok=True)
     t = time.perf_counter()
     left = incomplete(entries, big)
     figures: dict[str, Any] = {"videos": n, "incomplete_s": time.perf_counter() - t, "incomplete_found": len(left)}
@@ -307,6 +318,11 @@ def continue_phase(n: int, work: Path, url: str) -> dict[str, Any]:
     t = time.perf_counter()
     left = incomplete(entries, big, r)
     figures["incomplete_hash_s"], figures["incomplete_hash_found"] = time.perf_counter() - t, len(left)
+    partials.save(big, partials.read(r, big))  # what a run's end leaves: the file, and Redis without the copy
+    r.flushall()
+    t = time.perf_counter()
+    left = incomplete(entries, big)
+    figures["incomplete_file_s"], figures["incomplete_file_found"] = time.perf_counter() - t, len(left)
     (big / "manifest.json").unlink(missing_ok=True)
     t = time.perf_counter()
     record = enqueue(settings(), empty_videos(n, work), big, resume=True)
@@ -369,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"completed_videos {c['completed_videos_s']:.2f} s, pooled merge {c['merge_pooled_s']:.2f} s); "
                     f"aggregate callback {c['aggregate_callback_s']:.2f} s; chord message "
                     f"{c['chord_message_bytes'] / 2**20:.1f} MiB; in Redis: outcomes "
-                    f"{c['outcomes_hash_bytes'] / 2**20:.1f} MiB, partials {c['partials_hash_bytes'] / 2**20:.1f} MiB",
+                    f"{c['outcomes_hash_bytes'] / 2**20:.1f} MiB, partials {c['partials_hash_bytes'] / 2**20:.1f} MiB; "
+                    f"after the run, from OUT/markers/partials.bin ({c['partials_file_bytes'] / 2**20:.1f} MiB) "
+                    f"{c['write_statistics_file_s']:.2f} s (same file: {c['same_statistics_file']})",
                     flush=True,
                 )
         if "continue" not in skip:
@@ -380,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"--continue over {n} complete videos: incomplete() from the markers {c['incomplete_s']:.2f} s "
                     f"({c['incomplete_found']} found), with the hash {c['incomplete_hash_s']:.2f} s "
-                    f"({c['incomplete_hash_found']} found), the whole enqueue {c['enqueue_continue_s']:.2f} s "
+                    f"({c['incomplete_hash_found']} found), with the file {c['incomplete_file_s']:.2f} s "
+                    f"({c['incomplete_file_found']} found), the whole enqueue {c['enqueue_continue_s']:.2f} s "
                     f"({c['enqueue_continue_sent']} sent)",
                     flush=True,
                 )
