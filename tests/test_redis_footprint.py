@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import redis
 
-from tests.conftest import run_script
+from tests.conftest import ROOT, run_script
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -64,3 +66,15 @@ def test_a_finished_video_leaves_at_most_300_bytes_an_hour_after_its_run(
     assert per_video <= PER_VIDEO_BOUND_B, (first_run, second_run, per_video)
     assert second_run <= PER_RUN_BOUND_B + PER_VIDEO_BOUND_B * sizes[1], (first_run, second_run)
     assert json.loads(r.hget(f"ff:run:{run_id}", "record"))["status"] == "finished"
+
+    # What remains still answers: status (newest run, no OUT given), the statistics, --continue.
+    status = subprocess.run(
+        [sys.executable, "-m", "tasks.cli.main", "status"], cwd=ROOT, env=pipeline_env, capture_output=True, text=True
+    )
+    assert status.returncode == 0, status.stdout + status.stderr
+    lines = status.stdout.splitlines()
+    assert any(line.startswith(f"run {run_id} (in {out.resolve()}), 6 videos,") for line in lines), lines
+    assert any(line.split()[:3] == ["h5", "6", "0"] and line.split()[-1] == "done" for line in lines), lines
+    again = run_script("enqueue_dataset.py", str(raw), "--out", str(out), "--continue", env=pipeline_env)
+    assert again.returncode == 0 and "7 already complete" in again.stdout, again.stdout + again.stderr
+    assert json.loads((out / "run_summary.json").read_text())["statistics_videos"] == 7
