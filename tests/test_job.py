@@ -188,3 +188,11 @@ def test_the_end_of_progress_leaves_a_stored_result_to_celery_when_the_call_asks
     _, r = app_on_test_redis
     assert not r.exists("celery-task-meta-default")  # nothing of it kept
     assert task.AsyncResult("default").state == "PENDING"
+    # A retried task's RETRY state (stored even for an ignored result) goes the same way at its end.
+    task.push_request(id="retried", retries=1)
+    try:
+        task.update_state(state="RETRY", meta={"exc_type": "OutOfMemory"})
+        progress.end_progress(task, job)
+    finally:
+        task.pop_request()
+    assert not r.exists("celery-task-meta-retried")

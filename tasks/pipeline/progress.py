@@ -58,15 +58,17 @@ def announce(meta: dict[str, Any]) -> None:
 
 
 def end_progress(task: Task, job: Job) -> None:
-    """Remove the PROGRESS state of a task whose result is not stored; never raises.
+    """Remove the PROGRESS (or, after a retry, RETRY) state of a task whose result is not stored; never raises.
 
-    Without it a result reader would see such a task in PROGRESS for result_expires_s (30 days of
-    Redis per stage task); with it, the task reads as every task of an ignored result does (PENDING:
-    not known), and Flower shows its end from the task-succeeded event. Tasks that sent no progress
-    (shorter than PROGRESS_EVENT_INTERVAL_S) have no state to remove and write nothing.
+    Without it a result reader would see that state for result_expires_s (30 days of Redis per
+    stage task); with it, the task reads as every task of an ignored result does (PENDING: not
+    known), and Flower shows its end from the task-succeeded event. Tasks that sent no progress
+    (shorter than PROGRESS_EVENT_INTERVAL_S) and were not retried have no state and write nothing.
     """
-    # The per-call ignore_result (apply_async(..., ignore_result=False)) overrides the task's own.
-    if task.request.id not in PROGRESS_STORED or not get_actual_ignore_result(task, task.request):
+    # The per-call ignore_result (apply_async(..., ignore_result=False)) overrides the task's own. A retried
+    # task has its RETRY state stored (store_errors_even_if_ignored), kept as long as a result otherwise.
+    stored = task.request.id in PROGRESS_STORED or bool(task.request.retries)
+    if not stored or not get_actual_ignore_result(task, task.request):
         return  # nothing to remove, or Celery stores this task's end itself
     try:
         task.backend.forget(task.request.id)
