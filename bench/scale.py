@@ -175,7 +175,7 @@ def end_state(videos: int, work: Path) -> tuple[dict[str, Any], Path]:
 def replicate(out: Path, n: int, work: Path) -> tuple[Path, list[dict[str, Any]], dict[str, Any]]:
     """A folder of ``n`` complete videos built from one real video of ``out`` (hard links, real marker,
     an empty work folder each), with the ids of the empty videos of ``empty_videos(n)``."""
-    from tasks.outputs.stage_io import MARKERS_DIR, dataset_file
+    from tasks.outputs.stage_io import dataset_file, marked_videos
     from tasks.run.dataset import video_id
 
     vid = sorted(p.stem for p in out.glob("*.hdf5"))[0]
@@ -183,15 +183,16 @@ def replicate(out: Path, n: int, work: Path) -> tuple[Path, list[dict[str, Any]]
     record = json.loads(marker.read_text())
     big = work / f"complete-{n}"
     ids = [video_id(Path(f"v{i:06d}.mp4")) for i in range(n)]
-    if not (big / MARKERS_DIR).exists() or len(os.listdir(big / MARKERS_DIR)) != n:
+    if len(marked_videos(big)) != n or not dataset_file(big, ids[0])[1].exists():  # made, in today's layout
         shutil.rmtree(big, ignore_errors=True)
         (big / "work").mkdir(parents=True)
-        (big / MARKERS_DIR).mkdir()
         text = json.dumps(record, sort_keys=True)
         for name in ids:
             os.link(h5, big / f"{name}.hdf5")
             (big / "work" / name).mkdir()
-            (big / MARKERS_DIR / f"{name}.hdf5.done.json").write_text(text)
+            where = dataset_file(big, name)[1]
+            where.parent.mkdir(parents=True, exist_ok=True)
+            where.write_text(text)
     entries = [{"video_id": name} for name in ids]
     job = json.loads((out / "run_summary.json").read_text())
     return big, entries, job
@@ -199,10 +200,11 @@ def replicate(out: Path, n: int, work: Path) -> tuple[Path, list[dict[str, Any]]
 
 def fill_partials(r: Any, big: Path, ids: list[str]) -> None:
     """The entries the h5 stage would have left in tasks.run.partials' hash for ``ids`` (one real partial)."""
+    from tasks.outputs.stage_io import dataset_file
     from tasks.run import partials
 
-    h5 = big / f"{ids[0]}.hdf5"
-    stats = json.loads((big / "markers" / f"{ids[0]}.hdf5.done.json").read_text())["report"]["stats"]
+    h5, marker = dataset_file(big, ids[0])
+    stats = json.loads(marker.read_text())["report"]["stats"]
     kept = partials.HEADER.pack(h5.stat().st_size, h5.stat().st_mtime_ns, b"3d") + partials.encode(stats, "3d")
     pipe = r.pipeline(transaction=False)
     for vid in ids:
@@ -302,12 +304,12 @@ def continue_phase(n: int, work: Path, url: str) -> dict[str, Any]:
 
     from tasks.celery_app import settings
     from tasks.cli.enqueue import enqueue
+    from tasks.outputs.stage_io import marked_videos
     from tasks.run import partials
     from tasks.run.dataset import incomplete
 
     big = work / f"complete-{n}"
-    end = ".hdf5.done.json"
-    entries = [{"video_id": p.name.removesuffix(end)} for p in (big / "markers").iterdir() if p.name.endswith(end)]
+    entries = [{"video_id": vid} for vid in sorted(marked_videos(big))]
     r = redis.Redis.from_url(url)
     r.flushall()
     partials.file_path(big).unlink(missing_ok=True)

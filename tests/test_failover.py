@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+from tasks.outputs.stage_io import marker_shard
 from tests.conftest import ROOT, run_script, settings_env, wait_until
 
 LEASE_TTL_S = 6
@@ -78,7 +79,8 @@ def test_sigkilled_worker_task_completes_on_another_within_the_lease_ttl(
         names = sorted(p.name for p in (out / "work" / vid).iterdir())
         expected = [f"{s}{ext}" for s in ("preprocess", "depth", "tracks", "hands") for ext in (".npz", ".done.json")]
         assert names == sorted(expected)
-        assert (out / "markers" / f"{vid}.hdf5.done.json").is_file()  # the partial statistics, outside work/
+        marker = out / "markers" / marker_shard(vid) / f"{vid}.hdf5.done.json"
+        assert marker.is_file()  # the partial statistics, outside work/, in one of 256 shards
     # The requeue is a line of the progress output and an entry of the run summary.
     (requeued,) = summary["requeued"]
     assert requeued["stage"] == "depth" and requeued["video_id"] == victim and "worker was lost" in requeued["why"]

@@ -13,6 +13,7 @@ import pytest
 import redis
 import yaml
 
+from tasks.outputs.stage_io import marker_shard
 from tests.conftest import ROOT, settings_env, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -170,12 +171,20 @@ def test_dropped_intermediates_keep_continue_and_statistics_whole(video_factory,
     cleaned = ff("clean", str(out), env=pipeline_env)
     assert cleaned.returncode == 0 and "dropped the intermediates of 1 video (" in cleaned.stdout, cleaned.stdout
     assert list((out / "work").iterdir()) == []
-    assert sorted(p.name for p in (out / "markers").iterdir()) == sorted(
-        [*(f"{p.stem}.hdf5.done.json" for p in out.glob("*.hdf5")), "partials.bin"]  # the markers' partials at once
-    )
+    assert sorted(str(p.relative_to(out / "markers")) for p in (out / "markers").rglob("*.*")) == sorted(
+        [*(f"{marker_shard(p.stem)}/{p.stem}.hdf5.done.json" for p in out.glob("*.hdf5")), "partials.bin"]
+    )  # the markers, in shards, and their partials in one file
 
     again = ff("enqueue", str(raw), "--out", str(out), "--continue", env=pipeline_env)
     assert again.returncode == 0 and "2 already complete" in again.stdout, again.stdout + again.stderr
+    assert yaml.safe_load((out / "normalization_stats.yaml").read_text()) == stats
+
+    # An output folder of an earlier version: its markers directly in OUT/markers/, no partials file.
+    (out / "markers" / "partials.bin").unlink()
+    for marker in list((out / "markers").rglob("*.hdf5.done.json")):
+        marker.rename(out / "markers" / marker.name)
+    older = ff("enqueue", str(raw), "--out", str(out), "--continue", env=pipeline_env)
+    assert older.returncode == 0 and "2 already complete" in older.stdout, older.stdout + older.stderr
     assert yaml.safe_load((out / "normalization_stats.yaml").read_text()) == stats
     check = ff("verify", str(out), env=pipeline_env, timeout_s=120)
     assert check.returncode == 0, check.stdout + check.stderr

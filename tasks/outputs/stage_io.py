@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from worker_config.settings import Settings
 
 MARKERS_DIR = "markers"
 UPSTREAM_KEY = "upstream_provenance"
+MARKER_SUFFIX = ".hdf5.done.json"  # a dataset file's marker: OUT/markers/<shard>/<video>.hdf5.done.json
 
 
 def check_roots(job: Job, conf: Settings) -> None:
@@ -49,22 +52,50 @@ def dataset_file(out_root: Path, video_id: str) -> tuple[Path, Path]:
     return output_path(out_root, video_id, final), marker_of(out_root, video_id, final)
 
 
+def marker_shard(video_id: str) -> str:
+    """The sub-folder of OUT/markers/ that holds a video's dataset marker: one of 256, so that no folder
+    holds a million files."""
+    return hashlib.sha256(video_id.encode()).hexdigest()[:2]
+
+
 def marker_of(out_root: Path, video_id: str, stage: str) -> Path:
-    """The completion marker: beside npz files; for the .hdf5 in OUT/markers/, since it holds the
+    """The completion marker: beside npz files; for the .hdf5 in OUT/markers/<shard>/, since it holds the
     video's partial statistics and must outlive OUT/work/ (``--intermediates drop``)."""
     if stage_class(stage).writes == "hdf5":
-        return confine(out_root, Path(MARKERS_DIR) / f"{video_id}.hdf5.done.json")
+        return confine(out_root, Path(MARKERS_DIR) / marker_shard(video_id) / f"{video_id}{MARKER_SUFFIX}")
     return work_dir(out_root, video_id) / f"{stage}.done.json"
 
 
 def read_done(out_root: Path, video_id: str, stage: str, check_hash: bool | str = True) -> dict[str, Any] | None:
     """The marker of a complete ``stage`` output of a video, or None; reads the .hdf5 marker where
-    earlier versions wrote it (OUT/work/<video>/) too."""
+    earlier versions wrote it (OUT/markers/ itself, OUT/work/<video>/) too."""
     output = output_path(out_root, video_id, stage)
     found = read_marker(output, marker_of(out_root, video_id, stage), check_hash=check_hash)
     if found is None and stage_class(stage).writes == "hdf5":
-        legacy = work_dir(out_root, video_id) / f"{stage}.done.json"
-        found = read_marker(output, legacy, check_hash=check_hash)
+        for legacy in (
+            confine(out_root, Path(MARKERS_DIR) / f"{video_id}{MARKER_SUFFIX}"),
+            work_dir(out_root, video_id) / f"{stage}.done.json",
+        ):
+            found = read_marker(output, legacy, check_hash=check_hash)
+            if found is not None:
+                break
+    return found
+
+
+def marked_videos(out_root: Path) -> set[str]:
+    """The ids of the videos with a dataset marker under OUT/markers/ (in its shards, or directly in it
+    as earlier versions wrote them): one listing per shard, never one of a million names."""
+    root = out_root / MARKERS_DIR
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return set()
+    found = set()
+    for entry in entries:
+        if entry.name.endswith(MARKER_SUFFIX):
+            found.add(entry.name.removesuffix(MARKER_SUFFIX))
+        elif len(entry.name) == 2 and entry.is_dir(follow_symlinks=False):
+            found.update(n.removesuffix(MARKER_SUFFIX) for n in os.listdir(entry.path) if n.endswith(MARKER_SUFFIX))
     return found
 
 

@@ -25,7 +25,7 @@ from tasks.delivery import requeues
 from tasks.job import IDENTITY, Job
 from tasks.observe import progress
 from tasks.observe.flower_view import VideoTask
-from tasks.outputs.stage_io import MARKERS_DIR, read_done
+from tasks.outputs.stage_io import marked_videos, read_done
 from tasks.outputs.storage import write_text_atomic
 from tasks.redis_client import get_redis
 from tasks.run import completion, lineage, partials, quarantine, runs, sweep
@@ -36,23 +36,18 @@ REPORT_TIMEOUT_S = 120
 
 
 def _candidates(root: Path) -> tuple[set[str], set[str]]:
-    """(video ids with a marker in OUT/markers/, video ids with a work folder: markers of earlier versions)."""
+    """(video ids with a marker under OUT/markers/, video ids with a work folder: markers of earlier versions)."""
     try:
         folders = {e.name for e in os.scandir(root / "work") if e.is_dir(follow_symlinks=False)}
     except FileNotFoundError:
         folders = set()
-    suffix = ".hdf5.done.json"
-    try:
-        marked = {e.name.removesuffix(suffix) for e in os.scandir(root / MARKERS_DIR) if e.name.endswith(suffix)}
-    except FileNotFoundError:
-        marked = set()
-    return marked, folders
+    return marked_videos(root), folders
 
 
 def completed_videos(out_root: Path) -> dict[str, dict[str, Any]]:
     """Return the h5 marker of every video of ``out_root`` whose HDF5 file is complete, any run.
 
-    The markers live in OUT/markers/ (they outlive OUT/work/ under ``--intermediates drop``);
+    The markers live under OUT/markers/ (they outlive OUT/work/ under ``--intermediates drop``);
     those of earlier versions in OUT/work/<video>/. A work folder that is a link is not followed.
     """
     root = out_root.resolve()

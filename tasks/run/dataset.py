@@ -146,32 +146,26 @@ def incomplete(entries: list[dict[str, Any]], out_dir: Path, r: Any = None) -> l
 
     A file whose size and modification time are those its marker recorded is taken as complete
     without reading it; one touched since (same size, other time) is hashed. (verify_dataset.py
-    reads every file in full.) With Redis (``r``), a video whose marker exists and whose file has
-    the size and time of its entry in tasks.run.partials is complete without reading its marker.
+    reads every file in full.) A video whose marker exists and whose file has the size and time of its
+    entry in tasks.run.partials (its file in OUT, and with ``r`` Redis's copy of a live run) is complete
+    without reading its marker.
     """
     import os
 
-    from tasks.outputs.stage_io import MARKERS_DIR, read_done
+    from tasks.outputs.stage_io import marked_videos, read_done
     from tasks.outputs.storage import IF_TOUCHED
     from tasks.run import partials
     from tasks.stages import dataset_stage
 
     final, root = dataset_stage().name, out_dir.resolve()
-    kept = partials.read(r, root)
-    try:
-        marked = set(os.listdir(root / MARKERS_DIR)) if kept else set()
-    except FileNotFoundError:
-        marked = set()
+    kept = partials.known(r, root)
+    marked = marked_videos(root) if kept else set()
     prefix = str(root) + os.sep  # strings, not Paths: 50,000 of them
     todo = []
     for e in entries:
         vid = e["video_id"]
         entry = kept.get(vid)
-        if (
-            entry is not None
-            and f"{vid}.hdf5.done.json" in marked
-            and partials.unchanged(entry, prefix + vid + ".hdf5")
-        ):
+        if entry is not None and vid in marked and partials.unchanged(entry, prefix + vid + ".hdf5"):
             continue
         if read_done(root, vid, final, check_hash=IF_TOUCHED) is None:
             todo.append(e)
