@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
             "PING (one round trip)": lambda i: r.ping(),
             "claims.is_done (HEXISTS)": lambda i: claims.is_done(r, "bench", f"t{i}"),
             "claims.acquire (SET NX PX)": lambda i: claims.acquire(r, f"{key}{i}", "w t", 30),
-            "start counter (INCR+EXPIRE pipeline)": lambda i: (
-                r.pipeline().incr(f"ff:attempts:t{i}").expire(f"ff:attempts:t{i}", ttl).execute()
+            "start counter (HINCRBY+EXPIRE pipeline)": lambda i: (
+                r.pipeline().hincrby("ff:run:bench:attempts", f"t{i}", 1).expire("ff:run:bench:attempts", ttl).execute()
             ),
             "claims.release (EVAL)": lambda i: claims.release(r, f"{key}{i}"),
             "claims.mark_done (HSET, EXPIRE)": lambda i: claims.mark_done(r, "bench", f"t{i}", ttl),
@@ -73,14 +73,15 @@ def main(argv: list[str] | None = None) -> int:
 
         def batched(i: int) -> None:
             pipe = r.pipeline(transaction=False)
-            pipe.exists(f"ff:done:b{i}")
+            pipe.hexists("ff:run:bench:done", f"b{i}")
             pipe.set(f"{key}b{i}", "w t", nx=True, px=30000)
-            pipe.incr(f"ff:attempts:b{i}")
-            pipe.expire(f"ff:attempts:b{i}", ttl)
+            pipe.hincrby("ff:run:bench:attempts", f"b{i}", 1)
+            pipe.expire("ff:run:bench:attempts", ttl)
             pipe.execute()
             pipe = r.pipeline(transaction=False)
             pipe.delete(f"{key}b{i}")
-            pipe.set(f"ff:done:b{i}", "1", ex=ttl)
+            pipe.hset("ff:run:bench:done", f"b{i}", 1)
+            pipe.expire("ff:run:bench:done", ttl)
             pipe.hincrby("ff:run:bench", "depth.done", 1)
             pipe.expire("ff:run:bench", ttl)
             pipe.rpush(metrics.stage_log_key("bench"), "{}")

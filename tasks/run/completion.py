@@ -228,10 +228,12 @@ def retire(r: redis.Redis, run_id: str, keep_s: int) -> None:
 
 
 def let_go(pipe: Any, run_id: str, keep_s: int) -> None:
-    """Queue on ``pipe`` the end of the run's per-video keys: done marks, attempts and unsent jobs now,
-    outcomes, order, stage log and requeues ``keep_s`` seconds from now (also for a cancelled run,
-    whose tasks stop at its flag)."""
-    pipe.delete(*(key(run_id, s) for s in (keys.RUN_DONE_SUFFIX, keys.RUN_ATTEMPTS_SUFFIX, keys.RUN_PENDING_SUFFIX)))
+    """Queue on ``pipe`` the end of the run's per-video keys: done marks, attempts, unsent and sent jobs
+    and the sweep's misses now, outcomes, order, stage log, requeues and resends ``keep_s`` seconds
+    from now (also for a cancelled run, whose tasks stop at its flag and which the sweep leaves alone)."""
+    gone = (keys.RUN_DONE_SUFFIX, keys.RUN_ATTEMPTS_SUFFIX, keys.RUN_PENDING_SUFFIX, keys.RUN_SENT_SUFFIX)
+    pipe.delete(*(key(run_id, s) for s in gone), keys.SWEEP_PREFIX + run_id)
     for suffix in (keys.RUN_FINISHED_SUFFIX, keys.RUN_ORDER_SUFFIX, keys.RUN_STAGES_SUFFIX):
         pipe.expire(key(run_id, suffix), max(1, keep_s))
-    pipe.expire(keys.REQUEUES_PREFIX + run_id, max(1, keep_s))
+    for listed in (keys.REQUEUES_PREFIX, keys.RESENT_PREFIX):
+        pipe.expire(listed + run_id, max(1, keep_s))

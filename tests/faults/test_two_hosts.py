@@ -234,9 +234,9 @@ def two_hosts(tmp_path: Path) -> Iterator[TwoHosts]:
 
 def assert_markers_match_outputs(out: Path) -> int:
     """Every completion marker names a whole file with its hash; no stray or temporary file. Returns markers."""
-    markers = list(out.glob("work/*/*.done.json")) + list(out.glob("markers/*.hdf5.done.json"))
+    markers = list(out.glob("work/*/*.done.json")) + list(out.glob("markers/*/*.hdf5.done.json"))
     for marker in markers:
-        if marker.parent.name == "markers":  # the dataset file's marker outlives OUT/work/
+        if marker.parent.parent.name == "markers":  # the dataset file's marker outlives OUT/work/ (in a shard)
             output = out / marker.name.removesuffix(".done.json")
         else:
             output = marker.with_name(marker.name.removesuffix(".done.json") + ".npz")
