@@ -3,6 +3,7 @@
 # the autoscaler on GPU 0 alone and on every GPU, with a synthetic depth model that holds
 # HOLD_MIB after loading and ACT_MIB more at peak; one worker is SIGKILLed mid-task. -> $OUT
 set -u
+export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 rm -rf /tmp/out-one /tmp/out-all /tmp/as-one /tmp/as-all  # a warm machine keeps earlier runs
 HOLD_MIB=${HOLD_MIB:-13000}; ACT_MIB=${ACT_MIB:-3000}; MATMULS=${MATMULS:-20000}

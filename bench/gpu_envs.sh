@@ -6,6 +6,7 @@ source .device/activate.sh
 # Records: the dataset verifies; which GPU ran each stage of each video (locality.json: a video
 # is local when all its GPU stages ran on one GPU); per-process GPU memory every second.
 set -u
+export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 rm -rf /tmp/ff-models /tmp/ff-raw /tmp/ff-out-*
 nvidia-smi --query-gpu=index,name,uuid,memory.total --format=csv | tee "$OUT/gpus.csv"

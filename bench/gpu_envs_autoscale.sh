@@ -5,6 +5,7 @@
 #   bash bench/gpu_envs_autoscale.sh          (VIDEOS=16 by default)
 source .device/activate.sh
 set -u
+export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 rm -rf /tmp/fa-models /tmp/fa-raw /tmp/fa-out /tmp/fa-logs
 PY=$(python3 -c "from tests.backends.standin_env import standin_python; print(standin_python())")

@@ -9,6 +9,7 @@
 # does MATMULS float32 matmuls of SIZE x SIZE per frame, so the GPU queue is the bottleneck.
 source .device/activate.sh
 set -u
+export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 VIDEOS=${VIDEOS:-32}; ROUNDS=${ROUNDS:-2}; MATMULS=${MATMULS:-16}; SIZE=${SIZE:-4096}; PER_GPU=${PER_GPU:-1}; CPUW=${CPUW:-8}
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/gpus.csv"

@@ -6,6 +6,7 @@
 # antlr4-python3-runtime, iopath), installed into /tmp/site. MODELS (default cotracker,grounded_sam);
 # PACK (default 2,4): also run that many processes of each model at once on the GPU.
 set -u
+export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 UP=/tmp/ff-upstream; mkdir -p "$UP"
 for f in "${UPSTREAM_ARCHIVES:-../shared/upstream}"/*.tar.gz; do tar xzf "$f" -C "$UP"; done

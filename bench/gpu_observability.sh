@@ -2,6 +2,7 @@
 # On the GPU machine (after `source .device/activate.sh`): the GPU readings of `inspect gpu`,
 # scripts/status.py and the Prometheus exporter, idle and during a task. Results in $OUT.
 set -u
+export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 rm -rf /tmp/obs
 python3 scripts/make_sample_dataset.py /tmp/raw --videos 3 > /dev/null

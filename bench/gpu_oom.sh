@@ -2,6 +2,7 @@
 # On the GPU machine (after `source .device/activate.sh`): a real CUDA out-of-memory error in a
 # task is caught, the cache freed, and the retry with half the activation chunk succeeds. -> $OUT
 set -u
+export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 rm -rf /tmp/oom-out
 total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)

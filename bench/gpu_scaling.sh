@@ -7,6 +7,7 @@
 # The synthetic depth model does MATMULS float32 matmuls of SIZE x SIZE per frame: compute-bound.
 source .device/activate.sh
 set -u
+export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 VIDEOS=${VIDEOS:-48}; MATMULS=${MATMULS:-16}; SIZE=${SIZE:-4096}; PER_GPU=${PER_GPU:-2}; CPUW=${CPUW:-8}
 PHASES=${PHASES:-abc}  # which of (a), (b), (c) to run: a longer (c) fits one call without (a) and (b)

@@ -2,6 +2,7 @@
 # On the GPU machine: the local cluster on real CUDA (one worker per GPU), then the GPU tests.
 #   source .device/activate.sh first (see ../shared/device/prepare.sh); results go to $OUT.
 set -u
+export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=index,name,uuid,memory.total --format=csv | tee "$OUT/gpus.csv"
