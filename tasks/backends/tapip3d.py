@@ -32,6 +32,8 @@ class Tapip3dTracker(TrackBackend):
     visible at every step; ``resolution_factor`` scales the model's image area (y2r's 1).
     """
 
+    local_params = ("repo_dir", "weights_dir")
+
     name = "tapip3d"
 
     def __init__(

@@ -49,6 +49,8 @@ class WilorHands(HandsBackend):
     metres added to the depth at the wrist pixel (the joint lies under the skin).
     """
 
+    local_params = ("repo_dir", "weights_dir", "batch_size")
+
     name = "wilor"
 
     def __init__(
