@@ -32,6 +32,8 @@ OOM_LOG = "ff:oom"  # list of out-of-memory records, newest first
 STAGE_LOG = "ff:stages"  # list of stage spans (the report's source)
 RUN_INFO_PREFIX = "ff:runinfo:"  # + run id: the run's record (its OUT, callback id), for status and cancel
 CANCELLED_PREFIX = "ff:cancelled:"  # + run id: the run was cancelled (framefleet cancel)
+# + run id + ":" + stage: a worker sent the run's stage on, having other settings (tasks.pipeline.same_settings)
+SETTINGS_WAIT_PREFIX = "ff:settings-wait:"
 REQUEUES_PREFIX = "ff:requeues:"  # + run id: list of requeues after a lost worker (tasks.delivery.requeues)
 METRIC_COUNTS = "ff:metrics:counts"
 METRIC_DURATIONS = "ff:metrics:stage-seconds"
