@@ -131,6 +131,8 @@ def test_a_run_enqueued_for_workers_that_will_come_waits_says_why_and_runs_only_
         assert "waits for a worker with its settings: depth: classical (run) vs synthetic (workers gpu0@test)" in stall
         assert f"FRAMEFLEET_CONFIG={env['FRAMEFLEET_CONFIG']} celery -A tasks worker -Q gpu0" in stall
         assert "sent on" in workers.log("gpu0") and "ran depth" not in workers.log("gpu0")
+        status = run_script("status.py", "--out", str(out), env=pipeline_env)
+        assert "  depth: classical (run) vs synthetic (workers gpu0@test)" in status.stdout, status.stderr
 
         workers.start("gpu1", env={**env, **fast})
         _, rest = proc.communicate(timeout=200)
