@@ -94,15 +94,18 @@ def test_a_run_no_live_worker_can_serve_is_refused_before_anything_is_sent_then_
     assert not list(r.scan_iter("ff:runinfo:*")) and not r.exists("gpu0", "cpu")  # nothing was sent
     assert not (out / "manifest.json").exists()
 
-    workers.start("gpu1", env={"FRAMEFLEET_CONFIG": REAL_CPU})
+    # As the message says: a second worker of gpu0, with the run's settings, beside the one without.
+    workers.start("gpu0", name="gpu0real", env={"FRAMEFLEET_CONFIG": REAL_CPU})
     done = enqueue(raw, out, pipeline_env, "--config", REAL_CPU)
     assert done.returncode == 0, done.stdout + done.stderr
     (vid,) = json.loads((out / "run_summary.json").read_text())["done_videos"]
     notes = json.loads((out / "run_summary.json").read_text())["notes"][vid]
     assert notes["depth"]["depth_backend"] == "classical" and notes["hands"]["hands_backend"] == "mediapipe"
-    assert f"ran depth of {vid}" in workers.log("gpu1") and "ran depth" not in workers.log("gpu0")
+    assert f"ran depth of {vid}" in workers.log("gpu0real") and "ran depth" not in workers.log("gpu0")
+    assert "ran hands" not in workers.log("gpu0")
     (record,) = [json.loads(p.read_text()) for p in (out / "runs").glob("*.json")]
-    assert record["stage_settings"]["stages"]["depth"]["sha256"] == workers.state("gpu1")["settings"]["depth"]["sha256"]
+    advertised = workers.state("gpu0real")["settings"]["depth"]["sha256"]
+    assert record["stage_settings"]["stages"]["depth"]["sha256"] == advertised
 
 
 def test_a_run_enqueued_for_workers_that_will_come_waits_says_why_and_runs_only_on_a_matching_one(
