@@ -173,3 +173,28 @@ def test_two_runs_with_different_settings_at_once_each_run_under_their_own(
             assert f"ran depth of {vid}" in workers.log(worker)
     # The same two videos in each run: each GPU worker made the depth of its own run's two.
     assert workers.log("gpu0").count("ran depth of") == 2 and workers.log("gpu1").count("ran depth of") == 2
+
+
+def test_a_run_continuing_a_video_redoes_what_other_settings_made_and_keeps_what_its_own_made(
+    video_factory, workers, pipeline_env, tmp_path
+):
+    from tasks.outputs.stage_io import marker_of
+
+    classical = settings_env(tmp_path, CLASSICAL_DEPTH)
+    workers.start("cpu")
+    workers.start("gpu0")  # the defaults: synthetic depth
+    raw, out = video_factory(1), tmp_path / "out"
+    assert enqueue(raw, out, pipeline_env).returncode == 0
+    (vid,) = json.loads((out / "run_summary.json").read_text())["done_videos"]
+    (out / f"{vid}.hdf5").unlink()  # the video is unfinished again; its intermediates stay
+    synthetic = json.loads(marker_of(out, vid, "depth").read_text())["settings"]
+
+    workers.start("gpu1", env=classical)
+    again = enqueue(raw, out, {**pipeline_env, **classical}, "--continue")
+    assert again.returncode == 0, again.stdout + again.stderr
+    notes = json.loads((out / "run_summary.json").read_text())["notes"][vid]
+    assert notes["depth"]["depth_backend"] == "classical"  # made anew, not the synthetic depth found
+    made = json.loads(marker_of(out, vid, "depth").read_text())["settings"]
+    assert made == workers.state("gpu1")["settings"]["depth"]["sha256"] != synthetic
+    assert f"redoing depth of {vid}" in workers.log("gpu1")
+    assert workers.log("cpu").count(f"ran preprocess of {vid}") == 1  # the same settings: its output was kept
