@@ -88,7 +88,10 @@ def test_a_run_no_live_worker_can_serve_is_refused_before_anything_is_sent_then_
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "depth: classical (run) vs synthetic (workers gpu0@test)" in refused.stderr
     assert "hands: mediapipe (run) vs synthetic (workers gpu0@test)" in refused.stderr
-    assert f"FRAMEFLEET_CONFIG={REAL_CPU} celery -A tasks worker -Q gpu0" in refused.stderr
+    # The tests' processes have FRAMEFLEET_DEFAULT_BACKENDS=synthetic (tests/conftest.py): it decides settings too.
+    assert f"FRAMEFLEET_CONFIG={REAL_CPU} FRAMEFLEET_DEFAULT_BACKENDS=synthetic celery -A tasks worker -Q gpu0" in (
+        refused.stderr
+    )
     assert "--wait-for-workers" in refused.stderr
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
     assert not list(r.scan_iter("ff:runinfo:*")) and not r.exists("gpu0", "cpu")  # nothing was sent
@@ -132,7 +135,8 @@ def test_a_run_enqueued_for_workers_that_will_come_waits_says_why_and_runs_only_
         assert "no live worker runs this run's settings yet" in seen  # said when it was enqueued
         stall = seen.split("no task finished for ")[-1]
         assert "waits for a worker with its settings: depth: classical (run) vs synthetic (workers gpu0@test)" in stall
-        assert f"FRAMEFLEET_CONFIG={env['FRAMEFLEET_CONFIG']} celery -A tasks worker -Q gpu0" in stall
+        started = f"FRAMEFLEET_CONFIG={env['FRAMEFLEET_CONFIG']} FRAMEFLEET_DEFAULT_BACKENDS=synthetic celery -A tasks"
+        assert started + " worker -Q gpu0" in stall
         assert "sent on" in workers.log("gpu0") and "ran depth" not in workers.log("gpu0")
         status = run_script("status.py", "--out", str(out), env=pipeline_env)
         assert "  depth: classical (run) vs synthetic (workers gpu0@test)" in status.stdout, status.stderr
@@ -190,7 +194,7 @@ def test_a_run_continuing_a_video_redoes_what_other_settings_made_and_keeps_what
     synthetic = json.loads(marker_of(out, vid, "depth").read_text())["settings"]
 
     workers.start("gpu1", env=classical)
-    again = enqueue(raw, out, {**pipeline_env, **classical}, "--continue")
+    again = enqueue(raw, out, {**pipeline_env, **classical}, "--continue", "--mixed")
     assert again.returncode == 0, again.stdout + again.stderr
     notes = json.loads((out / "run_summary.json").read_text())["notes"][vid]
     assert notes["depth"]["depth_backend"] == "classical"  # made anew, not the synthetic depth found

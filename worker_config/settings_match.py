@@ -107,7 +107,7 @@ def queue_of(gap: Unserved, cpu_queue: str) -> str:
 def explain(gaps: list[Unserved], config: str | None, env: Mapping[str, str], cpu_queue: str, tag: str) -> list[str]:
     """One line per stage that differs, then the commands that start workers with the run's settings.
 
-    ``config``: the run's settings file (None: none, the defaults); ``env``: the FRAMEFLEET_STAGES__
+    ``config``: the run's settings file (None: none, the defaults); ``env``: the stage-deciding environment
     variables it was enqueued with; ``tag``: a few characters of the run's settings hash, naming the workers.
     """
     lines = [describe(gap) for gap in gaps]

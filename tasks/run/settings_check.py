@@ -13,7 +13,10 @@ from tasks.workers import registry
 from worker_config.settings import CONFIG_ENV, Settings, run_stage_settings
 from worker_config.settings_match import explain, unserved
 
-STAGE_ENV_PREFIX = "FRAMEFLEET_STAGES__"  # stage settings given by environment variables (worker_config.settings)
+# The environment variables that decide stage settings (worker_config.settings): each stage's, and the
+# backend of a model stage whose settings name none (tasks.backends.defaults).
+STAGE_ENV_PREFIX = "FRAMEFLEET_STAGES__"
+DEFAULT_BACKENDS_ENV = "FRAMEFLEET_DEFAULT_BACKENDS"
 
 
 class WorkersDiffer(DatasetError):
@@ -22,11 +25,13 @@ class WorkersDiffer(DatasetError):
 
 def run_settings(conf: Settings) -> dict[str, Any]:
     """What a run records of its settings: each stage's (``run_stage_settings``), the settings file and
-    the FRAMEFLEET_STAGES__ variables they came from (to name the worker that matches)."""
+    the environment variables they came from (to name the worker that matches)."""
     return {
         "stage_settings": run_stage_settings(conf),
         "config": os.environ.get(CONFIG_ENV) or None,
-        "settings_env": {k: v for k, v in os.environ.items() if k.startswith(STAGE_ENV_PREFIX)},
+        "settings_env": {
+            k: v for k, v in os.environ.items() if k.startswith(STAGE_ENV_PREFIX) or k == DEFAULT_BACKENDS_ENV
+        },
     }
 
 
