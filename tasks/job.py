@@ -87,7 +87,10 @@ class Job:
     chunk_scale: float = 1.0  # fraction of activation memory models use, halved after each OOM
     avoid_gpu: int | None = None  # the GPU of the last OOM
     oom_peak_mib: float = 0.0  # the largest device memory a failed call of this video needed
-    claim_waits: int = 0  # retries of the current stage that waited for a claim (not failures)
+    claim_waits: int = 0  # retries of the current stage that waited for a claim or for a worker (not failures)
+    # stage -> sha256 of the settings it must run under (worker_config.settings.stage_entry), decided at
+    # enqueue; {} (a job of an earlier version) runs under whatever settings its worker has
+    settings: Mapping[str, str] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys this version does not know, kept as they came
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,6 +117,8 @@ class Job:
             out["report"] = dict(self.report)
         if self.failed is not None:
             out["failed"] = self.failed.to_dict()
+        if self.settings:
+            out["settings"] = dict(self.settings)
         for key in ("chunk_scale", "avoid_gpu", "oom_peak_mib", "claim_waits"):
             if getattr(self, key) != _DEFAULTS[key]:
                 out[key] = getattr(self, key)

@@ -375,3 +375,59 @@ def resolved_stages(conf: Settings) -> dict[str, Any]:
         stages[name] = {"backend": settings["backend"], "settings": settings, "sha256": digest}
     whole = hashlib.sha256(json.dumps({n: s["sha256"] for n, s in stages.items()}, sort_keys=True).encode())
     return {"stages": stages, "sha256": whole.hexdigest()}
+
+
+def local_params(stage: str, backend: str) -> tuple[str, ...]:
+    """The parameters of ``backend`` that do not change what ``stage`` writes (the backend's ``local_params``)."""
+    from tasks.backends import backend_class
+
+    try:
+        return tuple(getattr(backend_class(stage, backend), "local_params", ()))
+    except Exception:  # a backend that cannot be imported here: its worker, which can, advertises the same
+        return ()
+
+
+def _same_numbers(value: Any) -> Any:
+    """``value`` with every int a float, so that ``10`` in one settings file and ``10.0`` in another hash alike."""
+    if isinstance(value, dict):
+        return {k: _same_numbers(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_same_numbers(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def stage_entry(conf: Settings, stage: str) -> dict[str, Any]:
+    """``stage``'s settings as a run records them and a worker advertises them, with the hash the two must share.
+
+    ``settings``: ``resolved_stage`` less the backend's local parameters (paths on a host, batch sizes,
+    the stand-ins' pacing), which go to ``local``; ``sha256``: of ``settings``' canonical JSON (numbers
+    as floats);
+    ``python``: the stage's interpreter (neither is hashed: both may differ between hosts).
+    """
+    import hashlib
+    import json
+
+    resolved, _ = resolved_stage(conf, stage)
+    skip = set(local_params(stage, resolved["backend"]))
+    params = resolved["params"]
+    matching = {**resolved, "params": {k: v for k, v in params.items() if k not in skip}}
+    text = json.dumps(_same_numbers(matching), sort_keys=True, default=str)
+    return {
+        "backend": resolved["backend"],
+        "settings": matching,
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "local": {k: v for k, v in params.items() if k in skip},
+        "python": conf.stages[stage].python,
+    }
+
+
+def run_stage_settings(conf: Settings) -> dict[str, Any]:
+    """Every enabled stage's ``stage_entry``, and one hash over theirs."""
+    import hashlib
+    import json
+
+    stages = {name: stage_entry(conf, name) for name in conf.enabled_stages()}
+    whole = hashlib.sha256(json.dumps({n: s["sha256"] for n, s in stages.items()}, sort_keys=True).encode())
+    return {"stages": stages, "sha256": whole.hexdigest()}

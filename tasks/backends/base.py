@@ -33,6 +33,9 @@ class Backend:
 
     stage: ClassVar[str] = ""
     name: ClassVar[str] = ""
+    # Parameters that do not change what the backend writes (paths on the worker's own host, batch sizes,
+    # the stand-ins' memory and pacing knobs): a run's worker may have others (tasks.pipeline.same_settings).
+    local_params: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self) -> None:
         self.peak_memory_bytes: int = 0

@@ -88,6 +88,8 @@ class GroundedSamMasks(MasksBackend):
     ``sam2_checkpoint``; ``box_threshold`` is GroundingDINO's score threshold (0-1).
     """
 
+    local_params = ("weights_dir",)
+
     name = "grounded_sam"
 
     def __init__(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -33,6 +33,15 @@ class SyntheticModel:
     With ``$FRAMEFLEET_FAKE_GPU`` and ``$FRAMEFLEET_FAKE_GPU_INDEX`` set, both are also allocated on
     that fake GPU (tasks.gpu.fake), which raises its OutOfMemoryError past its scripted threshold.
     """
+
+    # None changes the outputs (a function of the input frames only): a run's worker may have other knobs.
+    local_params: ClassVar[tuple[str, ...]] = (
+        "hold_mib",
+        "activation_mib",
+        "matmuls_per_frame",
+        "matmul_size",
+        "seconds_per_frame",
+    )
 
     def __init__(
         self,

@@ -33,6 +33,8 @@ class Tapip3dTracker(TrackBackend):
     (TAPIP3D sets the image size to the video's on every call).
     """
 
+    local_params = ("repo_dir", "weights_dir")
+
     name = "tapip3d"
 
     def __init__(

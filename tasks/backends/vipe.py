@@ -45,6 +45,8 @@ class VipeDepth(DepthBackend):
     Field-of-view bounds are vertical, in degrees (y2r's defaults: 60 to 90).
     """
 
+    local_params = ("weights_dir",)
+
     name = "vipe"
     packages = ("vipe",)  # whose installed version the provenance records
 

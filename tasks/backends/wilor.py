@@ -53,6 +53,8 @@ class WilorHands(HandsBackend):
     (``convert_wilor.place_hand``).
     """
 
+    local_params = ("repo_dir", "weights_dir", "batch_size")
+
     name = "wilor"
 
     def __init__(

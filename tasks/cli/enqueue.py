@@ -1,6 +1,6 @@
 """Send a folder of videos to the running workers as one dataset run, and follow it until its statistics exist.
 
-    framefleet enqueue RAW_DIR --out OUT [--limit N] [--gpus 0,2] [--no-wait] [--window N]
+    framefleet enqueue RAW_DIR --out OUT [--limit N] [--gpus 0,2] [--no-wait] [--window N] [--wait-for-workers]
                        [--continue [--add] | --force | --retry-quarantined] [--intermediates keep|drop]
                        [--metadata FILE] [--require-text]
 
@@ -10,6 +10,11 @@ video's path under RAW_DIR without its extension, or y2r's index of it in sorted
 
 Only --window videos are sent at once (default: 4 per live worker, at least 32); the others wait
 in Redis, and each video that finishes sends the next, so the run goes on without this process.
+
+The run's stage settings (backend and parameters of each stage, and their hash) are recorded with
+it and every stage runs only on a worker with those settings. A run whose stages live workers host,
+none with its settings, is refused before anything is sent, naming per stage what differs and the
+command that starts a matching worker; --wait-for-workers enqueues it anyway.
 
 Ctrl-C stops watching, not the run: `framefleet status --watch RUN` follows it again and
 `framefleet cancel RUN` stops it. Exit status 0 when every video is done; 1 when some failed
@@ -34,7 +39,7 @@ from tasks.observe import stall
 from tasks.outputs import intermediates
 from tasks.outputs.storage import write_text_atomic
 from tasks.redis_client import get_redis
-from tasks.run import cancel, completion, lineage, quarantine, runs
+from tasks.run import cancel, completion, lineage, quarantine, runs, settings_check
 from tasks.run.dataset import (
     DatasetError,
     build_jobs,
@@ -65,13 +70,17 @@ def enqueue(
     require_text: bool = False,
     window: int | None = None,
     mixed: bool = False,
+    wait_for_workers: bool = False,
 ) -> dict[str, Any]:
     """Send the run: its first ``window`` videos' chains, the others kept in Redis (tasks.run.completion);
     return its record (run_id, callback_id, videos, window, ...).
 
     ``window`` None: the settings' ``enqueue_window``, or when that is 0, 4 per live worker (at least 32).
     ``mixed``: add to a folder made with other backends or settings on purpose (else SettingsChanged).
-    Raises DatasetError (SettingsChanged among them) or MetadataError.
+    The run's stage settings are recorded with it; when live workers host a stage, none under the run's
+    settings, the run is refused (WorkersDiffer) unless ``wait_for_workers``: then the record's
+    ``settings_warnings`` say what differs.
+    Raises DatasetError (SettingsChanged and WorkersDiffer among them) or MetadataError.
     """
     every_video = find_videos(raw_dir)
     videos = every_video[: limit or None]
@@ -79,6 +88,9 @@ def enqueue(
     if not force:
         for line in lineage.check_same(out_dir, conf, mixed):
             print(f"framefleet: warning: {line}", file=sys.stderr, flush=True)
+    r = get_redis(conf.redis_url)
+    ran_with = settings_check.run_settings(conf)
+    differ = settings_check.check(r, conf, ran_with, wait_for_workers)
     # y2r's numeric clip ids count every video, so the limit applies after reading the file.
     texts = texts_for(raw_dir, every_video, metadata, require_text, selected=videos)
     run_id = new_run_id()
@@ -90,7 +102,6 @@ def enqueue(
             raise DatasetError(f"no quarantined videos in {out_dir / quarantine.FILE}; nothing to retry")
         entries, resume = [e for e in entries if e["video_id"] in held], True
     write_text_atomic(out_dir / "settings.resolved.yaml", yaml.safe_dump(resolved_dict(conf), sort_keys=True))
-    r = get_redis(conf.redis_url)
     todo = entries if force or not resume else incomplete(entries, out_dir, r)
     jobs, run = build_jobs(
         todo,
@@ -114,6 +125,8 @@ def enqueue(
         "intermediates": keep,
         "window": width,
         "status": "running",
+        **ran_with,  # each stage's settings and hash, that every stage task runs under
+        "settings_warnings": differ,
     }
     # The record exists before the first task can finish, so cancel and status find the run at once,
     # and so do the tasks that count the run's videos; the held videos too, before any can be released.
@@ -159,6 +172,14 @@ def gpu_warnings(conf: Settings, gpus: list[int] | None) -> list[str]:
         for g in gpus
         if g not in served
     ]
+
+
+def waiting_for_settings(record: dict[str, Any]) -> list[str]:
+    """The lines saying that the run waits for workers with its settings (enqueued with --wait-for-workers)."""
+    lines = record.get("settings_warnings") or []
+    if not lines:
+        return []
+    return ["no live worker runs this run's settings yet; its tasks wait for one:", *(f"  {x}" for x in lines)]
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -226,6 +247,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "again by the workers' sweep; a run Redis lost altogether is enqueued again as --continue would)",
     )
     parser.add_argument(
+        "--wait-for-workers",
+        action="store_true",
+        help="enqueue even when no live worker runs the run's stage settings (they wait for one that does); "
+        "without it such a run is refused, naming what differs",
+    )
+    parser.add_argument(
         "--retry-quarantined", action="store_true", help="enqueue again only the videos listed in OUT/quarantine.jsonl"
     )
     common.add_config_argument(parser)
@@ -253,6 +280,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             args.require_text,
             args.window,
             args.mixed,
+            args.wait_for_workers,
         )
     except (DatasetError, MetadataError) as exc:
         return common.fail(str(exc))
@@ -263,7 +291,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             code=130,
         )
     try:
-        for line in gpu_warnings(conf, args.gpus):
+        for line in gpu_warnings(conf, args.gpus) + waiting_for_settings(record):
             print(f"framefleet: warning: {line}", file=sys.stderr, flush=True)
         skipped = f" ({record['already_complete']} already complete)" if record["already_complete"] else ""
         print(
@@ -300,6 +328,7 @@ def resender(conf: Settings, args: argparse.Namespace) -> Callable[[], dict[str,
             require_text=args.require_text,
             window=args.window,
             mixed=args.mixed,
+            wait_for_workers=True,  # the run was accepted once; its workers may be restarting
         )
 
     return resend

@@ -27,7 +27,7 @@ from tasks.delivery.queues import lengths as queue_lengths
 from tasks.gpu import GpuReading, open_probe
 from tasks.observe import progress, stall
 from tasks.redis_client import get_redis
-from tasks.run import cancel, quarantine, runs
+from tasks.run import cancel, quarantine, runs, settings_check
 from tasks.workers import registry
 from worker_config.settings import Settings, redact_url
 
@@ -170,6 +170,17 @@ def quarantine_line(conf: Settings, out: Path | None) -> str:
     return f"quarantined: {sum(counts.values())} (in Redis, {len(counts)} output folder(s); --out OUT for one)"
 
 
+def settings_lines(conf: Settings, record: dict[str, Any], workers: list[dict[str, Any]]) -> list[str]:
+    """What an unfinished run's stage settings ask that no live worker runs, one line per stage; else nothing."""
+    if record.get("status") not in (None, "running"):
+        return []
+    lines = settings_check.differences(record, workers, conf.cpu_queue)
+    if not lines:
+        return []
+    head = "no live worker runs this run's settings for some stages; their tasks wait:"
+    return ["", head, *(f"  {x}" for x in lines)]
+
+
 def render(conf: Settings, out: Path | None, chosen: dict[str, Any] | None = None) -> str:
     probe = open_probe()
     try:
@@ -190,6 +201,7 @@ def render(conf: Settings, out: Path | None, chosen: dict[str, Any] | None = Non
         parts.append("no run in Redis yet")
     else:
         parts += [run[2], table(["STAGE", "DONE", "FAILED", "RATE", "ETA"], run[1])]
+        parts += settings_lines(conf, chosen or runs.lookup(get_redis(conf.redis_url), run[0]) or {}, workers)
     parts += ["", quarantine_line(conf, out)]
     return "\n".join(parts)
 

@@ -16,6 +16,7 @@ from tasks.redis_client import get_redis
 from tasks.stages import GPU_STAGES, STAGE_NAMES
 from tasks.workers import registry
 from worker_config.routing import choose_gpu_queue
+from worker_config.settings_match import serves
 
 log = logging.getLogger(__name__)
 # How long the router reuses its own read of the worker registry (s). Workers publish their state
@@ -33,7 +34,7 @@ def job_of(args: Any, kwargs: Any) -> Job | None:
     return Job.peek(args[0] if args else (kwargs or {}).get("job"))
 
 
-def _live_workers(r: redis.Redis, url: str) -> list[dict[str, Any]]:
+def live_workers(r: redis.Redis, url: str) -> list[dict[str, Any]]:
     """The live workers of the registry at ``url``: the last read while it is fresh enough, else a new one."""
     key = (os.getpid(), url)  # a forked child reads its own
     now = time.monotonic()
@@ -69,8 +70,20 @@ def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None
     return route
 
 
+def for_settings(workers: list[dict[str, Any]], stage: str, sha256: str | None) -> list[dict[str, Any]]:
+    """The workers that host ``stage`` under the settings ``sha256`` when any does, else all ``workers``.
+
+    With none, the task goes where its stage is hosted, and that worker sends it on until one with the
+    run's settings registers (tasks.pipeline.same_settings).
+    """
+    if not sha256:
+        return workers
+    matching = [w for w in workers if serves(w, stage, sha256)]
+    return matching or workers
+
+
 def _queue_of(name: str, args: Any, kwargs: Any) -> dict[str, Any] | None:
-    """CPU stages and failed jobs to the cpu queue, GPU stages by live load."""
+    """CPU stages and failed jobs to the cpu queue, GPU stages by live load (among workers with the run's settings)."""
     conf = settings()
     if not name.startswith(TASK_PREFIX):
         return None
@@ -82,7 +95,8 @@ def _queue_of(name: str, args: Any, kwargs: Any) -> dict[str, Any] | None:
     previous = job.gpu
     try:
         r = get_redis(conf.redis_url)
-        loads = registry.queue_loads(r, stage, _live_workers(r, conf.redis_url), broker=get_redis(conf.broker))
+        workers = for_settings(live_workers(r, conf.redis_url), stage, job.settings.get(stage))
+        loads = registry.queue_loads(r, stage, workers, broker=get_redis(conf.broker))
         choice = choose_gpu_queue(loads, allowed, previous, job.avoid_gpu)
     except redis.RedisError as exc:
         log.warning("routing %s without load readings (%s)", stage, exc)

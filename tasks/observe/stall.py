@@ -1,5 +1,6 @@
 """Say why a run makes no progress: a queue with no live worker, a message held by an idle or gone
-worker, a worker past its deadline; and whether the run's messages are gone altogether."""
+worker, a worker past its deadline, tasks waiting for a worker with their run's settings; and whether
+the run's messages are gone altogether."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from typing import Any
 
 import redis
 
+from tasks import keys
 from tasks.delivery import leases, queues
 from tasks.delivery.routing import job_of
 from tasks.job import Job
 from tasks.workers import registry
 from worker_config.settings import Settings
+from worker_config.settings_match import explain, serves, unserved
 
 
 class RunLost(RuntimeError):
@@ -71,6 +74,7 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
                 f"`celery -A tasks worker -Q {queue}`"
             )
     problems += _held_by_idle_or_gone(broker, r, {w["hostname"]: w for w in workers}, conf)
+    problems += waiting_for_settings(r, workers, conf)
     now = time.time()
     for w in workers:
         current: dict[str, Any] = w.get("current") or {}
@@ -84,6 +88,31 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
                 f"worker {w['hostname']}: {stage} of {current.get('video')} running "
                 f"{running:.0f} s, past its {deadline:.0f} s deadline"
             )
+    return problems
+
+
+def waiting_for_settings(r: redis.Redis, workers: list[dict[str, Any]], conf: Settings) -> list[str]:
+    """One line per run's stage that workers sent on for want of its settings, while still no live worker has them."""
+    problems = []
+    for key in sorted(r.scan_iter(match=keys.SETTINGS_WAIT_PREFIX + "*", count=500)):
+        raw = r.get(key)
+        try:
+            note = json.loads(raw) if raw else None
+        except ValueError:
+            continue
+        if not note or any(serves(w, note["stage"], note["sha256"]) for w in workers):
+            continue  # gone, or a worker with the run's settings has come: the task is routed to it
+        if not note.get("run"):
+            problems.append(
+                f"run {note['run_id']}: {note['stage']} waits for a worker with the run's settings "
+                f"(sha256 {note['sha256']:.12}); {note.get('seen_by')} runs other settings"
+            )
+            continue
+        gaps = unserved({note["stage"]: note["run"]}, workers)
+        if not gaps:
+            continue  # no live worker hosts the stage at all: the queue's own line says so
+        lines = explain(gaps, note.get("config"), note.get("settings_env") or {}, conf.cpu_queue, note["sha256"][:8])
+        problems.append(f"run {note['run_id']} waits for a worker with its settings: " + "; ".join(lines))
     return problems
 
 

@@ -1,4 +1,5 @@
-"""Run one stage for one video unless its valid output exists, and publish the output atomically."""
+"""Run one stage for one video unless its valid output made under the same settings exists, and publish
+the output atomically, its marker naming the settings' hash."""
 
 from __future__ import annotations
 
@@ -39,11 +40,14 @@ def execute(call: StageCall, hooks: Sequence[StageHook] = ()) -> dict[str, Any]:
     vid = job.video_id
     output = output_path(out_root, vid, stage_name)
     marker = marker_of(out_root, vid, stage_name)
+    made_with = worker.stage_settings(stage_name)["sha256"]  # the run's, when its job names them (same_settings)
     if not job.force:
         done = read_done(out_root, vid, stage_name)
-        if done is not None:
+        if done is not None and done.get("settings", made_with) == made_with:
             _gate(stage_name, done.get("report", {}))  # the thresholds may have changed since it was made
             return {"skipped": True, **done.get("report", {})}
+        if done is not None:  # made under other settings (an earlier run's): this run's are made anew
+            log.info("redoing %s of %s, made under other settings (%.12s)", stage_name, vid, done["settings"])
     stage = worker.get_stage(stage_name)
     for hook in hooks:
         hook.before_run(call, stage)
@@ -92,7 +96,7 @@ def execute(call: StageCall, hooks: Sequence[StageHook] = ()) -> dict[str, Any]:
         report["quality"] = provenance.finish(meta, stage_name, arrays.pop("quality", None))
         arrays[provenance.META_KEY] = provenance.encode(meta)
         digest = save_npz(output, arrays, fence_output)
-    write_marker(output, digest, marker, fence, report=report)
+    write_marker(output, digest, marker, fence, report=report, settings=made_with)
     _gate(stage_name, report)  # after the marker: a changed threshold later needs no second run
     worker.note_committed()
     log.info("ran %s of %s", stage_name, vid)

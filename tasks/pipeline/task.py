@@ -24,6 +24,7 @@ from tasks.pipeline.oom import Oom
 from tasks.pipeline.progress import Progress
 from tasks.pipeline.record import Record
 from tasks.pipeline.retries import Retries
+from tasks.pipeline.same_settings import SameSettings
 from tasks.pipeline.video_end import VideoEnd
 from tasks.stages import STAGE_NAMES, stage_class
 from tasks.workers import worker
@@ -32,6 +33,7 @@ log = logging.getLogger("framefleet.pipeline")
 
 # The concerns around every stage, in the order they run at each moment (tasks.pipeline.hooks).
 HOOKS: list[StageHook] = [
+    SameSettings(),  # a worker not running the run's settings sends the task on, before claiming anything
     Claim(),  # one live run of a video's stage; duplicates dropped; the fence before publishing
     Attempts(),  # every start counted; a task that keeps dying stops
     Cancellation(),  # `framefleet cancel` seen at the next progress report

@@ -188,6 +188,7 @@ def build_jobs(
 ) -> tuple[list[Job], dict[str, Any]]:
     """Return (each video's job for its first stage, the run's record for the statistics callback)."""
     from tasks.celery_app import settings
+    from worker_config.settings import stage_entry
 
     run: dict[str, Any] = {
         "run_id": run_id,
@@ -196,7 +197,10 @@ def build_jobs(
         "videos": len(entries),
         "already_complete": already_complete,
     }
-    order = tuple(settings().enabled_stages())
+    conf = settings()
+    order = tuple(conf.enabled_stages())
+    # Each stage runs only under the settings it was enqueued with (tasks.pipeline.same_settings).
+    hashes = {name: stage_entry(conf, name)["sha256"] for name in order}
     dataset_root = str(raw_dir.resolve())
     jobs = [
         Job(
@@ -212,6 +216,7 @@ def build_jobs(
             text=entry.get("text", ""),
             noun=entry.get("noun", ""),
             chain=order,
+            settings=hashes,
         )
         for entry in entries
     ]

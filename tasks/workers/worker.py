@@ -21,6 +21,7 @@ from tasks.gpu import INDEX_ENV, LEDGER_ENV
 from tasks.job import Job
 from tasks.observe import flower_view
 from tasks.stages import CPU_STAGES, GPU_STAGES, ModelStage, build
+from worker_config.settings import CONFIG_ENV, stage_entry
 
 log = logging.getLogger("framefleet.worker")
 
@@ -240,6 +241,16 @@ def get_stage(name: str) -> Any:
     return stage
 
 
+_STAGE_SETTINGS: dict[str, dict[str, Any]] = {}
+
+
+def stage_settings(name: str) -> dict[str, Any]:
+    """The settings this worker runs stage ``name`` under, as a run records them (``stage_entry``)."""
+    if name not in _STAGE_SETTINGS:
+        _STAGE_SETTINGS[name] = stage_entry(settings(), name)
+    return _STAGE_SETTINGS[name]
+
+
 def worker_state() -> dict[str, Any]:
     """The state this worker publishes to the registry."""
     conf = settings()
@@ -251,6 +262,9 @@ def worker_state() -> dict[str, Any]:
         "gpu": ROLE.gpu,
         "device": ROLE.device,
         "stages": ROLE.stages,
+        # What a run's stage must match to run here (tasks.pipeline.same_settings), and where it came from.
+        "settings": {name: stage_settings(name) for name in ROLE.stages},
+        "config": os.environ.get(CONFIG_ENV),
         "model_loads": dict(MODEL_LOADS),
         "leases": leases.held_tags(),
         "updated": time.time(),
