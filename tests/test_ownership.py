@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -19,6 +20,9 @@ from tests.conftest import send_task, wait_until
 from worker_config.settings import Settings
 
 TTL_S = 1.0
+# The reaper tests' lease TTL: the reaper's gate waits this long after Redis starts, and its windows ("gone less
+# than a TTL", "state published within a TTL") stay open this long between two lines of a test on a loaded machine.
+REAP_TTL_S = 5.0
 
 
 @pytest.fixture
@@ -148,6 +152,42 @@ def test_a_task_of_an_ended_run_is_dropped_without_its_done_mark(r):
     assert claims.decide(r, key, "t3", "gpu0@h", TTL_S, run_id="y").action == "run"  # another run's
 
 
+def _key_events(r: redis.Redis, keys: set[str], act: Callable[[], None]) -> list[tuple[str, str]]:
+    """The (key, event) pairs Redis reports for ``keys`` while ``act`` runs, in the order Redis applied them."""
+    db = r.connection_pool.connection_kwargs.get("db", 0)
+    old = r.config_get("notify-keyspace-events")["notify-keyspace-events"]
+    r.config_set("notify-keyspace-events", "Kg$")  # keyspace events of generic (del, expire) and string commands
+    sub = r.pubsub(ignore_subscribe_messages=True)
+    try:
+        sub.psubscribe(f"__keyspace@{db}__:*")
+        wait_until(lambda: r.pubsub_numpat() > 0, 10, "the keyspace subscription")
+        act()
+        events: list[tuple[str, str]] = []
+
+        def collect() -> bool:
+            while (message := sub.get_message(timeout=0.05)) is not None:
+                key = message["channel"].split(":", 1)[1]
+                if key in keys:
+                    events.append((key, message["data"]))
+            return {k for k, _ in events} >= keys
+
+        wait_until(collect, 10, f"keyspace events of {keys}", poll_s=0)
+        return events
+    finally:
+        sub.close()
+        r.config_set("notify-keyspace-events", old)
+
+
+def test_a_task_end_sets_the_done_mark_before_it_releases_the_claim(r):
+    """A duplicate arriving between the two writes sees the claim or the done mark, never neither."""
+    key = claims.claim_key("/out", "v1", "depth")
+    done = claims.DONE_PREFIX + "t1"
+    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S).action == "run"
+    events = _key_events(r, {key, done}, lambda: claims.finish(r, "t1", succeeded=True, done_ttl_s=60))
+    order = [e for e in events if e in ((done, "set"), (key, "del"))]
+    assert order == [(done, "set"), (key, "del")], events
+
+
 def test_a_duplicate_is_dropped_only_while_its_holder_runs_the_task(r):
     key = claims.claim_key("/out", "v1", "depth")
     assert claims.decide(r, key, "t1", "gpu0@h", TTL_S).action == "run"
@@ -180,38 +220,60 @@ def _age(r: redis.Redis, tag: str, seconds: float) -> None:
     r.zadd(leases.UNACKED_INDEX, {tag: time.time() - seconds})
 
 
-def test_the_reaper_requeues_only_what_no_live_worker_holds(redis_url, r):
+def _settled(r: redis.Redis) -> None:
+    """Wait for the reaper's gate: this session's Redis has been up a lease TTL (it reaps nothing before)."""
+    wait_until(lambda: leases.settled(r, r, REAP_TTL_S), REAP_TTL_S + 10, "the reaper's gate (Redis up a TTL)")
+
+
+def test_the_reaper_requeues_nothing_while_redis_is_younger_than_a_lease_ttl(redis_url, r):
+    """After a Redis restart every live holder first gets a heartbeat to re-assert the leases Redis lost."""
     app = _app(redis_url)
     tag, task_id = _deliver(app, redis_url)
-    leases.grant(r, tag, task_id, "gpu0@h", TTL_S)
+    leases.grant(r, tag, task_id, "gpu0@h", REAP_TTL_S)
+    leases.HELD.clear()
+    r.delete(leases.LEASE_PREFIX + tag)
+    _age(r, tag, 10 * REAP_TTL_S)
+    _publish_worker(r, "gpu0@h", [])  # requeued once Redis has settled: its live owner lists nothing (below)
+    young = leases.redis_uptime_s(r) + 3600  # a TTL longer than this Redis has been up
+    assert not leases.settled(r, r, young)
+    assert leases.reap(app, r, r, young) == [] and r.llen("gpu0") == 0 and r.hexists(leases.UNACKED, tag)
+    app.close()
+
+
+def test_the_reaper_requeues_only_what_no_live_worker_holds(redis_url, r):
+    _settled(r)
+    app = _app(redis_url)
+    tag, task_id = _deliver(app, redis_url)
+    leases.grant(r, tag, task_id, "gpu0@h", REAP_TTL_S)
     leases.HELD.clear()
     r.delete(leases.LEASE_PREFIX + tag)  # lapsed
-    _age(r, tag, 10)
+    _age(r, tag, 10 * REAP_TTL_S)
     # Its worker is alive and lists the message: it re-asserts at its next heartbeat; no requeue.
     _publish_worker(r, "gpu0@h", [tag], busy=True)
-    assert leases.reap(app, r, r, TTL_S) == [] and r.llen("gpu0") == 0
+    assert leases.reap(app, r, r, REAP_TTL_S) == [] and r.llen("gpu0") == 0
     # Gone, but not yet for a lease TTL: still no requeue.
     registry.remove(r, "gpu0@h")
     r.delete(leases.REAPER_LOCK)
-    assert leases.reap(app, r, r, TTL_S) == []
+    assert leases.reap(app, r, r, REAP_TTL_S) == []
     # Gone longer than the TTL: requeued.
-    r.hset(registry.SEEN_KEY, "gpu0@h", str(time.time() - 5))
+    r.hset(registry.SEEN_KEY, "gpu0@h", str(time.time() - 10 * REAP_TTL_S))
     r.delete(leases.REAPER_LOCK)
-    assert leases.reap(app, r, r, TTL_S) == [tag]
+    assert leases.reap(app, r, r, REAP_TTL_S) == [tag]
     assert r.llen("gpu0") == 1 and not r.hexists(leases.UNACKED, tag)
     app.close()
 
 
 def test_a_message_whose_live_owner_no_longer_holds_it_is_requeued(redis_url, r):
     """Its ack was lost (Redis away at the time): the idle owner lists nothing, so nothing waits forever."""
+    _settled(r)
     app = _app(redis_url)
     tag, task_id = _deliver(app, redis_url)
-    leases.grant(r, tag, task_id, "gpu0@h", TTL_S)
+    leases.grant(r, tag, task_id, "gpu0@h", REAP_TTL_S)
     leases.HELD.clear()
     r.delete(leases.LEASE_PREFIX + tag)
-    _age(r, tag, 10)
+    _age(r, tag, 10 * REAP_TTL_S)
     _publish_worker(r, "gpu0@h", [])
-    assert leases.reap(app, r, r, TTL_S) == [tag] and r.llen("gpu0") == 1
+    assert leases.reap(app, r, r, REAP_TTL_S) == [tag] and r.llen("gpu0") == 1
     app.close()
 
 
