@@ -21,7 +21,7 @@ TORCH_INDEX ?=
 REDIS_HINT := redis-server not found: install it with `sudo apt-get install -y redis-server` (Debian, Ubuntu; \
   macOS: `brew install redis`), or set REDIS_URL (make demo) / FRAMEFLEET_TEST_REDIS (make test) to a Redis you have
 
-.PHONY: install install-upstream test test-upstream test-faults test-gpu lint demo demo-real clean need-redis need-test-tools system-packages
+.PHONY: install install-upstream test test-upstream test-faults test-ci-faults test-gpu lint demo demo-real clean need-redis need-test-tools system-packages
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,14 @@ test-upstream: need-test-tools install-upstream
 # The whole fault-injection suite.
 test-faults: need-test-tools install
 	$(PY) -m pytest -q -m "not gpu" tests/faults
+
+# One slow fault scenario of each kind (Redis down 30 s, a restart without persistence, Redis errors as tasks
+# run and end, a task past the visibility timeout, a CPU stage longer than the TTL enqueued twice, recycling
+# above the RSS limit) and the two-host host-killed and fence tests: what CI runs after `make test` (which
+# already runs Redis away past the lease TTL with two GPU workers once). They need root (network namespaces);
+# FRAMEFLEET_CI=1 makes a missing privilege fail them instead of skipping.
+test-ci-faults: need-test-tools install
+	$(PY) -m pytest -q -m "ci_fault and not gpu" tests/faults
 
 test-gpu: install
 	$(PY) -m pytest -q -m gpu tests
