@@ -12,6 +12,7 @@ import redis
 from celery import Celery
 
 from tasks.delivery import claims, leases
+from tasks.errors import ClaimLost
 from tasks.observe import stall
 from tasks.run import cancel
 from tasks.workers import registry
@@ -186,6 +187,48 @@ def test_a_task_end_sets_the_done_mark_before_it_releases_the_claim(r):
     events = _key_events(r, {key, done}, lambda: claims.finish(r, "t1", succeeded=True, done_ttl_s=60))
     order = [e for e in events if e in ((done, "set"), (key, "del"))]
     assert order == [(done, "set"), (key, "del")], events
+
+
+def test_a_claim_lives_one_lease_ttl_whether_taken_fresh_or_over(r):
+    """A claim's TTL is the lease TTL (re-asserted by the heartbeat): longer would block a takeover, shorter lapse."""
+    key = claims.claim_key("/out", "v1", "depth")
+    ttl_ms = int(TTL_S * 1000)
+    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S).action == "run"
+    assert ttl_ms - 500 < r.pttl(key) <= ttl_ms
+    r.set(key, "gpu9@gone t1")  # its holder is not registered: the redelivery takes it over
+    verdict = claims.decide(r, key, "t1", "gpu1@h", TTL_S)
+    assert verdict == claims.Verdict("run", "gpu9@gone t1") and r.get(key) == "gpu1@h t1"
+    assert ttl_ms - 500 < r.pttl(key) <= ttl_ms
+
+
+def test_each_verdict_names_the_holder_the_pipeline_acts_on(r):
+    """``holder`` tells a delivery dropped as finished ("": its end may be unseen) from one dropped as running."""
+    key = claims.claim_key("/out", "v1", "depth")
+    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S) == claims.Verdict("run")
+    _publish_worker(r, "gpu0@h", [], busy=True, current={"task": "framefleet.depth", "task_id": "t1"})
+    dropped = claims.decide(r, key, "t1", "gpu1@h", TTL_S)
+    assert (dropped.action, dropped.holder) == ("drop", "gpu0@h t1")
+    waiting = claims.decide(r, key, "t2", "gpu1@h", TTL_S)
+    assert (waiting.action, waiting.holder) == ("wait", "gpu0@h t1")
+    claims.finish(r, "t1", succeeded=True, done_ttl_s=60)
+    finished = claims.decide(r, key, "t1", "gpu1@h", TTL_S)
+    assert (finished.action, finished.holder) == ("drop", "")
+    assert r.get(key) is None  # released at t1's end
+    r.set("ff:cancel:run", "1")
+    assert claims.decide(r, key, "t4", "gpu1@h", TTL_S, cancel_key="ff:cancel:run").action == "cancelled"
+    assert r.get(key) is None  # a cancelled run claims nothing
+
+
+def test_a_task_end_never_raises_even_for_a_claim_it_lost_or_never_took(r):
+    key = claims.claim_key("/out", "v1", "depth")
+    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S).action == "run"
+    r.set(key, "gpu1@h t1")  # ours lapsed while cut off; another worker took it over
+    with pytest.raises(ClaimLost):
+        claims.confirm(r, key, TTL_S)
+    assert key not in claims.HELD  # the heartbeat no longer renews a claim another run holds
+    claims.finish(r, "t1", succeeded=False, done_ttl_s=60)
+    claims.finish(r, "never-claimed", succeeded=True, done_ttl_s=60)  # e.g. Redis was away at its start
+    assert r.get(key) == "gpu1@h t1" and claims.is_done(r, "never-claimed") and not claims.is_done(r, "t1")
 
 
 def test_a_duplicate_is_dropped_only_while_its_holder_runs_the_task(r):

@@ -160,11 +160,6 @@ def decide(
         _hold(key, owner)
         _remember(task_id, key, done)
         return Verdict("run")
-    if not holder:  # cannot happen (the script is atomic); take the claim the usual way
-        holder = acquire(r, key, owner, ttl_s)
-        if holder is None:
-            _remember(task_id, key, done)
-            return Verdict("run")
     holder_host, _, holder_task = holder.partition(" ")
     if holder_task != task_id:
         return Verdict("wait", holder, "another run of this stage holds the claim")
@@ -241,13 +236,6 @@ def confirm(r: redis.Redis, key: str, ttl_s: float) -> None:
             f"{key} is now held by {holder or 'nobody'} (ours lapsed: this host was cut off from Redis "
             "or paused for longer than lease_ttl_s); output discarded"
         )
-
-
-def release(r: redis.Redis, key: str) -> None:
-    with _lock:
-        owner = HELD.pop(key, None)
-    if owner is not None:
-        r.eval(_RELEASE, 1, key, owner)
 
 
 def renew(r: redis.Redis, ttl_s: float) -> list[str]:
