@@ -61,8 +61,9 @@ def test_a_run_that_cannot_reach_redis_publishes_nothing_and_retries(r, tmp_path
     assert claims.acquire(r, KEY, "gpu0@hostB task-1", ttl_s=30) is None
     unreachable = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1)
     out = tmp_path / "depth.npz"
-    with pytest.raises(ClaimUnconfirmed):
+    with pytest.raises(ClaimUnconfirmed, match=KEY) as caught:
         save_npz(out, {"x": [1]}, fence=lambda: claims.confirm(unreachable, KEY, 30))
+    assert caught.value.delay_s > 0  # retried
     assert list(tmp_path.iterdir()) == []
 
 

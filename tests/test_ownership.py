@@ -199,6 +199,8 @@ def test_a_claim_lives_one_lease_ttl_whether_taken_fresh_or_over(r):
     verdict = claims.decide(r, key, "t1", "gpu1@h", TTL_S)
     assert verdict == claims.Verdict("run", "gpu9@gone t1") and r.get(key) == "gpu1@h t1"
     assert ttl_ms - 500 < r.pttl(key) <= ttl_ms
+    claims.finish(r, "t1", succeeded=True, done_ttl_s=60)  # the claim taken over is the one its end releases
+    assert r.get(key) is None and claims.is_done(r, "t1")
 
 
 def test_each_verdict_names_the_holder_the_pipeline_acts_on(r):
@@ -229,6 +231,23 @@ def test_a_task_end_never_raises_even_for_a_claim_it_lost_or_never_took(r):
     claims.finish(r, "t1", succeeded=False, done_ttl_s=60)
     claims.finish(r, "never-claimed", succeeded=True, done_ttl_s=60)  # e.g. Redis was away at its start
     assert r.get(key) == "gpu1@h t1" and claims.is_done(r, "never-claimed") and not claims.is_done(r, "t1")
+
+
+def test_claim_keys_differ_per_output_root_video_and_stage():
+    keys = {claims.claim_key(root, vid, stage) for root in ("/a", "/b") for vid in ("v1", "v2") for stage in ("d", "t")}
+    assert len(keys) == 8
+
+
+def test_a_claim_taken_by_hand_never_overwrites_another_s_and_lives_a_ttl(r):
+    key = claims.claim_key("/out", "v1", "depth")
+    assert claims.acquire(r, key, "gpu0@h t1", TTL_S) is None
+    assert 0 < r.pttl(key) <= TTL_S * 1000 and claims.HELD[key] == "gpu0@h t1"
+    assert claims.acquire(r, key, "gpu0@h t1", TTL_S) is None  # our own again (a retry of this very task)
+    assert claims.acquire(r, key, "gpu1@h t2", TTL_S) == "gpu0@h t1" and r.get(key) == "gpu0@h t1"
+
+
+def test_done_marks_outlive_any_redelivery_of_the_message():
+    assert claims.marks_ttl_s(3600) >= 3600 + 3600  # past the visibility timeout, with a wait in the queue
 
 
 def test_a_duplicate_is_dropped_only_while_its_holder_runs_the_task(r):
