@@ -195,6 +195,8 @@ def test_a_claim_lives_one_lease_ttl_whether_taken_fresh_or_over(r):
     ttl_ms = int(TTL_S * 1000)
     assert claims.decide(r, key, "t1", "gpu0@h", TTL_S).action == "run"
     assert ttl_ms - 500 < r.pttl(key) <= ttl_ms
+    claims.HELD.clear()  # the redelivery runs in another worker process
+    claims.PENDING.clear()
     r.set(key, "gpu9@gone t1")  # its holder is not registered: the redelivery takes it over
     verdict = claims.decide(r, key, "t1", "gpu1@h", TTL_S)
     assert verdict == claims.Verdict("run", "gpu9@gone t1") and r.get(key) == "gpu1@h t1"
@@ -242,7 +244,8 @@ def test_a_claim_taken_by_hand_never_overwrites_another_s_and_lives_a_ttl(r):
     key = claims.claim_key("/out", "v1", "depth")
     assert claims.acquire(r, key, "gpu0@h t1", TTL_S) is None
     assert 0 < r.pttl(key) <= TTL_S * 1000 and claims.HELD[key] == "gpu0@h t1"
-    assert claims.acquire(r, key, "gpu0@h t1", TTL_S) is None  # our own again (a retry of this very task)
+    claims.HELD.clear()  # a retry of this very task in a fresh process: its claim is its own, and renewed
+    assert claims.acquire(r, key, "gpu0@h t1", TTL_S) is None and claims.HELD == {key: "gpu0@h t1"}
     assert claims.acquire(r, key, "gpu1@h t2", TTL_S) == "gpu0@h t1" and r.get(key) == "gpu0@h t1"
 
 
