@@ -245,12 +245,52 @@ def test_a_claim_taken_by_hand_never_overwrites_another_s_and_lives_a_ttl(r):
     assert claims.acquire(r, key, "gpu0@h t1", TTL_S) is None
     assert 0 < r.pttl(key) <= TTL_S * 1000 and claims.HELD[key] == "gpu0@h t1"
     claims.HELD.clear()  # a retry of this very task in a fresh process: its claim is its own, and renewed
-    assert claims.acquire(r, key, "gpu0@h t1", TTL_S) is None and claims.HELD == {key: "gpu0@h t1"}
+    assert claims.acquire(r, key, "gpu0@h t1", TTL_S) is None
+    assert dict(claims.HELD) == {key: "gpu0@h t1"}
     assert claims.acquire(r, key, "gpu1@h t2", TTL_S) == "gpu0@h t1" and r.get(key) == "gpu0@h t1"
 
 
 def test_done_marks_outlive_any_redelivery_of_the_message():
     assert claims.marks_ttl_s(3600) >= 3600 + 3600  # past the visibility timeout, with a wait in the queue
+
+
+class Interleaved(redis.Redis):
+    """A real Redis client that runs ``then`` once, right after the first command ``when(args)`` picks has
+    returned: another worker's write landing between two round trips of the code under test."""
+
+    def __init__(self, url: str, when: Callable[[tuple], bool], then: Callable[[], object]) -> None:
+        super().__init__(connection_pool=redis.ConnectionPool.from_url(url, decode_responses=True))
+        self.when = when
+        self.then: Callable[[], object] | None = then
+
+    def execute_command(self, *args, **options):
+        result = super().execute_command(*args, **options)
+        if self.then is not None and self.when(args):
+            then, self.then = self.then, None
+            then()
+        return result
+
+
+def test_a_claim_retaken_between_the_fence_s_two_round_trips_is_not_overwritten(redis_url, r):
+    """hostB's claim lapsed; hostA takes the stage right after hostB's fence read it free: hostB publishes nothing."""
+    key = claims.claim_key("/out", "v1", "depth")
+    assert claims.decide(r, key, "t1", "gpu0@hostB", TTL_S).action == "run"
+    r.delete(key)
+    racing = Interleaved(redis_url, lambda args: args[0] == "GET", lambda: r.set(key, "gpu0@hostA t1"))
+    with pytest.raises(ClaimLost, match="gpu0@hostA t1"):
+        claims.confirm(racing, key, TTL_S)
+    assert r.get(key) == "gpu0@hostA t1"
+
+
+def test_a_takeover_that_loses_the_race_for_a_dead_holder_s_claim_waits(redis_url, r):
+    """Two redeliveries of a task whose worker died: the one whose take-over comes second waits for the first."""
+    key = claims.claim_key("/out", "v1", "depth")
+    r.set(key, "gpu9@gone t1")
+    begun = lambda args: args[0] == "EVAL" and args[1] == claims._BEGIN  # noqa: E731
+    racing = Interleaved(redis_url, begun, lambda: r.set(key, "gpu2@h t1"))
+    verdict = claims.decide(racing, key, "t1", "gpu1@h", TTL_S)
+    assert (verdict.action, verdict.holder) == ("wait", "gpu2@h t1") and r.get(key) == "gpu2@h t1"
+    assert key not in claims.HELD and "t1" not in claims.PENDING
 
 
 def test_a_duplicate_is_dropped_only_while_its_holder_runs_the_task(r):
