@@ -11,7 +11,7 @@ import pytest
 import redis
 from celery import Celery
 
-from tasks.delivery import claims, leases
+from tasks.delivery import claims, leases, requeues
 from tasks.errors import ClaimLost
 from tasks.observe import stall
 from tasks.run import cancel
@@ -27,8 +27,9 @@ REAP_TTL_S = 5.0
 
 
 @pytest.fixture
-def r(redis_url: str) -> redis.Redis:
-    return redis.Redis.from_url(redis_url, decode_responses=True)
+def r(app_on_test_redis) -> redis.Redis:
+    """A decoding client of the test's Redis, with this process's settings on it (the reaper records requeues there)."""
+    return app_on_test_redis[1]
 
 
 @pytest.fixture(autouse=True)
@@ -313,11 +314,32 @@ def test_a_lease_and_unacked_entry_lost_with_redis_are_re_asserted_by_the_holder
     tag, task_id = _deliver(app, redis_url)
     entry = r.hget(leases.UNACKED, tag)
     assert leases.grant(r, tag, task_id, "gpu0@h", TTL_S, entry) is None
-    r.delete(leases.LEASE_PREFIX + tag)
+    assert r.get(leases.LEASE_PREFIX + tag) == r.get(leases.OWNER_PREFIX + tag) == f"gpu0@h {task_id}"
+    delivered_at = r.zscore(leases.UNACKED_INDEX, tag)
+    r.delete(leases.LEASE_PREFIX + tag, leases.OWNER_PREFIX + tag)
     r.hdel(leases.UNACKED, tag)  # e.g. a duplicate delivery's ack under the same tag
     assert leases.renew(r, "gpu0@h", TTL_S) == 1
-    assert r.get(leases.LEASE_PREFIX + tag) == f"gpu0@h {task_id}"
-    assert r.hget(leases.UNACKED, tag) == entry and r.zscore(leases.UNACKED_INDEX, tag) is not None
+    assert r.get(leases.LEASE_PREFIX + tag) == f"gpu0@h {task_id}" and r.pttl(leases.LEASE_PREFIX + tag) > 0
+    assert r.get(leases.OWNER_PREFIX + tag) == f"gpu0@h {task_id}" and r.ttl(leases.OWNER_PREFIX + tag) > 0
+    # The entry comes back; its delivery time stays the first one (the message does not look younger).
+    assert r.hget(leases.UNACKED, tag) == entry and r.zscore(leases.UNACKED_INDEX, tag) == delivered_at
+    app.close()
+
+
+def test_a_lease_another_worker_holds_is_neither_taken_nor_counted(redis_url, r):
+    """A duplicate delivery under the same tag leaves the lease to its holder, at grant and at every renewal."""
+    app = _app(redis_url)
+    shared, task_id = _deliver(app, redis_url)
+    mine, my_task = _deliver(app, redis_url)
+    assert leases.grant(r, shared, task_id, "gpu0@a", TTL_S) is None
+    leases.HELD.clear()  # gpu0@a is another process
+    assert leases.grant(r, shared, task_id, "gpu1@b", TTL_S) == f"gpu0@a {task_id}"
+    assert leases.grant(r, mine, my_task, "gpu1@b", TTL_S) is None
+    assert list(leases.HELD) == [shared, mine]  # the shared one first: a renewal goes on past it
+    r.delete(leases.LEASE_PREFIX + mine)
+    assert leases.renew(r, "gpu1@b", TTL_S) == 1
+    assert r.get(leases.LEASE_PREFIX + shared) == r.get(leases.OWNER_PREFIX + shared) == f"gpu0@a {task_id}"
+    assert r.get(leases.LEASE_PREFIX + mine) == f"gpu1@b {my_task}"
     app.close()
 
 
@@ -365,6 +387,67 @@ def test_the_reaper_requeues_only_what_no_live_worker_holds(redis_url, r):
     r.delete(leases.REAPER_LOCK)
     assert leases.reap(app, r, r, REAP_TTL_S) == [tag]
     assert r.llen("gpu0") == 1 and not r.hexists(leases.UNACKED, tag)
+    app.close()
+
+
+def test_a_message_never_leased_is_requeued_once_it_has_stayed_unowned_a_whole_ttl(redis_url, r):
+    """Its worker died between the delivery and the lease: no owner record. The first look only starts the clock."""
+    _settled(r)
+    app = _app(redis_url)
+    young, _ = _deliver(app, redis_url)  # delivered just now: not looked at yet
+    tags = [_deliver(app, redis_url)[0] for _ in range(3)]
+    for tag in tags:
+        _age(r, tag, 10 * REAP_TTL_S)
+    assert leases.reap(app, r, r, REAP_TTL_S) == [] and r.llen("gpu0") == 0
+    assert 0 < r.pttl(leases.REAPER_LOCK) <= REAP_TTL_S * 500  # one reaper at a time, for half a TTL
+    first_seen = {tag: float(r.get(leases.ORPHAN_PREFIX + tag)) for tag in tags}
+    assert all(abs(at - registry.redis_now(r)) < REAP_TTL_S for at in first_seen.values())
+    assert all(r.pttl(leases.ORPHAN_PREFIX + tag) > 0 for tag in tags) and not r.exists(leases.ORPHAN_PREFIX + young)
+    assert leases.reap(app, r, r, REAP_TTL_S) == []  # the lock: no second reaper meanwhile
+    r.delete(leases.REAPER_LOCK)
+    assert leases.reap(app, r, r, REAP_TTL_S) == []  # seen again within the TTL: the first sighting stands
+    assert {tag: float(r.get(leases.ORPHAN_PREFIX + tag)) for tag in tags} == first_seen
+    for tag in tags:
+        r.set(leases.ORPHAN_PREFIX + tag, str(registry.redis_now(r) - 2 * REAP_TTL_S))
+    r.delete(leases.REAPER_LOCK)
+    assert sorted(leases.reap(app, r, r, REAP_TTL_S)) == sorted(tags) and r.llen("gpu0") == 3
+    assert not any(r.exists(leases.ORPHAN_PREFIX + tag) for tag in tags)
+    assert r.hexists(leases.UNACKED, young) and not any(r.hexists(leases.UNACKED, tag) for tag in tags)
+    app.close()
+
+
+def test_a_requeued_message_goes_first_and_its_requeue_is_recorded(redis_url, r):
+    _settled(r)
+    app = _app(redis_url)
+    tag, task_id = _deliver(app, redis_url)
+    leases.grant(r, tag, task_id, "gpu0@h", REAP_TTL_S)
+    leases.HELD.clear()
+    r.delete(leases.LEASE_PREFIX + tag)
+    waiting = send_task(redis_url, "framefleet.depth", ({"video_id": "v2", "run_id": "run"},), "gpu0")
+    _publish_worker(r, "gpu0@h", [])
+    assert leases.reap(app, r, r, REAP_TTL_S) == [tag] and not r.exists(leases.OWNER_PREFIX + tag)
+    consumed = [json.loads(r.rpop("gpu0"))["headers"]["id"] for _ in range(2)]  # kombu consumes from the right
+    assert consumed == [task_id, waiting]  # it was already under way: ahead of what waits
+    [requeue] = requeues.read(r, "run")
+    assert (requeue["task"], requeue["video_id"]) == (task_id, "v1") and "lease lapsed" in requeue["why"]
+    app.close()
+
+
+def test_a_worker_state_without_a_lease_list_or_gone_stale_keeps_its_messages(redis_url, r):
+    """An older worker (no ``leases`` in its state) or one whose state is older than a TTL is not judged by it."""
+    _settled(r)
+    app = _app(redis_url)
+    tag, task_id = _deliver(app, redis_url)
+    leases.grant(r, tag, task_id, "gpu0@h", REAP_TTL_S)
+    leases.HELD.clear()
+    r.delete(leases.LEASE_PREFIX + tag)
+    _publish_worker(r, "gpu0@h", [])
+    state = json.loads(r.get(registry.WORKER_PREFIX + "gpu0@h"))
+    r.set(registry.WORKER_PREFIX + "gpu0@h", json.dumps({k: v for k, v in state.items() if k != "leases"}))
+    assert leases.reap(app, r, r, REAP_TTL_S) == []
+    r.set(registry.WORKER_PREFIX + "gpu0@h", json.dumps({**state, "updated": time.time() - 10 * REAP_TTL_S}))
+    r.delete(leases.REAPER_LOCK)
+    assert leases.reap(app, r, r, REAP_TTL_S) == [] and r.llen("gpu0") == 0
     app.close()
 
 
