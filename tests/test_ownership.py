@@ -294,6 +294,16 @@ def test_a_takeover_that_loses_the_race_for_a_dead_holder_s_claim_waits(redis_ur
     assert key not in claims.HELD and "t1" not in claims.PENDING
 
 
+def test_a_claim_that_lapses_between_a_refused_take_and_the_read_is_taken(redis_url, r):
+    """The holder's claim expires right after SET NX refused ours: the claim is free, so it is ours, and held."""
+    key = claims.claim_key("/out", "v1", "depth")
+    r.set(key, "gpu0@h t1")
+    refused = lambda args: args[0] == "SET" and args[1] == key  # noqa: E731
+    racing = Interleaved(redis_url, refused, lambda: r.delete(key))
+    assert claims.acquire(racing, key, "gpu1@h t2", TTL_S) is None
+    assert r.get(key) == "gpu1@h t2" and 0 < r.pttl(key) <= TTL_S * 1000 and claims.HELD[key] == "gpu1@h t2"
+
+
 def test_a_duplicate_is_dropped_only_while_its_holder_runs_the_task(r):
     key = claims.claim_key("/out", "v1", "depth")
     assert claims.decide(r, key, "t1", "gpu0@h", TTL_S).action == "run"
