@@ -344,10 +344,12 @@ def test_a_lease_another_worker_holds_is_neither_taken_nor_counted(redis_url, r)
     assert leases.grant(r, shared, task_id, "gpu0@a", TTL_S) is None
     leases.HELD.clear()  # gpu0@a is another process
     assert leases.grant(r, shared, task_id, "gpu1@b", TTL_S) == f"gpu0@a {task_id}"
+    also, also_task = _deliver(app, redis_url)
     assert leases.grant(r, mine, my_task, "gpu1@b", TTL_S) is None
-    assert list(leases.HELD) == [shared, mine]  # the shared one first: a renewal goes on past it
+    assert leases.grant(r, also, also_task, "gpu1@b", TTL_S) is None
+    assert list(leases.HELD) == [shared, mine, also]  # the shared one first: a renewal goes on past it
     r.delete(leases.LEASE_PREFIX + mine)
-    assert leases.renew(r, "gpu1@b", TTL_S) == 1
+    assert leases.renew(r, "gpu1@b", TTL_S) == 2
     assert r.get(leases.LEASE_PREFIX + shared) == r.get(leases.OWNER_PREFIX + shared) == f"gpu0@a {task_id}"
     assert r.get(leases.LEASE_PREFIX + mine) == f"gpu1@b {my_task}"
     app.close()
@@ -419,6 +421,7 @@ def test_a_message_never_leased_is_requeued_once_it_has_stayed_unowned_a_whole_t
     assert {tag: float(r.get(leases.ORPHAN_PREFIX + tag)) for tag in tags} == first_seen
     for tag in tags:
         r.set(leases.ORPHAN_PREFIX + tag, str(registry.redis_now(r) - 2 * REAP_TTL_S))
+    assert leases.reap(app, r, r, REAP_TTL_S) == []  # orphans now, but another reaper holds the lock
     r.delete(leases.REAPER_LOCK)
     assert sorted(leases.reap(app, r, r, REAP_TTL_S)) == sorted(tags) and r.llen("gpu0") == 3
     assert not any(r.exists(leases.ORPHAN_PREFIX + tag) for tag in tags)
