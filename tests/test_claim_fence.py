@@ -1,5 +1,5 @@
 """The fence before publishing: a run whose claim another run took over writes nothing (real Redis, real files,
-and the stage task's own code path, ``pipeline._execute``, on a real video)."""
+and the stage task's own code path, ``execute`` with the ``Claim`` hook, on a real video)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 import redis
 
-from tasks import pipeline
 from tasks.delivery import claims
 from tasks.errors import ClaimLost, ClaimUnconfirmed
 from tasks.job import Job
 from tasks.outputs.stage_io import marker_of, output_path, read_done
 from tasks.outputs.storage import read_marker, save_npz, write_marker
+from tasks.pipeline.claim import Claim
+from tasks.pipeline.execute import execute
+from tasks.pipeline.hooks import StageCall
 from tasks.workers import worker
 
 KEY = claims.claim_key("/data/out", "clip_00", "depth")
@@ -96,7 +98,7 @@ class Meanwhile:
 @pytest.fixture
 def late_writer(app_on_test_redis, video_factory, tmp_path, monkeypatch):
     """A preprocess job on a real video, its claim held by this process (hostB), and a way to run the stage
-    through the task's own code (``pipeline._execute`` with the claim fence) while another host acts."""
+    through the task's own code (``execute`` with the ``Claim`` hook's fence) while another host acts."""
     conf, r = app_on_test_redis
     raw = video_factory(1)
     job = Job(
@@ -116,7 +118,7 @@ def late_writer(app_on_test_redis, video_factory, tmp_path, monkeypatch):
 
     def run(meanwhile: Callable[[], None]) -> dict[str, Any]:
         monkeypatch.setitem(worker.STAGES, "preprocess", Meanwhile(real, meanwhile))
-        return pipeline._execute("preprocess", job, lambda: claims.confirm(r, key, conf.lease_ttl_s))
+        return execute(StageCall(None, "preprocess", job, job), [Claim()])  # type: ignore[arg-type]
 
     yield SimpleNamespace(r=r, job=job, key=key, run=run, output=output, marker=marker)
     claims.HELD.clear()
@@ -135,7 +137,7 @@ def test_a_run_cut_off_while_another_host_finished_the_stage_publishes_nothing(l
 
     def host_a_finishes() -> None:
         w.r.set(w.key, "cpu@hostA task-1")  # hostB's claim lapsed; hostA claimed the stage ...
-        pipeline._execute("preprocess", w.job)  # ... ran it to the end ...
+        execute(StageCall(None, "preprocess", w.job, w.job))  # type: ignore[arg-type]  # ... ran it to the end ...
         w.r.delete(w.key)  # ... and released its claim
         made.update(output=_stamp(w.output), marker=_stamp(w.marker))
 

@@ -238,6 +238,14 @@ def confirm(r: redis.Redis, key: str, ttl_s: float) -> None:
         )
 
 
+def release(r: redis.Redis, key: str) -> None:
+    """Release ``key`` if this process holds it (a task end does so in ``finish``; bench/transitions.py times it)."""
+    with _lock:
+        owner = HELD.pop(key, None)
+    if owner is not None:
+        r.eval(_RELEASE, 1, key, owner)
+
+
 def renew(r: redis.Redis, ttl_s: float) -> list[str]:
     """Re-assert every held claim; return the keys another worker holds now (this one lost them)."""
     with _lock:
