@@ -158,7 +158,7 @@ def _key_events(r: redis.Redis, keys: set[str], act: Callable[[], None]) -> list
     """The (key, event) pairs Redis reports for ``keys`` while ``act`` runs, in the order Redis applied them."""
     db = r.connection_pool.connection_kwargs.get("db", 0)
     old = r.config_get("notify-keyspace-events")["notify-keyspace-events"]
-    r.config_set("notify-keyspace-events", "Kg$")  # keyspace events of generic (del, expire) and string commands
+    r.config_set("notify-keyspace-events", "Kgh$")  # keyspace events of generic, hash and string commands
     sub = r.pubsub(ignore_subscribe_messages=True)
     try:
         sub.psubscribe(f"__keyspace@{db}__:*")
@@ -183,11 +183,11 @@ def _key_events(r: redis.Redis, keys: set[str], act: Callable[[], None]) -> list
 def test_a_task_end_sets_the_done_mark_before_it_releases_the_claim(r):
     """A duplicate arriving between the two writes sees the claim or the done mark, never neither."""
     key = claims.claim_key("/out", "v1", "depth")
-    done = claims.DONE_PREFIX + "t1"
-    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S).action == "run"
+    done = claims.done_key("run")
+    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S, run_id="run").action == "run"
     events = _key_events(r, {key, done}, lambda: claims.finish(r, "t1", succeeded=True, done_ttl_s=60))
-    order = [e for e in events if e in ((done, "set"), (key, "del"))]
-    assert order == [(done, "set"), (key, "del")], events
+    order = [e for e in events if e in ((done, "hset"), (key, "del"))]
+    assert order == [(done, "hset"), (key, "del")], events
 
 
 def test_a_claim_lives_one_lease_ttl_whether_taken_fresh_or_over(r):
@@ -203,7 +203,7 @@ def test_a_claim_lives_one_lease_ttl_whether_taken_fresh_or_over(r):
     assert verdict == claims.Verdict("run", "gpu9@gone t1") and r.get(key) == "gpu1@h t1"
     assert ttl_ms - 500 < r.pttl(key) <= ttl_ms
     claims.finish(r, "t1", succeeded=True, done_ttl_s=60)  # the claim taken over is the one its end releases
-    assert r.get(key) is None and claims.is_done(r, "t1")
+    assert r.get(key) is None and claims.is_done(r, "", "t1")
 
 
 def test_each_verdict_names_the_holder_the_pipeline_acts_on(r):
@@ -233,7 +233,8 @@ def test_a_task_end_never_raises_even_for_a_claim_it_lost_or_never_took(r):
     assert key not in claims.HELD  # the heartbeat no longer renews a claim another run holds
     claims.finish(r, "t1", succeeded=False, done_ttl_s=60)
     claims.finish(r, "never-claimed", succeeded=True, done_ttl_s=60)  # e.g. Redis was away at its start
-    assert r.get(key) == "gpu1@h t1" and claims.is_done(r, "never-claimed") and not claims.is_done(r, "t1")
+    assert r.get(key) == "gpu1@h t1" and not claims.is_done(r, "", "t1")  # a failure marks nothing
+    assert not claims.is_done(r, "", "never-claimed")  # no claim, no done mark: nothing asks for one
 
 
 def test_claim_keys_differ_per_output_root_video_and_stage():
