@@ -21,7 +21,7 @@ TORCH_INDEX ?=
 REDIS_HINT := redis-server not found: install it with `sudo apt-get install -y redis-server` (Debian, Ubuntu; \
   macOS: `brew install redis`), or set REDIS_URL (make demo) / FRAMEFLEET_TEST_REDIS (make test) to a Redis you have
 
-.PHONY: install install-upstream test test-upstream test-faults test-gpu lint demo demo-real clean need-redis need-test-tools system-packages
+.PHONY: install install-upstream test test-upstream test-faults test-ci-faults test-gpu lint mutants demo demo-real clean need-redis need-test-tools system-packages
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -83,8 +83,26 @@ test-upstream: need-test-tools install-upstream
 test-faults: need-test-tools install
 	$(PY) -m pytest -q -m "not gpu" tests/faults
 
+# One slow fault scenario of each kind (Redis down 30 s, a restart without persistence, Redis errors as tasks
+# run and end, a task past the visibility timeout, a CPU stage longer than the TTL enqueued twice, recycling
+# above the RSS limit) and the two-host host-killed and fence tests: what CI runs after `make test` (which
+# already runs Redis away past the lease TTL with two GPU workers once). They need root (network namespaces);
+# FRAMEFLEET_CI=1 makes a missing privilege fail them instead of skipping.
+test-ci-faults: need-test-tools install
+	$(PY) -m pytest -q -m "ci_fault and not gpu" tests/faults
+
 test-gpu: install
 	$(PY) -m pytest -q -m gpu tests
+
+# Mutation testing ([tool.mutmut] in pyproject.toml): claims, leases, routing, storage and markers, windows,
+# geometry, statistics and completion, each mutant against the fast tests that cover it. CPU-heavy: one core,
+# niced; MUTANTS='tasks.delivery.claims*' narrows it to one module. Results persist in mutants/ (a rerun
+# checks only what changed); survivors and why each is equivalent or which test kills it: bench/RESULTS.md.
+MUTANTS ?=
+mutants: need-test-tools install
+	$(PY) -m pip install -q -e ".[mutants]"
+	nice -n 15 $(VENV)/bin/mutmut run --max-children 1 $(MUTANTS)
+	$(VENV)/bin/mutmut results
 
 lint: install
 	$(VENV)/bin/ruff check tasks worker_config scripts tests bench
@@ -105,4 +123,4 @@ demo-real: install
 	@echo "dataset: $(abspath $(REAL_OUT)) (previews: $(abspath $(REAL_OUT))/*.preview.png)"
 
 clean:
-	rm -rf $(DEMO_RAW) $(DEMO_OUT) $(REAL_OUT) .pytest_cache
+	rm -rf $(DEMO_RAW) $(DEMO_OUT) $(REAL_OUT) .pytest_cache mutants

@@ -1,6 +1,9 @@
-"""The one exception hierarchy: retry and quarantine logic read only the type."""
+"""The one exception hierarchy: retry and quarantine logic read only the type; a stage's own error (a GPU
+out-of-memory in any of torch's forms, an OSError) is mapped onto it here."""
 
 from __future__ import annotations
+
+import re
 
 
 class FramefleetError(Exception):
@@ -79,10 +82,51 @@ class WorkerLost(PermanentError):
     """A task was started too many times without finishing: its worker died or hit the deadline."""
 
 
+# What torch's messages say when a CUDA library could not get device memory (torch 2.x; sources cited per line).
+OOM_MESSAGES = re.compile(
+    "|".join(
+        (
+            r"CUDA out of memory",  # the caching allocator (torch.OutOfMemoryError; a RuntimeError before 1.13)
+            r"CUDA error: out of memory",  # C10_CUDA_CHECK of cudaErrorMemoryAllocation (torch.AcceleratorError)
+            r"CUDA driver error: out of memory",  # AT_CUDA_DRIVER_CHECK of CUDA_ERROR_OUT_OF_MEMORY
+            r"CUBLAS_STATUS_ALLOC_FAILED",  # TORCH_CUDABLAS_CHECK: "CUDA error: CUBLAS_... when calling `...`"
+            r"CUSOLVER_STATUS_ALLOC_FAILED",  # TORCH_CUSOLVER_CHECK: "cusolver error: CUSOLVER_..., when calling"
+            r"CUSPARSE_STATUS_ALLOC_FAILED",  # TORCH_CUDASPARSE_CHECK
+            r"CUFFT_ALLOC_FAILED",  # CUFFT_CHECK: "cuFFT error: CUFFT_ALLOC_FAILED"
+            r"CUDNN_STATUS_ALLOC_FAILED",  # AT_CUDNN_CHECK, cuDNN 8: "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"
+            r"CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",  # AT_CUDNN_CHECK, cuDNN 9
+        )
+    )
+)
+CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation: torch.AcceleratorError's error_code for an OOM
+
+
+def is_gpu_oom(exc: BaseException) -> bool:
+    """True when ``exc``, or an exception it was raised from, is a GPU out-of-memory error in any of torch's forms.
+
+    By type: torch.OutOfMemoryError (and the fake GPU's, named alike) and a torch.AcceleratorError whose
+    ``error_code`` is cudaErrorMemoryAllocation; by message: cuBLAS, cuSOLVER, cuSPARSE, cuFFT and cuDNN
+    allocation failures and the CUDA runtime's and driver's "out of memory", which torch raises as plain
+    RuntimeError. A host's MemoryError or torch's CPU allocator failing is not a GPU OOM.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        names = {cls.__name__ for cls in type(current).__mro__}
+        if "OutOfMemoryError" in names:
+            return True
+        if "AcceleratorError" in names and getattr(current, "error_code", None) == CUDA_ERROR_MEMORY_ALLOCATION:
+            return True
+        if isinstance(current, RuntimeError) and OOM_MESSAGES.search(str(current)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def as_framefleet_error(exc: Exception) -> FramefleetError | Exception:
     """The framefleet error that ``exc``, raised by a stage, stands for (``exc`` itself when none does)."""
-    # torch is not imported here; its OOM error is recognised by name.
-    if type(exc).__name__ == "OutOfMemoryError":
+    if not isinstance(exc, GpuOutOfMemory) and is_gpu_oom(exc):  # torch is not imported: by names and messages
         return GpuOutOfMemory(str(exc).splitlines()[0] if str(exc) else "CUDA out of memory", 10.0)
     if isinstance(exc, OSError) and not isinstance(exc, FramefleetError):
         where = f" {exc.filename}" if exc.filename else ""

@@ -79,6 +79,18 @@ CLUSTER_GPU_ENV = {"FRAMEFLEET_TORCH_THREADS": "1"}
 PIPELINE_ENV = ("REDIS_URL", "FRAMEFLEET_CONFIG", "FRAMEFLEET_REDIS_URL", "CUDA_VISIBLE_DEVICES")
 
 
+# CI (.ci/run, as root) sets this: a test that needs root, a tmpfs or network namespaces then fails instead of
+# skipping when it cannot have them, so CI never passes by skipping what it is there to run.
+NO_PRIVILEGED_SKIPS = os.environ.get("FRAMEFLEET_CI") == "1"
+
+
+def skip_unless_ci(reason: str) -> None:
+    """Skip this test for ``reason`` (which says what it needs, e.g. root); under CI (FRAMEFLEET_CI=1), fail instead."""
+    if NO_PRIVILEGED_SKIPS:
+        pytest.fail(f"{reason}; FRAMEFLEET_CI=1 (CI runs as root) requires this test to run, not skip")
+    pytest.skip(reason)
+
+
 def wait_until(condition: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.1) -> object:
     """Poll ``condition`` until it returns something truthy; fail the test naming ``what``."""
     deadline = time.monotonic() + timeout_s

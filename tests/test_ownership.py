@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 
 import pytest
 import redis
 from celery import Celery
 
-from tasks.delivery import claims, leases
+from tasks.delivery import claims, leases, requeues
+from tasks.errors import ClaimLost
 from tasks.observe import stall
 from tasks.run import cancel
 from tasks.workers import registry
@@ -19,11 +21,15 @@ from tests.conftest import send_task, wait_until
 from worker_config.settings import Settings
 
 TTL_S = 1.0
+# The reaper tests' lease TTL: the reaper's gate waits this long after Redis starts, and its windows ("gone less
+# than a TTL", "state published within a TTL") stay open this long between two lines of a test on a loaded machine.
+REAP_TTL_S = 5.0
 
 
 @pytest.fixture
-def r(redis_url: str) -> redis.Redis:
-    return redis.Redis.from_url(redis_url, decode_responses=True)
+def r(app_on_test_redis) -> redis.Redis:
+    """A decoding client of the test's Redis, with this process's settings on it (the reaper records requeues there)."""
+    return app_on_test_redis[1]
 
 
 @pytest.fixture(autouse=True)
@@ -148,6 +154,157 @@ def test_a_task_of_an_ended_run_is_dropped_without_its_done_mark(r):
     assert claims.decide(r, key, "t3", "gpu0@h", TTL_S, run_id="y").action == "run"  # another run's
 
 
+def _key_events(r: redis.Redis, keys: set[str], act: Callable[[], None]) -> list[tuple[str, str]]:
+    """The (key, event) pairs Redis reports for ``keys`` while ``act`` runs, in the order Redis applied them."""
+    db = r.connection_pool.connection_kwargs.get("db", 0)
+    old = r.config_get("notify-keyspace-events")["notify-keyspace-events"]
+    r.config_set("notify-keyspace-events", "Kgh$")  # keyspace events of generic, hash and string commands
+    sub = r.pubsub(ignore_subscribe_messages=True)
+    try:
+        sub.psubscribe(f"__keyspace@{db}__:*")
+        wait_until(lambda: r.pubsub_numpat() > 0, 10, "the keyspace subscription")
+        act()
+        events: list[tuple[str, str]] = []
+
+        def collect() -> bool:
+            while (message := sub.get_message(timeout=0.05)) is not None:
+                key = message["channel"].split(":", 1)[1]
+                if key in keys:
+                    events.append((key, message["data"]))
+            return {k for k, _ in events} >= keys
+
+        wait_until(collect, 10, f"keyspace events of {keys}", poll_s=0)
+        return events
+    finally:
+        sub.close()
+        r.config_set("notify-keyspace-events", old)
+
+
+def test_a_task_end_sets_the_done_mark_before_it_releases_the_claim(r):
+    """A duplicate arriving between the two writes sees the claim or the done mark, never neither."""
+    key = claims.claim_key("/out", "v1", "depth")
+    done = claims.done_key("run")
+    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S, run_id="run").action == "run"
+    events = _key_events(r, {key, done}, lambda: claims.finish(r, "t1", succeeded=True, done_ttl_s=60))
+    order = [e for e in events if e in ((done, "hset"), (key, "del"))]
+    assert order == [(done, "hset"), (key, "del")], events
+
+
+def test_a_claim_lives_one_lease_ttl_whether_taken_fresh_or_over(r):
+    """A claim's TTL is the lease TTL (re-asserted by the heartbeat): longer would block a takeover, shorter lapse."""
+    key = claims.claim_key("/out", "v1", "depth")
+    ttl_ms = int(TTL_S * 1000)
+    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S).action == "run"
+    assert ttl_ms - 500 < r.pttl(key) <= ttl_ms
+    claims.HELD.clear()  # the redelivery runs in another worker process
+    claims.PENDING.clear()
+    r.set(key, "gpu9@gone t1")  # its holder is not registered: the redelivery takes it over
+    verdict = claims.decide(r, key, "t1", "gpu1@h", TTL_S)
+    assert verdict == claims.Verdict("run", "gpu9@gone t1") and r.get(key) == "gpu1@h t1"
+    assert ttl_ms - 500 < r.pttl(key) <= ttl_ms
+    claims.finish(r, "t1", succeeded=True, done_ttl_s=60)  # the claim taken over is the one its end releases
+    assert r.get(key) is None and claims.is_done(r, "", "t1")
+
+
+def test_each_verdict_names_the_holder_the_pipeline_acts_on(r):
+    """``holder`` tells a delivery dropped as finished ("": its end may be unseen) from one dropped as running."""
+    key = claims.claim_key("/out", "v1", "depth")
+    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S) == claims.Verdict("run")
+    _publish_worker(r, "gpu0@h", [], busy=True, current={"task": "framefleet.depth", "task_id": "t1"})
+    dropped = claims.decide(r, key, "t1", "gpu1@h", TTL_S)
+    assert (dropped.action, dropped.holder) == ("drop", "gpu0@h t1")
+    waiting = claims.decide(r, key, "t2", "gpu1@h", TTL_S)
+    assert (waiting.action, waiting.holder) == ("wait", "gpu0@h t1")
+    claims.finish(r, "t1", succeeded=True, done_ttl_s=60)
+    finished = claims.decide(r, key, "t1", "gpu1@h", TTL_S)
+    assert (finished.action, finished.holder) == ("drop", "")
+    assert r.get(key) is None  # released at t1's end
+    r.set("ff:cancel:run", "1")
+    assert claims.decide(r, key, "t4", "gpu1@h", TTL_S, cancel_key="ff:cancel:run").action == "cancelled"
+    assert r.get(key) is None  # a cancelled run claims nothing
+
+
+def test_a_task_end_never_raises_even_for_a_claim_it_lost_or_never_took(r):
+    key = claims.claim_key("/out", "v1", "depth")
+    assert claims.decide(r, key, "t1", "gpu0@h", TTL_S).action == "run"
+    r.set(key, "gpu1@h t1")  # ours lapsed while cut off; another worker took it over
+    with pytest.raises(ClaimLost):
+        claims.confirm(r, key, TTL_S)
+    assert key not in claims.HELD  # the heartbeat no longer renews a claim another run holds
+    claims.finish(r, "t1", succeeded=False, done_ttl_s=60)
+    claims.finish(r, "never-claimed", succeeded=True, done_ttl_s=60)  # e.g. Redis was away at its start
+    assert r.get(key) == "gpu1@h t1" and not claims.is_done(r, "", "t1")  # a failure marks nothing
+    assert not claims.is_done(r, "", "never-claimed")  # no claim, no done mark: nothing asks for one
+
+
+def test_claim_keys_differ_per_output_root_video_and_stage():
+    keys = {claims.claim_key(root, vid, stage) for root in ("/a", "/b") for vid in ("v1", "v2") for stage in ("d", "t")}
+    assert len(keys) == 8
+
+
+def test_a_claim_taken_by_hand_never_overwrites_another_s_and_lives_a_ttl(r):
+    key = claims.claim_key("/out", "v1", "depth")
+    assert claims.acquire(r, key, "gpu0@h t1", TTL_S) is None
+    assert 0 < r.pttl(key) <= TTL_S * 1000 and claims.HELD[key] == "gpu0@h t1"
+    claims.HELD.clear()  # a retry of this very task in a fresh process: its claim is its own, and renewed
+    assert claims.acquire(r, key, "gpu0@h t1", TTL_S) is None
+    assert dict(claims.HELD) == {key: "gpu0@h t1"}
+    assert claims.acquire(r, key, "gpu1@h t2", TTL_S) == "gpu0@h t1" and r.get(key) == "gpu0@h t1"
+
+
+def test_done_marks_outlive_any_redelivery_of_the_message():
+    assert claims.marks_ttl_s(3600) >= 3600 + 3600  # past the visibility timeout, with a wait in the queue
+
+
+class Interleaved(redis.Redis):
+    """A real Redis client that runs ``then`` once, right after the first command ``when(args)`` picks has
+    returned: another worker's write landing between two round trips of the code under test."""
+
+    def __init__(self, url: str, when: Callable[[tuple], bool], then: Callable[[], object]) -> None:
+        super().__init__(connection_pool=redis.ConnectionPool.from_url(url, decode_responses=True))
+        self.when = when
+        self.then: Callable[[], object] | None = then
+
+    def execute_command(self, *args, **options):
+        result = super().execute_command(*args, **options)
+        if self.then is not None and self.when(args):
+            then, self.then = self.then, None
+            then()
+        return result
+
+
+def test_a_claim_retaken_between_the_fence_s_two_round_trips_is_not_overwritten(redis_url, r):
+    """hostB's claim lapsed; hostA takes the stage right after hostB's fence read it free: hostB publishes nothing."""
+    key = claims.claim_key("/out", "v1", "depth")
+    assert claims.decide(r, key, "t1", "gpu0@hostB", TTL_S).action == "run"
+    r.delete(key)
+    racing = Interleaved(redis_url, lambda args: args[0] == "GET", lambda: r.set(key, "gpu0@hostA t1"))
+    with pytest.raises(ClaimLost, match="gpu0@hostA t1"):
+        claims.confirm(racing, key, TTL_S)
+    assert r.get(key) == "gpu0@hostA t1"
+
+
+def test_a_takeover_that_loses_the_race_for_a_dead_holder_s_claim_waits(redis_url, r):
+    """Two redeliveries of a task whose worker died: the one whose take-over comes second waits for the first."""
+    key = claims.claim_key("/out", "v1", "depth")
+    r.set(key, "gpu9@gone t1")
+    begun = lambda args: args[0] == "EVAL" and args[1] == claims._BEGIN  # noqa: E731
+    racing = Interleaved(redis_url, begun, lambda: r.set(key, "gpu2@h t1"))
+    verdict = claims.decide(racing, key, "t1", "gpu1@h", TTL_S)
+    assert (verdict.action, verdict.holder) == ("wait", "gpu2@h t1") and r.get(key) == "gpu2@h t1"
+    assert key not in claims.HELD and "t1" not in claims.PENDING
+
+
+def test_a_claim_that_lapses_between_a_refused_take_and_the_read_is_taken(redis_url, r):
+    """The holder's claim expires right after SET NX refused ours: the claim is free, so it is ours, and held."""
+    key = claims.claim_key("/out", "v1", "depth")
+    r.set(key, "gpu0@h t1")
+    refused = lambda args: args[0] == "SET" and args[1] == key  # noqa: E731
+    racing = Interleaved(redis_url, refused, lambda: r.delete(key))
+    assert claims.acquire(racing, key, "gpu1@h t2", TTL_S) is None
+    assert r.get(key) == "gpu1@h t2" and 0 < r.pttl(key) <= TTL_S * 1000 and claims.HELD[key] == "gpu1@h t2"
+
+
 def test_a_duplicate_is_dropped_only_while_its_holder_runs_the_task(r):
     key = claims.claim_key("/out", "v1", "depth")
     assert claims.decide(r, key, "t1", "gpu0@h", TTL_S).action == "run"
@@ -168,11 +325,34 @@ def test_a_lease_and_unacked_entry_lost_with_redis_are_re_asserted_by_the_holder
     tag, task_id = _deliver(app, redis_url)
     entry = r.hget(leases.UNACKED, tag)
     assert leases.grant(r, tag, task_id, "gpu0@h", TTL_S, entry) is None
-    r.delete(leases.LEASE_PREFIX + tag)
+    assert r.get(leases.LEASE_PREFIX + tag) == r.get(leases.OWNER_PREFIX + tag) == f"gpu0@h {task_id}"
+    delivered_at = r.zscore(leases.UNACKED_INDEX, tag)
+    r.delete(leases.LEASE_PREFIX + tag, leases.OWNER_PREFIX + tag)
     r.hdel(leases.UNACKED, tag)  # e.g. a duplicate delivery's ack under the same tag
     assert leases.renew(r, "gpu0@h", TTL_S) == 1
-    assert r.get(leases.LEASE_PREFIX + tag) == f"gpu0@h {task_id}"
-    assert r.hget(leases.UNACKED, tag) == entry and r.zscore(leases.UNACKED_INDEX, tag) is not None
+    assert r.get(leases.LEASE_PREFIX + tag) == f"gpu0@h {task_id}" and r.pttl(leases.LEASE_PREFIX + tag) > 0
+    assert r.get(leases.OWNER_PREFIX + tag) == f"gpu0@h {task_id}" and r.ttl(leases.OWNER_PREFIX + tag) > 0
+    # The entry comes back; its delivery time stays the first one (the message does not look younger).
+    assert r.hget(leases.UNACKED, tag) == entry and r.zscore(leases.UNACKED_INDEX, tag) == delivered_at
+    app.close()
+
+
+def test_a_lease_another_worker_holds_is_neither_taken_nor_counted(redis_url, r):
+    """A duplicate delivery under the same tag leaves the lease to its holder, at grant and at every renewal."""
+    app = _app(redis_url)
+    shared, task_id = _deliver(app, redis_url)
+    mine, my_task = _deliver(app, redis_url)
+    assert leases.grant(r, shared, task_id, "gpu0@a", TTL_S) is None
+    leases.HELD.clear()  # gpu0@a is another process
+    assert leases.grant(r, shared, task_id, "gpu1@b", TTL_S) == f"gpu0@a {task_id}"
+    also, also_task = _deliver(app, redis_url)
+    assert leases.grant(r, mine, my_task, "gpu1@b", TTL_S) is None
+    assert leases.grant(r, also, also_task, "gpu1@b", TTL_S) is None
+    assert list(leases.HELD) == [shared, mine, also]  # the shared one first: a renewal goes on past it
+    r.delete(leases.LEASE_PREFIX + mine)
+    assert leases.renew(r, "gpu1@b", TTL_S) == 2
+    assert r.get(leases.LEASE_PREFIX + shared) == r.get(leases.OWNER_PREFIX + shared) == f"gpu0@a {task_id}"
+    assert r.get(leases.LEASE_PREFIX + mine) == f"gpu1@b {my_task}"
     app.close()
 
 
@@ -180,38 +360,122 @@ def _age(r: redis.Redis, tag: str, seconds: float) -> None:
     r.zadd(leases.UNACKED_INDEX, {tag: time.time() - seconds})
 
 
-def test_the_reaper_requeues_only_what_no_live_worker_holds(redis_url, r):
+def _settled(r: redis.Redis) -> None:
+    """Wait for the reaper's gate: this session's Redis has been up a lease TTL (it reaps nothing before)."""
+    wait_until(lambda: leases.settled(r, r, REAP_TTL_S), REAP_TTL_S + 10, "the reaper's gate (Redis up a TTL)")
+
+
+def test_the_reaper_requeues_nothing_while_redis_is_younger_than_a_lease_ttl(redis_url, r):
+    """After a Redis restart every live holder first gets a heartbeat to re-assert the leases Redis lost."""
     app = _app(redis_url)
     tag, task_id = _deliver(app, redis_url)
-    leases.grant(r, tag, task_id, "gpu0@h", TTL_S)
+    leases.grant(r, tag, task_id, "gpu0@h", REAP_TTL_S)
+    leases.HELD.clear()
+    r.delete(leases.LEASE_PREFIX + tag)
+    _age(r, tag, 10 * REAP_TTL_S)
+    _publish_worker(r, "gpu0@h", [])  # requeued once Redis has settled: its live owner lists nothing (below)
+    young = leases.redis_uptime_s(r) + 3600  # a TTL longer than this Redis has been up
+    assert not leases.settled(r, r, young)
+    assert leases.reap(app, r, r, young) == [] and r.llen("gpu0") == 0 and r.hexists(leases.UNACKED, tag)
+    app.close()
+
+
+def test_the_reaper_requeues_only_what_no_live_worker_holds(redis_url, r):
+    _settled(r)
+    app = _app(redis_url)
+    tag, task_id = _deliver(app, redis_url)
+    leases.grant(r, tag, task_id, "gpu0@h", REAP_TTL_S)
     leases.HELD.clear()
     r.delete(leases.LEASE_PREFIX + tag)  # lapsed
-    _age(r, tag, 10)
+    _age(r, tag, 10 * REAP_TTL_S)
     # Its worker is alive and lists the message: it re-asserts at its next heartbeat; no requeue.
     _publish_worker(r, "gpu0@h", [tag], busy=True)
-    assert leases.reap(app, r, r, TTL_S) == [] and r.llen("gpu0") == 0
+    assert leases.reap(app, r, r, REAP_TTL_S) == [] and r.llen("gpu0") == 0
     # Gone, but not yet for a lease TTL: still no requeue.
     registry.remove(r, "gpu0@h")
     r.delete(leases.REAPER_LOCK)
-    assert leases.reap(app, r, r, TTL_S) == []
+    assert leases.reap(app, r, r, REAP_TTL_S) == []
     # Gone longer than the TTL: requeued.
-    r.hset(registry.SEEN_KEY, "gpu0@h", str(time.time() - 5))
+    r.hset(registry.SEEN_KEY, "gpu0@h", str(time.time() - 10 * REAP_TTL_S))
     r.delete(leases.REAPER_LOCK)
-    assert leases.reap(app, r, r, TTL_S) == [tag]
+    assert leases.reap(app, r, r, REAP_TTL_S) == [tag]
     assert r.llen("gpu0") == 1 and not r.hexists(leases.UNACKED, tag)
+    app.close()
+
+
+def test_a_message_never_leased_is_requeued_once_it_has_stayed_unowned_a_whole_ttl(redis_url, r):
+    """Its worker died between the delivery and the lease: no owner record. The first look only starts the clock."""
+    _settled(r)
+    app = _app(redis_url)
+    young, _ = _deliver(app, redis_url)  # delivered just now: not looked at yet
+    tags = [_deliver(app, redis_url)[0] for _ in range(3)]
+    for tag in tags:
+        _age(r, tag, 10 * REAP_TTL_S)
+    assert leases.reap(app, r, r, REAP_TTL_S) == [] and r.llen("gpu0") == 0
+    assert 0 < r.pttl(leases.REAPER_LOCK) <= REAP_TTL_S * 500  # one reaper at a time, for half a TTL
+    first_seen = {tag: float(r.get(leases.ORPHAN_PREFIX + tag)) for tag in tags}
+    assert all(abs(at - registry.redis_now(r)) < REAP_TTL_S for at in first_seen.values())
+    assert all(r.pttl(leases.ORPHAN_PREFIX + tag) > 0 for tag in tags) and not r.exists(leases.ORPHAN_PREFIX + young)
+    assert leases.reap(app, r, r, REAP_TTL_S) == []  # the lock: no second reaper meanwhile
+    r.delete(leases.REAPER_LOCK)
+    assert leases.reap(app, r, r, REAP_TTL_S) == []  # seen again within the TTL: the first sighting stands
+    assert {tag: float(r.get(leases.ORPHAN_PREFIX + tag)) for tag in tags} == first_seen
+    for tag in tags:
+        r.set(leases.ORPHAN_PREFIX + tag, str(registry.redis_now(r) - 2 * REAP_TTL_S))
+    assert leases.reap(app, r, r, REAP_TTL_S) == []  # orphans now, but another reaper holds the lock
+    r.delete(leases.REAPER_LOCK)
+    assert sorted(leases.reap(app, r, r, REAP_TTL_S)) == sorted(tags) and r.llen("gpu0") == 3
+    assert not any(r.exists(leases.ORPHAN_PREFIX + tag) for tag in tags)
+    assert r.hexists(leases.UNACKED, young) and not any(r.hexists(leases.UNACKED, tag) for tag in tags)
+    app.close()
+
+
+def test_a_requeued_message_goes_first_and_its_requeue_is_recorded(redis_url, r):
+    _settled(r)
+    app = _app(redis_url)
+    tag, task_id = _deliver(app, redis_url)
+    leases.grant(r, tag, task_id, "gpu0@h", REAP_TTL_S)
+    leases.HELD.clear()
+    r.delete(leases.LEASE_PREFIX + tag)
+    waiting = send_task(redis_url, "framefleet.depth", ({"video_id": "v2", "run_id": "run"},), "gpu0")
+    _publish_worker(r, "gpu0@h", [])
+    assert leases.reap(app, r, r, REAP_TTL_S) == [tag] and not r.exists(leases.OWNER_PREFIX + tag)
+    consumed = [json.loads(r.rpop("gpu0"))["headers"]["id"] for _ in range(2)]  # kombu consumes from the right
+    assert consumed == [task_id, waiting]  # it was already under way: ahead of what waits
+    [requeue] = requeues.read(r, "run")
+    assert (requeue["task"], requeue["video_id"]) == (task_id, "v1") and "lease lapsed" in requeue["why"]
+    app.close()
+
+
+def test_a_worker_state_without_a_lease_list_or_gone_stale_keeps_its_messages(redis_url, r):
+    """An older worker (no ``leases`` in its state) or one whose state is older than a TTL is not judged by it."""
+    _settled(r)
+    app = _app(redis_url)
+    tag, task_id = _deliver(app, redis_url)
+    leases.grant(r, tag, task_id, "gpu0@h", REAP_TTL_S)
+    leases.HELD.clear()
+    r.delete(leases.LEASE_PREFIX + tag)
+    _publish_worker(r, "gpu0@h", [])
+    state = json.loads(r.get(registry.WORKER_PREFIX + "gpu0@h"))
+    r.set(registry.WORKER_PREFIX + "gpu0@h", json.dumps({k: v for k, v in state.items() if k != "leases"}))
+    assert leases.reap(app, r, r, REAP_TTL_S) == []
+    r.set(registry.WORKER_PREFIX + "gpu0@h", json.dumps({**state, "updated": time.time() - 10 * REAP_TTL_S}))
+    r.delete(leases.REAPER_LOCK)
+    assert leases.reap(app, r, r, REAP_TTL_S) == [] and r.llen("gpu0") == 0
     app.close()
 
 
 def test_a_message_whose_live_owner_no_longer_holds_it_is_requeued(redis_url, r):
     """Its ack was lost (Redis away at the time): the idle owner lists nothing, so nothing waits forever."""
+    _settled(r)
     app = _app(redis_url)
     tag, task_id = _deliver(app, redis_url)
-    leases.grant(r, tag, task_id, "gpu0@h", TTL_S)
+    leases.grant(r, tag, task_id, "gpu0@h", REAP_TTL_S)
     leases.HELD.clear()
     r.delete(leases.LEASE_PREFIX + tag)
-    _age(r, tag, 10)
+    _age(r, tag, 10 * REAP_TTL_S)
     _publish_worker(r, "gpu0@h", [])
-    assert leases.reap(app, r, r, TTL_S) == [tag] and r.llen("gpu0") == 1
+    assert leases.reap(app, r, r, REAP_TTL_S) == [tag] and r.llen("gpu0") == 1
     app.close()
 
 

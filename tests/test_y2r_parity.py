@@ -5,7 +5,9 @@ metadata.csv; tests/y2r_oracle.py, a re-statement of y2r's ``process_video``, is
 run's intermediates (OUT/work/<video_id>/*.npz) in the form y2r reads them, and every dataset
 of every file must agree: names, dtypes, shapes, video pixels and integers exactly, floats to
 1e-6; the statistics to 1e-9 relative. The 2D files are made by the h5 stage class on the
-same intermediates.
+same intermediates; the oracle computes the pixels of the 3D tracks itself (``y2r_oracle.frame_pixels``),
+never from framefleet's own. A copy of one video's depth with negative and non-finite values checks
+y2r's depth rule where the synthetic depth never goes.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import yaml
 
 from tasks.outputs.geometry import crop_intrinsics, square_crop
 from tasks.outputs.storage import load_npz
-from tasks.outputs.windows import frame_pixels
 from tasks.run.stats import VideoStats, normalization_stats
 from tasks.stages import stage_class
 from tasks.stages.h5 import H5Stage
@@ -136,7 +137,7 @@ def y2r_tracks(tracks: dict[str, np.ndarray], pixels: bool = False) -> dict[str,
     for w, s in enumerate(tracks["window_starts"].tolist()):
         pts = tracks["tracks"][w, :, : int(tracks["num_points"][w])]
         if pixels:  # framefleet's 2D tracks (CoTracker's role) are its 3D tracks seen by the frame's camera
-            pts = frame_pixels(pts, tracks["intrinsics"])
+            pts = y2r_oracle.frame_pixels(pts, tracks["intrinsics"])
         out["windows"].append((s, s + L))
         out["tracks"].append(np.ascontiguousarray(pts)[None])
         out["window_poses"].append(tracks["window_poses"][w])
@@ -211,6 +212,43 @@ def test_2d_files_equal_y2r_writer_output(run: Path, tmp_path: Path, source: str
         normalization_stats(sum(parts_2d, start=VideoStats.empty("2d"))), y2r_oracle.float64_stats(pools, "2d")
     )
     assert cut > 0, "no 2D point left the crop: this run does not exercise y2r's per-step rule"
+
+
+def test_negative_and_non_finite_depths_are_written_as_y2r_writes_them(run: Path, tmp_path: Path) -> None:
+    """y2r keeps a negative depth as it is (only non-finite -> 0, (0, min) -> min, > max -> max); so does framefleet.
+
+    Both count only depths > 0 as valid, so the statistics pool the same samples either way.
+    """
+    entry = videos(run)[0]
+    parts = intermediates(run, entry["video_id"])
+    depths = parts["depth"]["depths"].copy()  # float16, (T, 384, 512); the crop keeps x 64..447
+    depths[:, 100:140, 200:260] = -0.75
+    depths[:, 150:160, 200:260] = -0.01
+    depths[0, 200:210, 200:260] = np.float16("-inf")
+    depths[1, 200:210, 200:260] = np.float16("nan")
+    out_path = tmp_path / f"{entry['video_id']}.hdf5"
+    result = H5Stage(track_type="3d").run(
+        {
+            "frames": parts["preprocess"]["frames"],
+            "depths": depths,
+            "tracks": parts["tracks"],
+            "hands": parts["hands"],
+            "text": entry["text"],
+            "out_path": str(out_path),
+        }
+    )
+    want, pools = y2r_oracle.process_video(
+        png_frames(parts["preprocess"]["frames"], tmp_path / "frames"),
+        y2r_tracks(parts["tracks"]),
+        "3d",
+        depths_f16=depths,
+        hand_data=parts["hands"],
+        text=entry["text"],
+    )
+    ours = datasets(out_path)
+    assert_same(ours, want, entry["path"])
+    assert (ours["root/depth"] < 0).any(), "no negative depth reached the file: the test exercises nothing"
+    assert_stats(normalization_stats(VideoStats.from_dict(result["stats"])), y2r_oracle.float64_stats(pools, "3d"))
 
 
 def test_the_run_exercises_the_crop_edge_where_float64_and_float32_disagree(run: Path) -> None:

@@ -52,6 +52,25 @@ def project(points: np.ndarray, K: np.ndarray, size: int) -> tuple[np.ndarray, n
         return uv[:, 0] / uv[:, 2] / size, uv[:, 1] / uv[:, 2] / size, points[:, 2]
 
 
+def frame_pixels(points: np.ndarray, K: np.ndarray) -> np.ndarray:
+    """Pixels (L, P, 2) of window-local points (L, P, 3) seen by the frame's camera ``K``: per step L147-174's
+    ``(K @ p.T).T`` then ``u / w``, ``v / w`` in float32 (img_size 1); no pixel (NaN) where the depth is <= 0.
+
+    Not from y2r, which gets its 2D tracks from CoTracker: the stand-in for CoTracker that framefleet's 2D
+    mode uses without the tracks2d stage (its 3D tracks seen by the frame's camera), computed here from the
+    projection formula alone so that the parity test does not take framefleet's own pixels as truth.
+    """
+    K = np.asarray(K, dtype=np.float32)
+    out = np.full(points.shape[:-1] + (2,), np.nan, dtype=np.float32)
+    for t, step in enumerate(np.asarray(points, dtype=np.float32)):
+        uvw = (K @ step.T).T
+        front = step[:, 2] > 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[t, front, 0] = (uvw[:, 0] / uvw[:, 2])[front]
+            out[t, front, 1] = (uvw[:, 1] / uvw[:, 2])[front]
+    return out
+
+
 def wrist_uvd(p: np.ndarray, K: np.ndarray, size: int) -> np.ndarray:
     """L115-140."""
     uv = K @ p

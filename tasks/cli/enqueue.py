@@ -207,7 +207,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--intermediates",
         choices=intermediates.MODES,
         default=intermediates.DEFAULT,
-        help="keep the stages' files in OUT/work/ (a later run redoes only what changed), or drop "
+        help="keep the stages' files in OUT/work/ (an unfinished video resumes where it stopped), or drop "
         "each video's once its HDF5 file is complete (about 0.6 GB per minute of video)",
     )
     parser.add_argument(

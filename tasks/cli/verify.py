@@ -118,12 +118,13 @@ class _Checker:
                     self.bad(where, f"intrinsics is not a camera matrix: {K.tolist()}")
                 depth = self.array(root, "depth", where, (None, size, size), "float32")
                 if depth is not None:
-                    ok = (depth == 0) | ((depth >= self.depth_min) & (depth <= self.depth_max))
+                    # <= 0 is invalid; y2r's writer keeps a negative depth as it is, and so does framefleet
+                    ok = (depth <= 0) | ((depth >= self.depth_min) & (depth <= self.depth_max))
                     if not 1 <= len(depth) <= T or not ok.all():
                         self.bad(
                             where,
                             f"depth has {len(depth)} frames for {T}; {int((~ok).sum())} values "
-                            f"neither 0 nor in [{self.depth_min}, {self.depth_max}]",
+                            f"neither <= 0 nor in [{self.depth_min}, {self.depth_max}]",
                         )
                     self.pools["depth"].append(depth[depth > 0])
             tracks = root.get("tracks")

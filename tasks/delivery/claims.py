@@ -160,11 +160,6 @@ def decide(
         _hold(key, owner)
         _remember(task_id, key, done)
         return Verdict("run")
-    if not holder:  # cannot happen (the script is atomic); take the claim the usual way
-        holder = acquire(r, key, owner, ttl_s)
-        if holder is None:
-            _remember(task_id, key, done)
-            return Verdict("run")
     holder_host, _, holder_task = holder.partition(" ")
     if holder_task != task_id:
         return Verdict("wait", holder, "another run of this stage holds the claim")
@@ -244,6 +239,7 @@ def confirm(r: redis.Redis, key: str, ttl_s: float) -> None:
 
 
 def release(r: redis.Redis, key: str) -> None:
+    """Release ``key`` if this process holds it (a task end does so in ``finish``; bench/transitions.py times it)."""
     with _lock:
         owner = HELD.pop(key, None)
     if owner is not None:

@@ -196,11 +196,12 @@ def renew(r: redis.Redis, hostname: str, ttl_s: float) -> int:
 
 
 def reap(app: celery.Celery, r: redis.Redis, workers_r: redis.Redis, ttl_s: float) -> list[str]:
-    """Requeue every unacknowledged message older than ``ttl_s`` that no live worker holds."""
+    """Requeue every unacknowledged message older than ``ttl_s`` that no live worker holds; nothing until
+    Redis has ``settled``."""
     if not r.set(REAPER_LOCK, "1", nx=True, px=int(ttl_s * 500)):
         return []
-    if redis_uptime_s(r) < ttl_s or redis_uptime_s(workers_r) < ttl_s:
-        return []  # Redis restarted: let every live holder re-assert its leases first
+    if not settled(r, workers_r, ttl_s):
+        return []
     # kombu dates a delivery by the receiving host's clock, which may be off: a message whose lease
     # was granted (it has an owner record) is looked at whatever its age; only one never leased (its
     # worker died between delivery and the grant) waits until it looks older than the TTL.
@@ -265,6 +266,16 @@ def _orphaned(r: redis.Redis, workers_r: redis.Redis, tag: str, workers: dict[st
         )
         return True
     return False
+
+
+def settled(r: redis.Redis, workers_r: redis.Redis, ttl_s: float) -> bool:
+    """True once both Redis servers have been up for ``ttl_s``: the reaper's gate (``reap`` does nothing before).
+
+    A restarted Redis has lost the leases of live holders (or let them lapse while it was down);
+    after a whole TTL every live holder has had a heartbeat to re-assert them, so a lease still
+    missing then is an orphan's.
+    """
+    return redis_uptime_s(r) >= ttl_s and redis_uptime_s(workers_r) >= ttl_s
 
 
 def redis_uptime_s(r: redis.Redis) -> float:

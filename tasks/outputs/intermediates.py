@@ -2,8 +2,8 @@
 
 A video's intermediates are needed until its HDF5 file is complete; after that only its partial
 statistics are, and those live in its completion marker under OUT/markers/. ``keep`` (the
-default) leaves them, so a later run with another backend for one stage redoes only that stage
-and what follows; ``drop`` deletes them as each video finishes.
+default) leaves them, so an unfinished video resumes where it stopped; ``drop`` deletes them as
+each video finishes.
 """
 
 from __future__ import annotations

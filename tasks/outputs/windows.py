@@ -1,8 +1,8 @@
 """y2r's per-window rules, as its writer applies them (hgupt3/y2r dataset_scripts/create_h5_dataset.py at 0d82983).
 
-Pure functions on arrays for the h5 stage: depth clipping, the 3D point filter, 2D pixel
-tracks and y2r's 2D rule, hand windows. Each follows y2r's dtype at every step, so that the
-files equal y2r's to the value, edge points included.
+Pure functions on arrays for the h5 stage: depth clipping (a negative depth kept, as y2r keeps it),
+the 3D point filter, 2D pixel tracks and y2r's 2D rule, hand windows. Each follows y2r's dtype at
+every step, so that the files equal y2r's to the value, edge points included.
 """
 
 from __future__ import annotations
@@ -13,9 +13,13 @@ from tasks.outputs.geometry import project_step, rot_6d
 
 
 def clip_depth(depth: np.ndarray, depth_min: float, depth_max: float) -> np.ndarray:
-    """Return float32 depth with non-finite and negative values 0 (invalid), (0, min) -> min, > max -> max."""
+    """Return float32 depth with non-finite values 0, (0, min) -> min, > max -> max; 0 and negatives as they are.
+
+    y2r's ``clip_depth`` (create_h5_dataset.py L46-68) keeps a negative depth, and so do we, so that the files
+    equal y2r's: a value <= 0 is invalid either way, and the statistics pool only depths > 0.
+    """
     d = np.asarray(depth, dtype=np.float32)
-    d = np.where(np.isfinite(d) & (d > 0), d, np.float32(0))
+    d = np.where(np.isfinite(d), d, np.float32(0))
     d = np.where((d > 0) & (d < depth_min), np.float32(depth_min), d)
     return np.where(d > depth_max, np.float32(depth_max), d).astype(np.float32)
 

@@ -28,7 +28,7 @@ def _enqueue_and_watch(raw, out, env):
     )
 
 
-@pytest.mark.parametrize("down_s", [0, pytest.param(30, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("down_s", [0, pytest.param(30, marks=[pytest.mark.slow, pytest.mark.ci_fault])])
 def test_redis_restarted_or_away_mid_run(
     down_s, fault_raw, fault_workers, fault_env, redis_server, reference_stats, tmp_path
 ):
@@ -62,6 +62,7 @@ def test_redis_restarted_or_away_mid_run(
 
 
 @pytest.mark.slow
+@pytest.mark.ci_fault
 def test_a_task_longer_than_the_visibility_timeout_runs_once(fault_raw, fault_workers, fault_env, tmp_path):
     env = settings_env(tmp_path, "visibility_timeout_s: 5\nstages:\n  depth:\n    params: {seconds_per_frame: 1.0}\n")
     fault_workers.start("cpu", env=env)

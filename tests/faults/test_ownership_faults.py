@@ -141,7 +141,9 @@ def test_a_message_waiting_while_a_long_task_spans_a_redis_restart_is_delivered(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("resume", [False, True], ids=["default", "resume-on-loss-alias"])
+@pytest.mark.parametrize(
+    "resume", [pytest.param(False, marks=pytest.mark.ci_fault), True], ids=["default", "resume-on-loss-alias"]
+)
 def test_redis_restarted_without_persistence_the_run_is_resumed(resume, fault_raw, reference_stats, tmp_path):
     folder = tmp_path / "redis"
     folder.mkdir()
@@ -226,6 +228,7 @@ def test_redis_errors_at_task_start_become_retries_and_the_run_completes(
 
 
 @pytest.mark.slow
+@pytest.mark.ci_fault
 def test_redis_errors_while_tasks_run_and_end_never_break_the_run(
     fault_raw, fault_workers, fault_env, redis_server, reference_stats, tmp_path
 ):

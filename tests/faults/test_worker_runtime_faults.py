@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import run_script, settings_env
+from tests.conftest import run_script, settings_env, skip_unless_ci
 from tests.faults.conftest import assert_nothing_lost, env_for, record, stage_runs, twice
 
 pytestmark = pytest.mark.timeout(900)  # whole runs with faults, on a loaded 2-core machine
@@ -20,6 +20,7 @@ def _run_local(raw, out, env, *extra: str, timeout_s: float = 800) -> subprocess
 
 
 @pytest.mark.slow
+@pytest.mark.ci_fault
 def test_a_cpu_stage_longer_than_the_lease_ttl_runs_once_with_a_second_enqueue(video_factory, redis_server, tmp_path):
     raw = video_factory(1, seconds=6.0)  # its preprocess lasts several lease TTLs
     env = {**env_for(redis_server.url), "FRAMEFLEET_LEASE_TTL_S": "0.6", "FRAMEFLEET_HEARTBEAT_INTERVAL_S": "0.2"}
@@ -66,6 +67,7 @@ def test_a_cpu_stage_past_its_deadline_is_killed_restarted_and_quarantined_as_wo
 
 
 @pytest.mark.slow
+@pytest.mark.ci_fault
 def test_workers_above_the_rss_limit_recycle_after_each_task_and_the_run_completes(fault_raw, redis_server, tmp_path):
     env = {**env_for(redis_server.url), "FRAMEFLEET_MAX_RSS_MIB": "1"}  # every worker is above it
     out = tmp_path / "out"
@@ -95,7 +97,7 @@ def small_disk(tmp_path):
         ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True
     )
     if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.strip()}")
+        skip_unless_ci(f"cannot mount a tmpfs here (needs root): {made.stderr.strip()}")
     yield mount
     subprocess.run(["umount", "-l", str(mount)], check=False)
 

@@ -119,7 +119,7 @@ def test_depth_is_cropped_nearest_and_clipped(written) -> None:
     depth = written[1]["root/depth"][()]
     assert depth.dtype == np.float32 and depth.shape == (T, 256, 256)
     # Destination (i, j) samples source (floor(1.5 i), 64 + floor(1.5 j)).
-    assert depth[0, 0, :4].tolist() == [0.0, 0.0, 0.0, 0.0]  # NaN, inf, negative, zero
+    assert depth[0, 0, :4].tolist() == [0.0, 0.0, -1.0, 0.0]  # NaN, inf -> 0; a negative kept, as y2r; zero
     np.testing.assert_allclose(depth[0, 1, :4], [0.1, 2.5, 1.5, 0.1], rtol=1e-6)
     assert np.all(depth[:, 2:, :] == 1.0)
 
