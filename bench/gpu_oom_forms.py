@@ -21,7 +21,10 @@ from pathlib import Path
 # name: (inputs made before the device is filled, the call made after)
 FORMS = {
     "allocator": ("", "torch.empty(1 << 42, dtype=torch.uint8, device='cuda')"),
-    "cublas": ("a = torch.ones(64, 64, device='cuda'); c = torch.empty(64, 64, device='cuda')", "torch.matmul(a, a, out=c)"),
+    "cublas": (
+        "a = torch.ones(64, 64, device='cuda'); c = torch.empty(64, 64, device='cuda')",
+        "torch.matmul(a, a, out=c)",
+    ),
     "cudnn": (
         "x = torch.ones(8, 3, 64, 64, device='cuda'); w = torch.ones(16, 3, 3, 3, device='cuda')",
         "torch.backends.cudnn.enabled = True; torch.nn.functional.conv2d(x, w)",
@@ -77,8 +80,13 @@ def main() -> None:
 
     import torch
 
-    results = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-               "gpu": torch.cuda.get_device_name(0), "forms": {}}
+    results = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "gpu": torch.cuda.get_device_name(0),
+        "forms": {},
+    }
     for name, (setup, code) in FORMS.items():
         done = subprocess.run([sys.executable, "-c", CHILD, setup, code], capture_output=True, text=True, timeout=300)
         lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
