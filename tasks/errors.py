@@ -34,6 +34,10 @@ class BadJobMessage(PermanentError):
     """A job message lacks a key it needs or holds a value of the wrong kind (tasks.job)."""
 
 
+class DatasetError(FramefleetError):
+    """The input or output folder cannot be used; the message says why and what to do."""
+
+
 class RetryableError(FramefleetError):
     """A transient failure; the task is retried after ``delay_s`` seconds."""
 

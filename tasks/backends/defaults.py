@@ -98,15 +98,6 @@ def is_synthetic(backend: str) -> bool:
     return backend == "synthetic"
 
 
-def model_backends(conf: Any) -> dict[str, str]:
-    """The backend of each enabled stage that has a model, by stage, from settings ``conf``."""
-    from tasks.stages import ModelStage, stage_class
-
-    return {
-        name: conf.stages[name].backend for name in conf.enabled_stages() if issubclass(stage_class(name), ModelStage)
-    }
-
-
 def describe(backends: dict[str, str]) -> list[str]:
     """One line per stage: ``depth: classical — what it is and is not``; a warning line first if one is synthetic."""
     backends = {stage: name for stage, name in backends.items() if name != "builtin"}  # stages without a model

@@ -52,7 +52,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def print_backends(conf: Settings) -> None:
     """Say on stderr, before anything runs, which backend each model stage uses and what it is not (stdout's
     first line stays the run's)."""
-    from tasks.backends.defaults import describe, model_backends
+    from tasks.backends.defaults import describe
+    from tasks.stages import model_backends
 
     print("backends (what makes the data):", file=sys.stderr, flush=True)
     for line in describe(model_backends(conf)):

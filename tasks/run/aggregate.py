@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.backends.defaults import describe, model_backends
+from tasks.backends.defaults import describe
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.delivery import requeues
 from tasks.job import IDENTITY, Job
@@ -29,7 +29,7 @@ from tasks.outputs.stage_io import marked_videos, read_done
 from tasks.outputs.storage import write_text_atomic
 from tasks.redis_client import get_redis
 from tasks.run import completion, lineage, partials, quarantine, runs, sweep
-from tasks.stages import STAGE_NAMES, dataset_stage
+from tasks.stages import STAGE_NAMES, dataset_stage, model_backends
 
 log = logging.getLogger("framefleet.aggregate")
 REPORT_TIMEOUT_S = 120

@@ -13,14 +13,10 @@ from typing import Any
 from celery import chain
 
 from tasks.celery_app import TASK_PREFIX, app
-from tasks.errors import FramefleetError
+from tasks.errors import DatasetError
 from tasks.job import Job
 
 VIDEO_SUFFIXES = {".mp4", ".mov", ".mkv", ".webm", ".avi"}
-
-
-class DatasetError(FramefleetError):
-    """The input or output folder cannot be used; the message says why and what to do."""
 
 
 def find_videos(raw_dir: Path) -> list[Path]:

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import DatasetError
 from tasks.outputs.storage import write_text_atomic
-from tasks.run.dataset import DatasetError
 from worker_config.settings import Settings, resolved_stages
 
 MANIFEST = "manifest.json"

@@ -111,10 +111,11 @@ def resend(r: redis.Redis, job: Job, ttl_s: int) -> dict[str, Any]:
     """Send ``job``'s chain again from its first unfinished stage; record and return the resend."""
     from celery import chain
 
-    from tasks.pipeline import STAGE_TASKS
+    from tasks.celery_app import TASK_PREFIX, app
 
     stage = first_unfinished(job)
-    first, *rest = (STAGE_TASKS[name] for name in job.chain[job.chain.index(stage) :])
+    # By name from Celery's registry, as tasks.run.dataset does: the run sits below the stage task.
+    first, *rest = (app.tasks[TASK_PREFIX + name] for name in job.chain[job.chain.index(stage) :])
     chain(first.s(job.to_dict()), *(t.s() for t in rest)).apply_async()
     entry = {"video_id": job.video_id, "video": job.video, "stage": stage, "time": time.time()}
     pipe = r.pipeline()

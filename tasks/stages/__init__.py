@@ -115,3 +115,10 @@ def build(name: str, conf: Any) -> Stage:
     if issubclass(cls, ModelStage):
         params["backend"] = conf.backend
     return cls(**params)
+
+
+def model_backends(conf: Any) -> dict[str, str]:
+    """The backend of each enabled stage that has a model, by stage, from settings ``conf``."""
+    return {
+        name: conf.stages[name].backend for name in conf.enabled_stages() if issubclass(stage_class(name), ModelStage)
+    }

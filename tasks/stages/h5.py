@@ -8,7 +8,7 @@ import numpy as np
 
 from tasks.errors import BadInput
 from tasks.job import Job
-from tasks.outputs import provenance
+from tasks.outputs import provenance_file as provenance
 from tasks.outputs.geometry import crop_intrinsics, pose_9d, square_crop
 from tasks.outputs.windows import clip_depth, frame_pixels, hand_window, track_window, track_window_2d
 from tasks.run.stats import Moments, VideoStats
