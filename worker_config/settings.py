@@ -377,14 +377,31 @@ def resolved_stages(conf: Settings) -> dict[str, Any]:
     return {"stages": stages, "sha256": whole.hexdigest()}
 
 
+# Parameters that never change what a stage writes, by name, whoever declares them: the built-in backends'
+# ``local_params`` (paths on a host, batch sizes, the stand-ins' pacing). By name, so that an enqueuer that
+# cannot import a backend (a plugin installed only in its stage's own environment) hashes like its worker.
+LOCAL_PARAM_NAMES = (
+    "weights_dir",
+    "repo_dir",
+    "batch_size",
+    "hold_mib",
+    "activation_mib",
+    "matmuls_per_frame",
+    "matmul_size",
+    "seconds_per_frame",
+)
+
+
 def local_params(stage: str, backend: str) -> tuple[str, ...]:
-    """The parameters of ``backend`` that do not change what ``stage`` writes (the backend's ``local_params``)."""
+    """The parameters of ``backend`` that do not change what ``stage`` writes: LOCAL_PARAM_NAMES and the
+    backend's own ``local_params`` where it can be imported here."""
     from tasks.backends import backend_class
 
     try:
-        return tuple(getattr(backend_class(stage, backend), "local_params", ()))
-    except Exception:  # a backend that cannot be imported here: its worker, which can, advertises the same
-        return ()
+        declared = tuple(getattr(backend_class(stage, backend), "local_params", ()))
+    except Exception:  # a backend that cannot be imported here: the names alone decide
+        declared = ()
+    return tuple(sorted({*LOCAL_PARAM_NAMES, *declared}))
 
 
 def _same_numbers(value: Any) -> Any:

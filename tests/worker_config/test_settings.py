@@ -80,3 +80,18 @@ def test_the_autoscaler_policy_lives_in_the_settings_file_and_flags_override_it(
     (tmp_path / "neg.yaml").write_text("autoscale: {cooldown_s: -1}\n")
     with pytest.raises(ConfigError, match="cooldown_s = -1"):
         load_settings(tmp_path / "neg.yaml")
+
+
+def test_every_builtin_backends_local_params_are_local_by_name_too():
+    """An enqueuer that cannot import a backend (a plugin in its stage's own environment) hashes a stage's
+    settings like its worker only if every local parameter is also local by name."""
+    from tasks.backends import BUILTIN, backend_class
+    from worker_config.settings import LOCAL_PARAM_NAMES, local_params
+
+    for stage, backend in BUILTIN:
+        try:
+            declared = getattr(backend_class(stage, backend), "local_params", ())
+        except Exception:
+            continue  # an adapter whose upstream package is absent here
+        assert set(declared) <= set(LOCAL_PARAM_NAMES), (stage, backend, declared)
+    assert set(local_params("hands", "no-such-backend")) == set(LOCAL_PARAM_NAMES)
