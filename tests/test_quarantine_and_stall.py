@@ -29,7 +29,8 @@ def test_failures_are_quarantined_and_can_be_retried_after_a_fix(video_factory, 
         assert {"stage", "error_class", "reason", "attempts", "worker", "time"} <= record.keys()
         assert record["worker"] == "cpu@test" and record["attempts"] == 1  # bad input: no retry
     counted = quarantine.counts(redis.Redis.from_url(pipeline_env["REDIS_URL"]))
-    assert counted == {quarantine.root_field(out): len(records)}  # Redis counts them; the file holds them
+    # Redis counts them (per output folder: other tests' folders may share this Redis); the file holds them
+    assert counted.get(quarantine.root_field(out)) == len(records)
     assert sorted(json.loads((out / "run_summary.json").read_text())["quarantined"]) == sorted(
         r["video_id"] for r in records
     )
