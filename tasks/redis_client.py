@@ -51,3 +51,15 @@ def server_argv(port: int, folder: str | Path, persistent: bool = False) -> list
         "",
         *(["--appendonly", "yes", "--appendfsync", "always"] if persistent else ["--appendonly", "no"]),
     ]
+
+
+# Set KEYS[1] to ARGV[1] for ARGV[2] ms when it holds ARGV[1] or nothing (Redis restarted, or was away past
+# the TTL); return 1, else 0. A compare-and-set: a holder never takes over a key another holds (claims, leases).
+SET_IF_OURS_OR_MISSING = """
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] or not v then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""

@@ -27,6 +27,7 @@ import redis
 
 from tasks import keys
 from tasks.errors import ClaimLost, ClaimUnconfirmed
+from tasks.redis_client import SET_IF_OURS_OR_MISSING
 from tasks.workers import registry
 
 log = logging.getLogger("framefleet.claims")
@@ -43,15 +44,8 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-# Re-assert a claim: set it when it is ours or missing (Redis restarted, or was away past the TTL).
-_REASSERT = """
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] or not v then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-"""
+# Re-assert: set it when it is ours or missing (tasks.redis_client.SET_IF_OURS_OR_MISSING).
+_REASSERT = SET_IF_OURS_OR_MISSING
 # The start of a delivery in one round trip: a cancelled run (KEYS[1], optional), a finished task
 # (field ARGV[3] of its run's done marks, KEYS[2]) or an ended run (KEYS[4], the run's hash), else
 # the claim (KEYS[3]) taken, or its holder's value. Atomic, so the holder read after a refused SET NX

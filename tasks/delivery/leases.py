@@ -28,6 +28,7 @@ import redis
 
 from tasks import keys
 from tasks.delivery import requeues
+from tasks.redis_client import SET_IF_OURS_OR_MISSING
 from tasks.workers import registry
 
 log = logging.getLogger("framefleet.leases")
@@ -39,16 +40,8 @@ UNACKED = "unacked"
 UNACKED_INDEX = "unacked_index"
 REAPER_LOCK = keys.REAPER_LOCK
 
-# Set the lease when it is ours or missing (after a Redis restart or a long outage it is gone):
-# a compare-and-set, so a holder never takes over a lease another worker holds.
-_REASSERT = """
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] or not v then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-"""
+# Re-assert: set it when it is ours or missing (tasks.redis_client.SET_IF_OURS_OR_MISSING).
+_REASSERT = SET_IF_OURS_OR_MISSING
 
 # Take or extend the lease when it is free or ours, and record its owner; else return the holder.
 _GRANT = """
