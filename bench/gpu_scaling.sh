@@ -88,6 +88,27 @@ if a and b:
     print(f"(a) compute bound {a['bound_s']:.1f} s for {a['videos']} videos, {a['frames']} frames on {a['device']}; per stage {a['per_stage_s']}")
     print(f"(b) framefleet + autoscaler, 1 GPU: {b['wall_s']:.1f} s enqueue->statistics, {b['done']} done; "
           f"busy fraction (a)/(b) = {a['bound_s'] / b['wall_s']:.3f}; mean GPU util {util('b-samples.csv', [0]):.0f} %")
+def idle(name, gpu):
+    """Where a GPU's idle time went, from the samples: before its first busy sample (start), after
+    its last (tail), and the unused share in between (hand-offs), in seconds."""
+    path = out / name
+    if not path.exists():
+        return None
+    rows = [l.split(", ") for l in path.read_text().splitlines() if l.count(",") == 3]
+    pts = [(float(r[0]), float(r[2])) for r in rows if int(r[1]) == gpu]
+    if len(pts) < 3:
+        return None
+    busy = [t for t, u in pts if u >= 50]
+    if not busy:
+        return None
+    mid = [(t, u) for t, u in pts if busy[0] <= t <= busy[-1]]
+    lost = sum((t2 - t1) * (1 - u1 / 100) for (t1, u1), (t2, _) in zip(mid, mid[1:]))
+    return f"GPU {gpu}: {pts[-1][0] - pts[0][0]:.1f} s sampled; start {busy[0] - pts[0][0]:.1f} s, hand-offs {lost:.1f} s, tail {pts[-1][0] - busy[-1]:.1f} s idle"
+for name, gpus in (("b-samples.csv", [0]), ("c1-samples.csv", [0]), ("c2-samples.csv", [0, 1]), ("c4-samples.csv", [0, 1, 2, 3])):
+    for g in gpus:
+        line = idle(name, g)
+        if line:
+            print(f"idle {name.split('-')[0]}: {line}")
 t = {k: load(f"c{k}-summary.json") for k in (1, 2, 4)}
 for k, s in t.items():
     if s and t[1]:
