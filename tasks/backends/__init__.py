@@ -33,6 +33,7 @@ BUILTIN: dict[tuple[str, str], str] = {
     ("tracks2d", "cotracker"): "tasks.backends.cotracker:CoTrackerTracks2D",
     ("hands", "wilor"): "tasks.backends.wilor:WilorHands",
     ("masks", "grounded_sam"): "tasks.backends.grounded_sam:GroundedSamMasks",
+    ("masks", "sam3"): "tasks.backends.sam3:Sam3Masks",
     # Real backends that run on a CPU (the `real` extra): see README, "Real backends".
     ("depth", "classical"): "tasks.backends.classical_depth:ClassicalDepth",
     ("tracks", "opencv"): "tasks.backends.opencv_tracks:OpenCVTracks",

@@ -78,6 +78,7 @@ WHAT: dict[tuple[str, str], str] = {
     ("hands", "synthetic"): "SYNTHETIC: made-up hand poses, not a model",
     ("masks", "none"): "no masks: every pixel may hold a query point",
     ("masks", "grounded_sam"): "Grounded-SAM (y2r's models): object masks from the text prompt",
+    ("masks", "sam3"): "SAM 3 (y2r's default masks model): object masks from the text prompt",
 }
 
 

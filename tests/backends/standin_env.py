@@ -67,6 +67,8 @@ def standin_python() -> Path:
             "".join(f"import site; site.addsitedir({p!r})\n" for p in ours)
             # The vipe stand-in refuses a CPU as ViPE does, except here, where the chain tests run it on one.
             + "import os; os.environ.setdefault('FRAMEFLEET_STANDIN_VIPE_CPU', '1')\n"
+            # So does the sam3 stand-in, as SAM 3's video predictor does.
+            + "import os; os.environ.setdefault('FRAMEFLEET_STANDIN_SAM3_CPU', '1')\n"
         )
         for package in (STANDINS / "site").iterdir():
             if package.is_dir():
@@ -101,6 +103,10 @@ def lay_out_upstream(base: Path) -> dict[str, Path]:
     # A Lightning checkpoint whose hyper-parameters hold a config object (WiLoR's is a yacs CfgNode): torch's
     # weights-only unpickler refuses it.
     torch.save({"state_dict": {}, "hyper_parameters": {"cfg": SimpleNamespace(MODEL={"IMAGE_SIZE": 256})}}, wilor_ckpt)
+    sam3 = base / "sam3"
+    sam3.mkdir()
+    # SAM 3's layout (model_builder.py:777-784): a weights-only state dict, under "model"; the stand-in's one buffer.
+    torch.save({"model": {"detector.brightness": torch.tensor(150.0)}}, sam3 / "sam3.pt")
     files = [
         wilor / "pretrained_models" / "model_config.yaml",
         wilor / "pretrained_models" / "detector.pt",
@@ -113,7 +119,14 @@ def lay_out_upstream(base: Path) -> dict[str, Path]:
     for f in files:
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_bytes(b"placeholder: the stand-ins check that the file exists")
-    return {"vipe": vipe, "tapip3d": tapip3d, "wilor": wilor, "cotracker": base / "cotracker", "gsam": base / "gsam"}
+    return {
+        "vipe": vipe,
+        "tapip3d": tapip3d,
+        "wilor": wilor,
+        "cotracker": base / "cotracker",
+        "gsam": base / "gsam",
+        "sam3": sam3,
+    }
 
 
 def real_gpu_settings(dirs: dict[str, Path]) -> str:
@@ -129,7 +142,7 @@ def real_gpu_settings(dirs: dict[str, Path]) -> str:
 def real_gpu_yaml_on(models: Path, python: str) -> str:
     """configs/real-gpu.yaml with its environments and model folders moved onto the stand-ins (tracks2d on too)."""
     text = (ROOT / "configs" / "real-gpu.yaml").read_text()
-    for model in ("vipe", "tapip3d", "cotracker", "wilor", "grounded_sam"):
+    for model in ("vipe", "tapip3d", "cotracker", "wilor", "grounded_sam", "sam3"):
         text = text.replace(f"/opt/framefleet/envs/{model}/bin/python", python)
     text = text.replace("/opt/framefleet/models", str(models))
     return text.replace("enabled: false ", "enabled: true ")

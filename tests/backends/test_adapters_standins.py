@@ -149,6 +149,66 @@ def test_cotracker_and_grounded_sam_adapters_run_their_standins(tmp_path, standi
     assert res["missing"] is True
 
 
+SAM3_SCRIPT = """
+import json, os, sys
+import numpy as np
+from tasks.backends import get_backend
+from tasks.errors import ModelLoadError
+from sam3.model_builder import Sam3VideoPredictor
+
+weights = sys.argv[1]
+frames = np.zeros((10, 384, 512, 3), np.uint8)
+for t in range(10):
+    frames[t, 100:200, 300 + 10 * t:420 + 10 * t] = 220  # a bright block moving 10 px per frame
+late = frames.copy()
+late[:5] = 0  # the block appears at frame 5
+masks = get_backend("masks", "sam3", weights_dir=weights)
+masks.load("cpu")
+found = masks.segment(frames, "red block.")
+middle = masks.segment(late, "red block")
+missing = masks.segment(frames, "mug")
+far = get_backend("masks", "sam3", weights_dir=weights, key_frame_idx=99)
+far.load("cpu")
+beyond = far.segment(late, "red block")
+os.environ["FRAMEFLEET_STANDIN_SAM3_CPU"] = "0"
+try:
+    get_backend("masks", "sam3", weights_dir=weights).load("cpu")
+    refused = None
+except ModelLoadError as exc:
+    refused = str(exc)
+bright = frames.mean(axis=-1) > 150
+print(json.dumps({
+    "found": bool(np.array_equal(found, bright)), "dtype": str(found.dtype),
+    "middle": bool(np.array_equal(middle, late.mean(axis=-1) > 150)), "middle_any": middle.any(axis=(1, 2)).tolist(),
+    "beyond": bool(np.array_equal(beyond, middle)), "missing": missing is None,
+    "open_sessions": len(Sam3VideoPredictor._ALL_INFERENCE_STATES), "refused": refused,
+}))
+"""
+
+
+def test_sam3_adapter_runs_its_standin(tmp_path, standin_py):
+    dirs = lay_out_upstream(tmp_path / "upstream")
+    run = subprocess.run(
+        [standin_py, "-c", SAM3_SCRIPT, str(dirs["sam3"])],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin"},
+    )
+    assert run.returncode == 0, run.stderr
+    res = json.loads(run.stdout.strip().splitlines()[-1])
+    # The moving block, frame by frame in order, read losslessly from the frames SAM 3 was given.
+    assert res["found"] and res["dtype"] == "bool"
+    # Nothing on the key frame 0: SAM 3 is prompted on the middle frame (5) and propagates both ways.
+    assert res["middle"] and res["middle_any"] == [False] * 5 + [True] * 5
+    # A key frame past the video finds nothing, so the middle frame is tried, as in y2r.
+    assert res["beyond"]
+    assert res["missing"] is True  # nothing named "mug": no mask (y2r saves none)
+    assert res["open_sessions"] == 0  # every session closed, found or not
+    assert res["refused"] is not None and "CUDA only" in res["refused"] and "'cpu'" in res["refused"]
+
+
 MISSING = [
     pytest.param(
         "depth: {{backend: vipe, params: {{weights_dir: '{vipe}'}}}}",

@@ -108,6 +108,42 @@ for name, thr, size in (("gd_03", 0.3, (384, 512)), ("gd_095", 0.95, (384, 512))
     r = proc.post_process_grounded_object_detection(res, inputs.input_ids, threshold=thr, target_sizes=[size])[0]
     out[name] = r["boxes"].tolist()
 
+# --- SAM 3 ---
+from PIL import Image
+from sam3.model_builder import build_sam3_video_predictor
+ckpt = str(base / "sam3" / "sam3.pt")
+(base / "sam3" / "placeholder.pt").write_bytes(b"placeholder")
+os.environ["FRAMEFLEET_STANDIN_SAM3_CPU"] = "0"
+out["sam3_on_cpu"] = error(lambda: build_sam3_video_predictor(checkpoint_path=ckpt))
+out["sam3_on_cpu_named"] = error(lambda: build_sam3_video_predictor(checkpoint_path=ckpt, gpus_to_use=[0]))
+os.environ["FRAMEFLEET_STANDIN_SAM3_CPU"] = "1"
+out["sam3_no_checkpoint"] = error(lambda: build_sam3_video_predictor())
+placeholder = str(base / "sam3" / "placeholder.pt")
+out["sam3_placeholder"] = error(lambda: build_sam3_video_predictor(checkpoint_path=placeholder))
+pred = build_sam3_video_predictor(checkpoint_path=ckpt)
+video = base / "sam3-frames"
+video.mkdir()
+for t in (0, 1, 2, 10):  # "10" after "2": in index order, not by name
+    frame = np.zeros((48, 64, 3), np.uint8)
+    frame[10:20, 5 * t:5 * t + 8] = 220
+    Image.fromarray(frame).save(video / f"{t}.png")
+sid = pred.handle_request({"type": "start_session", "resource_path": str(video)})["session_id"]
+propagate = {"type": "propagate_in_video", "session_id": sid}
+out["sam3_no_prompt"] = error(lambda: list(pred.handle_stream_request(propagate)))
+first = pred.handle_request({"type": "add_prompt", "session_id": sid, "frame_index": 2, "text": "block"})
+out["sam3_prompt_frame"] = first["frame_index"]
+out["sam3_prompt_mask"] = np.argwhere(first["outputs"]["out_binary_masks"][0]).min(axis=0).tolist()
+stream = list(pred.handle_stream_request(
+    {"type": "propagate_in_video", "session_id": sid, "propagation_direction": "both"}))
+out["sam3_order"] = [r["frame_index"] for r in stream]
+out["sam3_columns"] = [int(np.argwhere(r["outputs"]["out_binary_masks"][0])[:, 1].min()) for r in stream]
+mug = pred.handle_request({"type": "add_prompt", "session_id": sid, "frame_index": 0, "text": "mug"})["outputs"]
+out["sam3_mug"] = [len(mug["out_obj_ids"]), list(mug["out_binary_masks"].shape)]
+pred.handle_request({"type": "reset_session", "session_id": sid})
+out["sam3_after_reset"] = error(lambda: list(pred.handle_stream_request(propagate)))
+out["sam3_close_twice"] = [pred.handle_request({"type": "close_session", "session_id": sid})["is_success"]
+                           for _ in range(2)]
+
 # --- hydra and ViPE ---
 import hydra, vipe
 from vipe.model_cache import VipeModelCache
@@ -199,6 +235,26 @@ def test_hydra_rejects_what_hydra_rejects(probe):
     assert "Could not override" in probe["hydra_unknown_key"]
     assert "already at" in probe["hydra_append_existing"]
     assert probe["hydra_append_new"] is None
+
+
+def test_sam3_video_predictor_is_cuda_only_and_loads_its_checkpoint_as_upstream(probe):
+    # sam3_video_predictor.py:293-313: the current CUDA device, or the named ones checked against the count.
+    assert probe["sam3_on_cpu"] is not None and probe["sam3_on_cpu_named"] is not None
+    # model_builder.py:774-784: no checkpoint means the Hugging Face hub; a checkpoint is a weights-only torch file.
+    assert probe["sam3_no_checkpoint"] is not None and "Hugging Face" in probe["sam3_no_checkpoint"]
+    assert probe["sam3_placeholder"] is not None
+
+
+def test_sam3_request_api_behaves_as_upstream(probe):
+    # sam3_video_inference.py:222-231: propagation needs a prompt, also after a reset.
+    assert "No prompts" in probe["sam3_no_prompt"] and "No prompts" in probe["sam3_after_reset"]
+    assert probe["sam3_prompt_frame"] == 2 and probe["sam3_prompt_mask"] == [10, 10]
+    # sam3_video_predictor.py:204-221: forward from the prompted frame, then backward from the one before it;
+    # io_utils.py:170-172: frames in index order (10 is the last).
+    assert probe["sam3_order"] == [2, 3, 1, 0]
+    assert probe["sam3_columns"] == [10, 50, 5, 0]
+    assert probe["sam3_mug"] == [0, [0, 48, 64]]  # nothing found: no object, masks (0, H, W)
+    assert probe["sam3_close_twice"] == [True, True]  # close_session is idempotent (lines 237-252)
 
 
 def test_vipe_is_cuda_only(probe):
