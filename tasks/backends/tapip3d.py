@@ -18,10 +18,29 @@ import numpy as np
 from tasks.backends.base import TrackBackend, check_params
 from tasks.backends.convert_tracks import tapip3d_to_first_camera, tapip3d_window_inputs
 from tasks.backends.upstream import inside, need_dir, need_file, no_downloads
-from tasks.errors import ModelLoadError
+from tasks.errors import BadInput, ModelLoadError
 
 CHECKOUT = "git clone https://github.com/zbw001/TAPIP3D <repo_dir> && bash deploy/envs/build.sh tapip3d"
 CHECKPOINT_URL = "https://huggingface.co/zbww/tapip3d/resolve/main/tapip3d_final.pth"
+# utils/inference_utils.py:121-124: the depth range of interest is set from torch.kthvalue of the window's
+# positive depths at 25 % and 75 %, which raises unless k = int(0.25 n) >= 1, i.e. n >= 4.
+MIN_POSITIVE_DEPTHS = 4
+
+
+def check_depth_roi(depths: np.ndarray) -> None:
+    """Raise BadInput unless ``depths`` (L, H, W) metres holds the positive values TAPIP3D's depth range needs.
+
+    y2r does not guard this: upstream's ``kthvalue`` raises and y2r's worker fails the video
+    (process_tapip3d.py:1017-1028). Here the video fails too, permanently (quarantined with this reason).
+    """
+    positive = int(np.count_nonzero(np.asarray(depths) > 0))
+    if positive < MIN_POSITIVE_DEPTHS:
+        raise BadInput(
+            f"tapip3d: a window of {len(depths)} frames holds {positive} pixels of positive depth; TAPIP3D sets its "
+            f"depth range from their quartiles (utils/inference_utils.py:121-124) and needs at least "
+            f"{MIN_POSITIVE_DEPTHS}. The depth stage found (almost) no depth in these frames: check the video "
+            "(a blank or covered camera) or its depth output."
+        )
 
 
 class Tapip3dTracker(TrackBackend):
@@ -123,6 +142,7 @@ class Tapip3dTracker(TrackBackend):
         query_point, poses = tapip3d_window_inputs(queries, extrinsics)
         if len(query_point) == 0:
             return np.zeros((L, 0, 3), np.float32)
+        check_depth_roi(depths)
         dev = self.device
         # process_tapip3d.py:450-459: (T, C, H, W) in [0, 1], float depths and cameras.
         video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float().div(255.0).to(dev)

@@ -209,6 +209,52 @@ def test_sam3_adapter_runs_its_standin(tmp_path, standin_py):
     assert res["refused"] is not None and "CUDA only" in res["refused"] and "'cpu'" in res["refused"]
 
 
+DEPTH_ROI_SCRIPT = """
+import json, sys
+import numpy as np
+from tasks.errors import BadInput, PermanentError, error_class
+from tasks.stages.tracks import TracksStage
+
+stage = TracksStage(backend="tapip3d", repo_dir=sys.argv[1], window_length=10, target_points=64)
+stage.load("cpu")
+T, H, W = 10, 48, 64
+K = np.array([[50.0, 0, W / 2], [0, 50.0, H / 2], [0, 0, 1]], np.float32)
+inputs = {"frames": np.zeros((T, H, W, 3), np.uint8), "intrinsics": np.tile(K, (T, 1, 1)),
+          "extrinsics": np.tile(np.eye(4, dtype=np.float32), (T, 1, 1))}
+out = {}
+for n in (3, 4):
+    depths = np.zeros((T, H, W), np.float32)
+    depths[0, 10, 10:10 + n] = 1.5  # n pixels of depth in the whole window, all on the query frame
+    try:
+        tracks = stage.run({**inputs, "depths": depths})
+        out[n] = {"points": tracks["num_points"].tolist()}
+    except Exception as exc:
+        out[n] = {"class": error_class(exc), "permanent": isinstance(exc, PermanentError), "message": str(exc)}
+print(json.dumps(out))
+"""
+
+
+def test_tapip3d_depth_roi_with_too_few_depths_fails_the_video_with_its_reason(tmp_path, standin_py):
+    dirs = lay_out_upstream(tmp_path / "upstream")
+    run = subprocess.run(
+        [standin_py, "-c", DEPTH_ROI_SCRIPT, str(dirs["tapip3d"])],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin"},
+    )
+    assert run.returncode == 0, run.stderr
+    res = json.loads(run.stdout.strip().splitlines()[-1])
+    # Three depths: TAPIP3D's kthvalue would raise; the stage fails the video with a permanent error (the run
+    # quarantines it, recording the class and this reason) instead of an unexplained RuntimeError.
+    failed = res["3"]
+    assert failed["class"] == "BadInput" and failed["permanent"], failed
+    assert "3 pixels of positive depth" in failed["message"] and "at least 4" in failed["message"]
+    assert "inference_utils.py:121-124" in failed["message"]
+    assert res["4"] == {"points": [4]}  # four are enough for TAPIP3D's depth range
+
+
 MISSING = [
     pytest.param(
         "depth: {{backend: vipe, params: {{weights_dir: '{vipe}'}}}}",
