@@ -22,7 +22,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 ENVS = ROOT / "deploy" / "envs"
-MODELS = ["cotracker", "grounded_sam", "tapip3d", "vipe", "wilor"]
+MODELS = ["cotracker", "grounded_sam", "sam3", "tapip3d", "vipe", "wilor"]
 PIN = re.compile(r"^([A-Za-z0-9_.\-]+)(\[[^\]]*\])?==([^\s;#]+)")
 
 

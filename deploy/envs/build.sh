@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build one Python environment per upstream model from its lock, check it, and record what it holds.
 #
-#   bash deploy/envs/build.sh [vipe|tapip3d|cotracker|wilor|grounded_sam|all]
+#   bash deploy/envs/build.sh [vipe|tapip3d|cotracker|wilor|grounded_sam|sam3|all]
 #
 # Per model: a venv from PYTHON; every package of deploy/envs/<model>.lock, exactly (--no-deps: the
 # lock is the whole set, framefleet's needs included); the upstream sources at the commits below,
@@ -35,6 +35,7 @@ TAPIP3D_COMMIT=9359ae236f16a58a103dc1c55ad1919360dc6f8b   # zbw001/TAPIP3D
 COTRACKER_COMMIT=82e02e8029753ad4ef13cf06be7f4fc5facdda4d # facebookresearch/co-tracker
 WILOR_COMMIT=819369a764905a26a4e80aae04bbfa9c7e4f6512     # rolpotamias/WiLoR (y2r's submodule commit)
 SAM2_COMMIT=2b90b9f5ceec907a1c18123530e92e794ad901a4      # facebookresearch/sam2
+SAM3_COMMIT=99d02f28c8d34610ab35559b72642b01f10fdb1e      # facebookresearch/sam3
 
 fail() { echo "build.sh: $*" >&2; exit 1; }
 
@@ -132,12 +133,21 @@ build_grounded_sam() {
   finish grounded_sam "import transformers, sam2.build_sam; import tasks.backends.grounded_sam" "sam2=$SAM2_COMMIT"
 }
 
+build_sam3() {
+  local src="$MODELS_DIR/sam3"
+  checkout https://github.com/facebookresearch/sam3 "$SAM3_COMMIT" "$src"
+  venv sam3
+  # A regular install: the tokenizer's vocabulary (sam3/assets/*.txt.gz) is package data.
+  pip_in sam3 "$src"
+  finish sam3 "import sam3.model_builder; import tasks.backends.sam3" "sam3=$SAM3_COMMIT"
+}
+
 "$PYTHON" -c 'import sys; assert sys.implementation.name == "cpython" and sys.version_info[:2] == (3, 11)' 2>/dev/null ||
   fail "PYTHON=$PYTHON is not CPython 3.11, which the locks (deploy/envs/*.lock) are resolved for; set PYTHON=/path/to/python3.11"
 mkdir -p "$ENVS_DIR" "$MODELS_DIR"
 ENVS_DIR="$(cd "$ENVS_DIR" && pwd)" MODELS_DIR="$(cd "$MODELS_DIR" && pwd)"  # the steps change folders
 case "${1:-all}" in
-  vipe|tapip3d|cotracker|wilor|grounded_sam) "build_$1" ;;
-  all) for m in vipe tapip3d cotracker wilor grounded_sam; do "build_$m"; done ;;
-  *) echo "usage: $0 [vipe|tapip3d|cotracker|wilor|grounded_sam|all]" >&2; exit 2 ;;
+  vipe|tapip3d|cotracker|wilor|grounded_sam|sam3) "build_$1" ;;
+  all) for m in vipe tapip3d cotracker wilor grounded_sam sam3; do "build_$m"; done ;;
+  *) echo "usage: $0 [vipe|tapip3d|cotracker|wilor|grounded_sam|sam3|all]" >&2; exit 2 ;;
 esac

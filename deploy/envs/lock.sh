@@ -3,7 +3,7 @@
 # framefleet's own dependencies (pyproject.toml), so that framefleet's needs are resolved
 # with the model's pins and installing framefleet (--no-deps) cannot move one.
 #
-#   bash deploy/envs/lock.sh [cotracker|grounded_sam|tapip3d|vipe|wilor|all]
+#   bash deploy/envs/lock.sh [cotracker|grounded_sam|sam3|tapip3d|vipe|wilor|all]
 #
 # Needs uv (pip install uv==0.13.8) and PyPI. The target is fixed here: CPython 3.11 on Linux
 # x86_64 with glibc >= 2.31, and PyPI as it was at EXCLUDE_NEWER, so a re-run gives the same lock
@@ -19,7 +19,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 PROJECT="$(cd "$HERE/../.." && pwd)"
 LOCK_DIR="${LOCK_DIR:-$HERE}"
 UV="${UV:-uv}"
-MODELS=(cotracker grounded_sam tapip3d vipe wilor)
+MODELS=(cotracker grounded_sam sam3 tapip3d vipe wilor)
 PYTHON_VERSION=3.11
 PLATFORM=x86_64-manylinux_2_31
 EXCLUDE_NEWER=2026-11-20T00:00:00Z
@@ -37,6 +37,6 @@ lock() { # model
 
 case "${1:-all}" in
   all) for m in "${MODELS[@]}"; do lock "$m"; done ;;
-  cotracker|grounded_sam|tapip3d|vipe|wilor) lock "$1" ;;
+  cotracker|grounded_sam|sam3|tapip3d|vipe|wilor) lock "$1" ;;
   *) echo "usage: $0 [${MODELS[*]}|all]" >&2; exit 2 ;;
 esac
