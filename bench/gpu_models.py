@@ -1,11 +1,11 @@
 """Profile the real upstream models through framefleet's backends, with random weights, at y2r's settings.
 
-    python bench/gpu_models.py --upstream DIR --clip CLIP.mp4 --out OUT [--models cotracker,grounded_sam]
+    python bench/gpu_models.py --upstream DIR --clip CLIP.mp4 --out OUT [--models cotracker,grounded_sam,sam3]
 
-DIR holds the upstream checkouts (``facebookresearch+co-tracker``, ``facebookresearch+sam2``, as
-``../shared/upstream``'s archives unpack). Each model runs in two fresh processes: one writes
-random weights in the upstream checkpoint format (same code, shapes and compute as the trained
-model), the other loads the backend and runs it, so that its peaks are its own: GPU memory by
+DIR holds the upstream checkouts (``facebookresearch+co-tracker``, ``facebookresearch+sam2``,
+``facebookresearch+sam3``, as ``../shared/upstream``'s archives unpack). Each model runs in two
+fresh processes: one writes random weights in the upstream checkpoint format (same code, shapes
+and compute as the trained model), the other loads the backend and runs it, so that its peaks are its own: GPU memory by
 NVML for this process (sampled every 20 ms) and by torch (max allocated and reserved), host RSS,
 load time and seconds per window or frame. Frames are CLIP's first ``--frames`` frames resized
 to 512x384 (y2r's size; 10 fps clips). Writes OUT/<model>.json and prints a table.
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDTH, HEIGHT = 512, 384
@@ -114,8 +115,114 @@ def prepare(model: str, upstream: Path, weights: Path) -> None:
         grounding_dino_base(weights / "grounding-dino-base")
     elif model == "wilor":
         wilor_files(upstream / "rolpotamias+WiLoR", weights)
+    elif model == "sam3":
+        sam3_files(upstream / "facebookresearch+sam3", weights)
     else:
-        raise SystemExit(f"unknown model {model!r}: choose cotracker, grounded_sam or wilor")
+        raise SystemExit(f"unknown model {model!r}: choose cotracker, grounded_sam, sam3 or wilor")
+
+
+SAM3_BPE = "bpe_simple_vocab_16e6.txt.gz"
+
+
+def sam3_files(repo: Path, weights: Path) -> None:
+    """SAM 3 from its own builder with random weights, saved as ``sam3.pt`` ({"model": state dict}, as
+    model_builder.py:777-784 loads it) twice: ``found/``, whose scoring makes every query a detection
+    (so the tracker follows objects), and ``none/``, whose scoring finds nothing. The tokenizer's
+    vocabulary (package data, not in the source snapshot) is replaced by a few merges in its format:
+    the text encoder's cost is set by its fixed context of 32 tokens, not by the vocabulary."""
+    import gzip
+
+    import torch
+
+    sys.path.insert(0, str(repo))
+    from sam3.model_builder import build_sam3_video_model
+
+    bpe = weights / SAM3_BPE
+    bpe.write_bytes(gzip.compress(b"#version: 0.2\nr e\nre d</w>\nb l\nbl o\nblo c\nbloc k</w>\n", mtime=0))
+    model = build_sam3_video_model(checkpoint_path=None, load_from_HF=False, bpe_path=str(bpe), device="cpu")
+    scoring = model.detector.dot_prod_scoring  # model_misc.py:68-93: (hs_proj . prompt_proj) / 16, clamped to 12
+    presence = model.detector.transformer.decoder.presence_token_head.layers[-1]  # decoder.py:295-298
+    for name, sign in (("found", 1.0), ("none", -1.0)):
+        with torch.no_grad():
+            for layer in (scoring.hs_proj, scoring.prompt_proj):
+                layer.weight.zero_()
+                layer.bias.fill_(1.0)
+            scoring.prompt_proj.bias.mul_(sign)  # every query scores +12 (found) or -12 (none)
+            presence.weight.zero_()
+            presence.bias.fill_(10.0)  # the object is present: the joint score is the query's
+        (weights / name).mkdir(parents=True, exist_ok=True)
+        torch.save({"model": model.state_dict()}, weights / name / "sam3.pt")
+
+
+def sam3_logged(backend: Any, requests: list[dict[str, Any]], images: list[Any]) -> None:
+    """Record each request ``backend``'s SAM 3 predictor gets (and the first session's images) as it answers it."""
+    predictor = backend._predictor
+    handle = predictor.handle_request
+
+    def logged(request: dict[str, Any]) -> Any:
+        response = handle(request)
+        entry = {k: v for k, v in request.items() if k in ("type", "frame_index", "text")}
+        if request["type"] == "add_prompt":
+            entry["objects"] = len(response["outputs"]["out_obj_ids"])
+        if request["type"] == "start_session" and not images:
+            images.append(predictor._ALL_INFERENCE_STATES[response["session_id"]]["state"]["input_batch"].img_batch)
+        requests.append(entry)
+        return response
+
+    predictor.handle_request = logged
+
+
+def sam3_run(weights: Path, frames: np.ndarray, device: str, result: dict[str, Any]) -> list[float]:
+    """Time the ``sam3`` backend on ``frames`` (the ``found`` checkpoint) and check what SAM 3 was given and did;
+    then, with that model freed (the peaks stay its own), check that the ``none`` checkpoint gives no mask."""
+    import gc
+
+    import torch
+    from torchvision.transforms import functional as TF
+
+    from tasks.backends.sam3 import Sam3Masks
+
+    def load(name: str) -> Sam3Masks:
+        t0 = time.perf_counter()
+        backend = Sam3Masks(weights_dir=str(weights / name), bpe_path=str(weights / SAM3_BPE))
+        backend.load(device)
+        result[f"load_{name}_s"] = round(time.perf_counter() - t0, 2)
+        return backend
+
+    found = load("found")
+    requests: list[dict[str, Any]] = []
+    images: list[Any] = []
+    sam3_logged(found, requests, images)
+    result["unit"] = f"frame of a {len(frames)}-frame video (SAM 3: detection on the key frame, propagation both ways)"
+    times, masks = [], None
+    for _ in range(2):
+        t = time.perf_counter()
+        masks = found.segment(frames, PROMPT)
+        times.append((time.perf_counter() - t) / len(frames))
+    result["found_requests"] = requests[: len(requests) // 2]
+    result["masks"] = (
+        None
+        if masks is None
+        else {
+            "shape": list(masks.shape),
+            "dtype": str(masks.dtype),
+            "fraction": round(float(masks.mean()), 4),
+            "frames_with_mask": int(masks.any(axis=(1, 2)).sum()),
+        }
+    )
+    # io_utils.py:157-211 and 333-339: the PNG frames, resized by torchvision to 1008 square, in float16 around 0.5.
+    expected = torch.stack([TF.to_tensor(TF.resize(Image.fromarray(f), size=(1008, 1008))) for f in frames]).half()
+    result["images_equal"] = bool(torch.equal(images[0].cpu(), (expected - 0.5) / 0.5))
+    result["load_s"] = result["load_found_s"]
+    del found, images[:]
+    gc.collect()
+    torch.cuda.empty_cache()
+    none = load("none")
+    requests.clear()
+    sam3_logged(none, requests, images)
+    result["none_masks"] = "None" if none.segment(frames, PROMPT) is None else "a mask"
+    result["none_requests"] = list(requests)
+    return times
 
 
 def wilor_files(repo: Path, weights: Path) -> None:
@@ -247,7 +354,7 @@ def run(
     peak = NvmlPeak() if cuda else None
     result: dict[str, Any] = {"model": model, "frames": len(frames), "size": f"{WIDTH}x{HEIGHT}"}
     t0 = time.perf_counter()
-    if model == "wilor":
+    if model in ("wilor", "sam3"):
         backend = None
     elif model == "cotracker":
         sys.path.insert(0, str(upstream / "facebookresearch+co-tracker"))
@@ -267,6 +374,9 @@ def run(
     times: list[float] = []
     if model == "wilor":
         times = wilor_run(upstream / "rolpotamias+WiLoR", weights, frames, device, result)
+    elif model == "sam3":
+        sys.path.insert(0, str(upstream / "facebookresearch+sam3"))
+        times = sam3_run(weights, frames, device, result)
     elif model == "cotracker":
         u, v = np.meshgrid(np.linspace(0, WIDTH - 1, grid), np.linspace(0, HEIGHT - 1, grid))
         queries = np.stack([u.ravel(), v.ravel()], axis=1).astype(np.float32)

@@ -3,8 +3,9 @@
 #   UPSTREAM_ARCHIVES=../shared/upstream CLIP=../shared/data/real/sheep.mp4 WHEELS=DIR bash bench/gpu_models.sh
 # UPSTREAM_ARCHIVES holds the <owner>+<repo>.tar.gz snapshots (../shared/upstream/README.md);
 # WHEELS, if set, holds wheels/sdists the machine lacks (SAM 2 needs hydra-core, omegaconf,
-# antlr4-python3-runtime, iopath), installed into /tmp/site. MODELS (default cotracker,grounded_sam);
-# PACK (default 2,4): also run that many processes of each model at once on the GPU.
+# antlr4-python3-runtime, iopath; SAM 3 also ftfy, portalocker, pycocotools, decord, einops, timm and
+# setuptools<81 for its pkg_resources), installed into /tmp/site. MODELS (default cotracker,grounded_sam; or sam3, wilor);
+# PACK (default 2,4; empty: none): also run that many processes of each model at once on the GPU.
 set -u
 export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
@@ -21,6 +22,6 @@ RUN=/tmp/ff-gpu-models; mkdir -p "$RUN"
 } | tee "$OUT/machine.txt"
 PYTHONUNBUFFERED=1 python3 bench/gpu_models.py --upstream "$UP" --clip "${CLIP:-../shared/data/real/sheep.mp4}" \
   --out "$RUN" --models "${MODELS:-cotracker,grounded_sam}" --frames "${FRAMES:-120}" --windows "${WINDOWS:-20}" \
-  --pack "${PACK:-2,4}"
+  --pack "${PACK-2,4}"
 cp "$RUN"/*.json "$RUN"/table.md "$OUT"/ 2>/dev/null
 tar czf "$OUT/runs.tgz" -C "$RUN" .  # every process's JSON and log
