@@ -24,6 +24,7 @@ from tasks.backends.convert_wilor import (
     wrist_pixel,
 )
 from tasks.backends.grounded_sam import detector_prompt, key_frame
+from tasks.backends.sam3 import sam3_prompt, union_of_objects
 
 RZ90 = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])  # +90 degrees about z
 RY90 = np.array([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [-1.0, 0.0, 0.0]])  # +90 degrees about y
@@ -221,3 +222,28 @@ def test_prompt_and_key_frame_rules() -> None:
     assert detector_prompt(" red t-shaped block ") == "red t-shaped block."
     assert detector_prompt("mug.") == "mug."
     assert key_frame(9, -1) == 4 and key_frame(9, 0) == 0
+
+
+def test_sam3_gets_y2rs_prompt_without_its_period() -> None:
+    # y2r's grounded_sam2.py:424 strips trailing periods only.
+    assert sam3_prompt("red t-shaped block.") == "red t-shaped block"
+    assert sam3_prompt("mug..") == "mug" and sam3_prompt(" cup ") == " cup "
+
+
+def test_sam3_objects_merge_into_one_mask_per_frame() -> None:
+    a = np.zeros((2, 4, 6), bool)
+    a[0, 0, 0] = a[1, 3, 5] = True
+    small = np.zeros((1, 2, 3), bool)
+    small[0, 1, 2] = True  # at half size: nearest neighbour spreads it over the bottom-right 2x2
+    outputs = {
+        0: {"out_obj_ids": np.array([3, 7]), "out_binary_masks": a},
+        2: {"out_obj_ids": np.array([3]), "out_binary_masks": small},
+        1: {"out_obj_ids": np.array([], np.int64), "out_binary_masks": np.zeros((0, 4, 6), bool)},
+    }
+    union = union_of_objects(outputs, (3, 4, 6))
+    assert union is not None and union.dtype == bool and union.shape == (3, 4, 6)
+    assert union[0].sum() == 2 and union[0, 0, 0] and union[0, 3, 5]
+    assert not union[1].any()
+    assert union[2, 2:, 4:].all() and union[2].sum() == 4
+    # No object on any frame: no mask, as y2r (grounded_sam2.py:539-541).
+    assert union_of_objects({1: outputs[1]}, (3, 4, 6)) is None
