@@ -35,7 +35,9 @@ TAPIP3D_COMMIT=9359ae236f16a58a103dc1c55ad1919360dc6f8b   # zbw001/TAPIP3D
 COTRACKER_COMMIT=82e02e8029753ad4ef13cf06be7f4fc5facdda4d # facebookresearch/co-tracker
 WILOR_COMMIT=819369a764905a26a4e80aae04bbfa9c7e4f6512     # rolpotamias/WiLoR (y2r's submodule commit)
 SAM2_COMMIT=2b90b9f5ceec907a1c18123530e92e794ad901a4      # facebookresearch/sam2
-SAM3_COMMIT=99d02f28c8d34610ab35559b72642b01f10fdb1e      # facebookresearch/sam3
+# facebookresearch/sam3; y2r's submodule is 5eb25fb5, whose code is the same (their syntax trees differ only
+# in one unused loop variable of the training data code; the rest is formatting).
+SAM3_COMMIT=99d02f28c8d34610ab35559b72642b01f10fdb1e
 
 fail() { echo "build.sh: $*" >&2; exit 1; }
 
