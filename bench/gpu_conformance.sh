@@ -1,0 +1,51 @@
+# On a GPU machine: TAPIP3D and WiLoR through their real upstream code and framefleet's backends,
+# random weights in the upstream checkpoint formats, a real clip, no network (bench/gpu_conformance.py).
+#   UPSTREAM_ARCHIVES=../shared/upstream WHEELS=DIR GL_DEBS=DIR bash bench/gpu_conformance.sh   -> $OUT
+# UPSTREAM_ARCHIVES holds zbw001+TAPIP3D.tar.gz and rolpotamias+WiLoR.tar.gz (../shared/upstream).
+# WHEELS, if set: wheels/sdists the machine lacks, installed into /tmp/site (TAPIP3D: omegaconf,
+# hydra-core, antlr4-python3-runtime, python-box; WiLoR: yacs, smplx, trimesh, ultralytics, thop,
+# pyrender, PyOpenGL, pyglet, freetype-py; the versions of deploy/envs/*.lock). GL_DEBS, if set:
+# Debian's libegl1, libglvnd0, libopengl0, libgl1, libglx0, unpacked into / (pyrender's EGL).
+# pointops2 (TAPIP3D's CUDA extension) is compiled here for TORCH_CUDA_ARCH_LIST (default 9.0).
+# MODELS (default tapip3d,wilor); CHAIN=1 also runs a dataset through real workers, unless more than
+# CHAIN_AFTER_S (default 200) seconds have gone by then.
+set -u
+start=$(date +%s)
+OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
+UP=/tmp/ff-upstream; mkdir -p "$UP"
+for name in zbw001+TAPIP3D rolpotamias+WiLoR; do
+  tar xzf "${UPSTREAM_ARCHIVES:-../shared/upstream}/$name.tar.gz" -C "$UP" || exit 1
+done
+if [ -n "${GL_DEBS:-}" ]; then for f in "$GL_DEBS"/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl >"$OUT/wheels.log" 2>&1 \
+    || { tail -20 "$OUT/wheels.log"; exit 1; }
+  for sdist in "$WHEELS"/*.tar.gz "$WHEELS"/*.zip; do  # one at a time: a failure is reported, not fatal
+    [ -e "$sdist" ] || continue
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site "$sdist" \
+      >>"$OUT/wheels.log" 2>&1 || echo "could not install $sdist (see wheels.log)"
+  done
+fi
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # as framefleet's workers run
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  nvcc --version | tail -2
+  python3 -c "import sys, torch, numpy; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'numpy', numpy.__version__)"
+} | tee "$OUT/machine.txt"
+t=$(date +%s)
+# deploy/envs/build.sh's way: pip, without build isolation, against this torch.
+(cd "$UP/zbw001+TAPIP3D/third_party/pointops2" && TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} \
+  python3 -m pip install -v --no-index --no-deps --no-build-isolation --target /tmp/site . >"$OUT/pointops2-build.log" 2>&1) \
+  || { tail -40 "$OUT/pointops2-build.log"; exit 1; }
+echo "pointops2 built in $(( $(date +%s) - t )) s" | tee -a "$OUT/machine.txt"
+RUN=/tmp/ff-conformance; rm -rf "$RUN"; mkdir -p "$RUN"
+PYTHONUNBUFFERED=1 python3 bench/gpu_conformance.py --upstream "$UP" --out "$RUN" --models "${MODELS:-tapip3d,wilor}" \
+  --detector "${DETECTOR:-x}"
+status=$?
+if [ "${CHAIN:-0}" = 1 ] && [ $(( $(date +%s) - start )) -lt "${CHAIN_AFTER_S:-200}" ]; then
+  PYTHONUNBUFFERED=1 python3 bench/gpu_conformance.py --upstream "$UP" --out "$RUN" --step chain || status=1
+  cp "$RUN/chain/run.log" "$OUT/chain-run.log" 2>/dev/null
+fi
+cp "$RUN"/*.json "$RUN"/*.log "$RUN"/table.md "$OUT"/ 2>/dev/null
+echo "total $(( $(date +%s) - start )) s" | tee -a "$OUT/machine.txt"
+exit $status
