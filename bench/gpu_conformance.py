@@ -375,6 +375,7 @@ def chain(tapip3d: tuple[Path, Path], wilor: tuple[Path, Path], clip: Path, out:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     res: dict[str, Any] = {"run_exit": done.returncode, "run_s": round(time.perf_counter() - t0, 1)}
     (out / "run.log").write_text(done.stdout + done.stderr)
+    print(done.stdout[-3000:] + done.stderr[-3000:], file=sys.stderr)
     check = subprocess.run([sys.executable, str(ROOT / "scripts" / "verify_dataset.py"), str(data)], env=env,
                            capture_output=True, text=True, timeout=300)  # fmt: skip
     res["verify_exit"] = check.returncode
@@ -426,6 +427,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=0, help="default: 24 (tracks: 15 windows), 150 (hands)")
     parser.add_argument("--detector", default="x", help="YOLOv8 scale of the random hand detector (n s m l x)")
     parser.add_argument("--chain", action="store_true", help="also run a dataset through real workers")
+    parser.add_argument("--chain-dir", type=Path, default=Path("/tmp/ff-conformance-chain"), help="its dataset")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--pyrender-standin", action="store_true", help="WiLoR: pyrender replaced (no EGL)")
     args = parser.parse_args()
@@ -451,7 +453,7 @@ def main() -> None:
     if args.step == "chain":
         res = chain(
             (repos["tapip3d"], args.weights / "tapip3d"), (repos["wilor"], args.weights / "wilor"),
-            data / "dog.mp4", args.out / "chain",
+            data / "dog.mp4", args.chain_dir,
         )  # fmt: skip
         (args.out / "chain.json").write_text(json.dumps(res, indent=1))
         print(json.dumps(res))
@@ -462,8 +464,10 @@ def main() -> None:
     for model in args.models.split(","):
         extra = ["--frames", str(args.frames)] + (["--clip", str(args.clip)] if args.clip else [])
         for step in ("prepare", "run"):
+            t = time.perf_counter()
             done = subprocess.run([*base, "--models", model, "--step", step, *extra], capture_output=True, text=True)
             (args.out / f"{model}-{step}.log").write_text(done.stdout + done.stderr)
+            print(f"{model} {step}: exit {done.returncode} in {time.perf_counter() - t:.0f} s", flush=True)
             said = done.stderr + done.stdout
             no_gl = any(word in said for word in ("OpenGL", "EGL", "pyrender", "pyglet"))
             if done.returncode != 0 and model == "wilor" and step == "run" and no_gl:
