@@ -37,12 +37,12 @@ def need_file(path: Path, what: str, fix: str) -> Path:
 
 
 def need_module(name: str, what: str, install: str) -> ModuleType:
-    """Import module ``name``; raise ModelLoadError naming ``what`` and the ``install`` command when it is absent."""
+    """Import module ``name``; raise ModelLoadError naming ``what`` and the ``install`` command if its import fails."""
     try:
         return importlib.import_module(name)
-    except ImportError as exc:
+    except Exception as exc:  # an import can fail in any way: pyglet's X11 loader raises AttributeError
         raise ModelLoadError(
-            f"{what}: the Python module {name!r} cannot be imported in {sys.executable} ({exc}). "
+            f"{what}: the Python module {name!r} cannot be imported in {sys.executable} ({type(exc).__name__}: {exc}). "
             f"Install it into this stage's environment: {install}"
         ) from exc
 

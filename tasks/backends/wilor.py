@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -99,9 +100,7 @@ class WilorHands(HandsBackend):
         need_file(mano / "mano_mean_params.npz", "WiLoR's mano_mean_params.npz", f"It ships with WiLoR: {CHECKOUT}")
         import torch
 
-        # wilor.utils imports pyrender (wilor/utils/__init__.py:4-6, mesh_renderer.py:7), whose OpenGL needs a
-        # display unless a headless platform is chosen before the import; the adapter never renders.
-        os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+        headless_rendering()
         with inside(repo), no_downloads():
             models = need_module("wilor.models", "WiLoR", f"install its requirements: {CHECKOUT}")
             utils = need_module("wilor.utils", "WiLoR", f"install its requirements: {CHECKOUT}")
@@ -223,6 +222,25 @@ class WilorHands(HandsBackend):
                 }
             if progress is not None:
                 progress(min(T, round(T * (start + len(chunk)) / len(items))), T)
+
+
+def headless_rendering() -> None:
+    """Choose the headless platforms (EGL) for pyrender, which WiLoR imports and builds at load, before its import.
+
+    wilor.utils imports pyrender (wilor/utils/__init__.py:4-6, mesh_renderer.py:7), and ``load_wilor``
+    builds a ``pyrender.OffscreenRenderer`` (wilor/models/wilor.py:57-59, mesh_renderer.py:49-51), though
+    the adapter never renders. pyrender's import defines its viewer on ``pyglet.window.Window``
+    (pyrender/viewer.py:33-38), which loads X11's libraries unless pyglet is headless: on a GPU machine
+    without them the import fails (XRenderFindVisualFormat, bench/RESULTS.md). ``PYGLET_HEADLESS`` is
+    read when pyglet is first imported (pyglet/__init__.py:317-329, pyglet 2.1); ``PYOPENGL_PLATFORM``
+    picks EGL for the offscreen context. Both need libEGL (``apt install libegl1``). A value already
+    set is kept.
+    """
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    os.environ.setdefault("PYGLET_HEADLESS", "true")
+    pyglet = sys.modules.get("pyglet")
+    if pyglet is not None and os.environ["PYGLET_HEADLESS"] in ("true", "TRUE", "True", "1"):
+        pyglet.options["headless"] = True  # imported before us: its options are set, not re-read
 
 
 def _empty(T: int) -> dict[str, np.ndarray]:

@@ -35,6 +35,8 @@ os.chdir(base / "WiLoR")
 sys.path.insert(0, str(base / "WiLoR"))
 out["wilor_import_without_platform"] = error(lambda: __import__("wilor.utils"))
 os.environ["PYOPENGL_PLATFORM"] = "egl"
+out["wilor_import_with_egl_only"] = error(lambda: __import__("wilor.utils"))
+os.environ["PYGLET_HEADLESS"] = "true"
 for name in [m for m in sys.modules if m.startswith("wilor")]:
     del sys.modules[name]
 from wilor.models import load_wilor, CANONICAL_JOINTS
@@ -199,6 +201,9 @@ def test_wilor_utils_needs_a_headless_platform(probe):
         probe["wilor_import_without_platform"] is not None
         and "PYOPENGL_PLATFORM" in probe["wilor_import_without_platform"]
     )
+    # pyrender/viewer.py:33-38: without a display, pyglet must be headless too (what failed on the GPU machine).
+    assert (probe["wilor_import_with_egl_only"] or "").startswith("AttributeError")
+    assert "XRenderFindVisualFormat" in probe["wilor_import_with_egl_only"]
 
 
 def test_tapip3d_checks_its_checkpoint_and_the_depth_roi(probe):
