@@ -39,14 +39,23 @@ t=$(date +%s)
   python3 -m pip install -v --no-index --no-deps --no-build-isolation --target /tmp/site . >"$OUT/pointops2-build.log" 2>&1) \
   || { tail -40 "$OUT/pointops2-build.log"; exit 1; }
 echo "pointops2 built in $(( $(date +%s) - t )) s" | tee -a "$OUT/machine.txt"
-RUN=$OUT  # each step's JSON and log land there as it ends
+# pyrender's EGL context (WiLoR builds one at load) through NVIDIA's EGL vendor library, where the driver has one.
+vendor=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+[ -f "$vendor" ] && export __EGL_VENDOR_LIBRARY_FILENAMES=${__EGL_VENDOR_LIBRARY_FILENAMES:-$vendor}
+RUN=/tmp/ff-conformance; rm -rf "$RUN"; mkdir -p "$RUN"  # each step's JSON and log land there as it ends
+collect() {  # few files come back from some machines: the summaries, and every step's output in one archive
+  cp "$RUN"/table.md "$RUN"/*-run.json "$RUN"/chain.json "$OUT"/ 2>/dev/null
+  tar czf "$OUT/steps.tgz" -C "$RUN" . 2>/dev/null
+}
 PYTHONUNBUFFERED=1 python3 bench/gpu_conformance.py --upstream "$UP" --out "$RUN" --models "${MODELS:-tapip3d,wilor}" \
   --detector "${DETECTOR:-x}"
 status=$?
+collect
 left=$(( ${CHAIN_BY_S:-320} - ($(date +%s) - start) ))
 if [ "${CHAIN:-0}" = 1 ] && [ "$left" -gt 60 ]; then
   PYTHONUNBUFFERED=1 timeout "$left" python3 bench/gpu_conformance.py --upstream "$UP" --out "$RUN" --step chain \
-    >"$OUT/chain-step.log" 2>&1 || status=1
+    >"$RUN/chain-step.log" 2>&1 || status=1
+  collect
 elif [ "${CHAIN:-0}" = 1 ]; then
   echo "chain skipped: $left s left of CHAIN_BY_S" | tee -a "$OUT/machine.txt"
 fi
