@@ -27,6 +27,7 @@ def r(redis_url: str) -> redis.Redis:
 
 def test_every_seed_is_the_key_of_a_family_of_the_real_models_config(tmp_path: Path) -> None:
     keys = set()
+    gpus = {key.split("|")[0] for key in SEED_PROFILES}  # each seed's GPU, as NVML names it
     # y2r's 2D-tracks variant, and its grounding-dino masks option (GroundingDINO + SAM 2) beside the default SAM 3.
     for masks in ("sam3", "grounded_sam"):
         config = yaml.safe_load((ROOT / "configs" / "real-gpu.yaml").read_text())
@@ -35,7 +36,7 @@ def test_every_seed_is_the_key_of_a_family_of_the_real_models_config(tmp_path: P
         path = tmp_path / f"real-gpu-2d-{masks}.yaml"
         path.write_text(yaml.safe_dump(config))
         conf = load_settings(str(path))
-        keys |= {profiles.key_for(conf, H100, f.stages) for f in families(conf, 0)}
+        keys |= {profiles.key_for(conf, gpu, f.stages) for f in families(conf, 0) for gpu in gpus}
     assert set(SEED_PROFILES) <= keys, f"seeds no family would look up: {set(SEED_PROFILES) - keys}"
 
 
