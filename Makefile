@@ -21,7 +21,7 @@ TORCH_INDEX ?=
 REDIS_HINT := redis-server not found: install it with `sudo apt-get install -y redis-server` (Debian, Ubuntu; \
   macOS: `brew install redis`), or set REDIS_URL (make demo) / FRAMEFLEET_TEST_REDIS (make test) to a Redis you have
 
-.PHONY: install install-upstream test test-upstream test-faults test-ci-faults test-gpu lint mutants demo demo-real clean need-redis need-test-tools system-packages
+.PHONY: install install-upstream need-egl test test-upstream test-faults test-ci-faults test-gpu lint mutants demo demo-real clean need-redis need-test-tools system-packages
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -76,7 +76,11 @@ test: need-test-tools install
 # Every adapter through the real upstream model code (random weights, CPU): the sources come from
 # ../shared/upstream (or $$FRAMEFLEET_UPSTREAM_SRC), unpacked once under the temp folder. `make test`
 # runs its fast part (CoTracker3) too.
-test-upstream: need-test-tools install-upstream
+# pyrender's offscreen renderer (WiLoR's) needs an EGL library: Mesa's on a CPU machine.
+need-egl:
+	@ldconfig -p 2>/dev/null | grep -q 'libEGL_mesa.so.0 ' || $(MAKE) --no-print-directory system-packages PACKAGES="libegl1 libegl-mesa0"
+
+test-upstream: need-test-tools need-egl install-upstream
 	$(PY) -m pytest -q -m upstream tests/upstream
 
 # The whole fault-injection suite.
