@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The autoscaler with the real upstream models (random weights) on the GPU machine, configs/real-gpu.yaml's
+# layout (every model stage on its own queue gpuN.<stage>, started from its own interpreter), against the
+# models' own compute bound and the predecessor's pool, on the same videos, in one call. -> $OUT
+#   source .device/activate.sh; WHEELS=DIR bash bench/gpu_real_autoscale.sh
+# masks (GroundingDINO-base + SAM 2.1-L), tracks2d (CoTracker3) and hands (the WiLoR network) run their
+# real code from ../shared/upstream (REAL=masks,tracks2d,hands); depth (ViPE) and tracks (TAPIP3D) run the
+# stand-ins of tests/standins (bench/real_chain.py says what else is a stand-in). WHEELS: wheels the real
+# models need (hydra-core, omegaconf, antlr4-python3-runtime, iopath, yacs, smplx, trimesh).
+#  0. setup: random weights, one venv per stage, $B/real.yaml; each real stage loaded once (a stage that
+#     fails to load runs its stand-in instead, said in envs.json and the report)
+#  A. the autoscaler on GPU 0 (enqueue once every family's first worker is up), and at the same time
+#     the compute bound on GPU 1 (bench/real_chain.py bound: one stage process at a time)
+#  B. the autoscaler on GPUs 0 and 1, the same videos
+#  C. the predecessor's pool on GPU 0 (bench/spawn_until_failure.py --stages-config), on A's intermediates
+# Knobs: VIDEOS (6), CLIP_S (2-2.5 s), MAXW (--max-workers-per-gpu, 4), CPUW (CPU workers, 6), PHASES (ABC).
+set -u
+OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
+B=${BASE:-/tmp/rc}; rm -rf "$B"; mkdir -p "$B/res"
+R=$B/res  # everything measured; $OUT gets report.txt, results.tgz (R) and logs.tgz (every worker's log)
+PHASES=${PHASES:-ABC}
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+DEV=$([ "$NGPU" -gt 0 ] && echo cuda:0 || echo cpu)
+BOUND_GPU=$([ "$NGPU" -gt 1 ] && echo 1 || echo 0)
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$R/gpus.csv" 2>&1
+export FRAMEFLEET_UPSTREAM_SRC=${UPSTREAM_ARCHIVES:-$(cd .. && pwd)/shared/upstream}
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+SITE=()
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$B/site" "$WHEELS"/* || exit 1
+  SITE=(--site "$B/site")
+fi
+t0=$(date +%s)
+python3 bench/real_chain.py setup --base "$B" --real "${REAL-masks,tracks2d,hands}" "${SITE[@]}" > "$R/setup.txt" 2>&1 \
+  || { cat "$R/setup.txt" "$B"/prepare-*.log; exit 1; }
+python3 scripts/make_sample_dataset.py "$B/raw" --videos "${VIDEOS:-6}" --seconds "${CLIP_S:-2-2.5}" > /dev/null
+python3 bench/real_chain.py check --base "$B" --device "$DEV" > "$R/check.json" 2> "$R/check.err"
+cp "$B/real.yaml" "$B/envs.json" "$R/"
+echo "setup $(( $(date +%s) - t0 )) s" | tee "$R/report.txt"
+export FRAMEFLEET_CONFIG=$B/real.yaml
+
+phase() {  # tag, GPUs, Redis db: the autoscaler over the videos, enqueue -> statistics, verified
+  local tag=$1 gpus=$2 db=$3 cpus=() smi
+  export REDIS_URL=redis://127.0.0.1:6379/$db
+  python3 -c "import redis; redis.Redis.from_url('$REDIS_URL').flushdb()"
+  for i in $(seq "${CPUW:-6}"); do
+    python3 -m celery -A tasks worker -Q cpu -P solo -n "cpu$i-$tag@%h" -l WARNING > "$B/$tag-cpu$i.log" 2>&1 &
+    cpus+=($!)
+  done
+  nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 500 \
+    > "$R/$tag-smi.csv" 2>/dev/null &
+  smi=$!
+  python3 -m tasks.autoscaler --gpus "$gpus" --tick-s 1 --cooldown-s 2 --max-workers-per-gpu "${MAXW:-4}" \
+    --stop-grace-s 20 --log-dir "$B/$tag-logs" > "$R/$tag-autoscaler.log" 2>&1 &
+  local scaler=$! want=$(( 5 * $(echo "$gpus" | tr ',' '\n' | wc -l) ))
+  for _ in $(seq 240); do  # every family's first worker up (models loaded), as on a running cluster
+    [ "$(python3 -c "import redis; print(len(list(redis.Redis.from_url('$REDIS_URL').scan_iter('ff:worker:gpu*'))))")" -ge "$want" ] && break
+    sleep 0.5
+  done
+  echo "$tag: workers up $(( $(date +%s) - t0 )) s after start" >> "$R/report.txt"
+  timeout "${RUN_TIMEOUT_S:-200}" python3 scripts/enqueue_dataset.py "$B/raw" --out "$B/out-$tag" \
+    > "$R/$tag-enqueue.txt" 2>&1
+  echo "enqueue exit $?" >> "$R/$tag-enqueue.txt"
+  python3 - "$REDIS_URL" "$R/$tag" <<'PYEOF'
+import json, sys, redis
+r = redis.Redis.from_url(sys.argv[1], decode_responses=True)
+with open(sys.argv[2] + "-redis.json", "w") as f:
+    json.dump({"decisions": [json.loads(x) for x in r.lrange("ff:autoscale", 0, -1)],
+               "oom": r.lrange("ff:oom", 0, -1), "profiles": r.hgetall("ff:profiles")}, f)
+PYEOF
+  kill -TERM $scaler; wait $scaler; kill $smi "${cpus[@]}"; wait "${cpus[@]}" 2>/dev/null
+  python3 scripts/verify_dataset.py "$B/out-$tag" > "$R/$tag-verify.txt" 2>&1; echo "verify exit $?" >> "$R/$tag-verify.txt"
+  cp "$B/out-$tag/run_summary.json" "$R/$tag-summary.json" 2>/dev/null
+  grep -l "OutOfMemory\|out of memory" "$B/$tag-logs"/*.log > "$R/$tag-oom-logs.txt" 2>/dev/null
+}
+
+if [[ $PHASES == *A* ]]; then
+  CUDA_VISIBLE_DEVICES=$BOUND_GPU python3 bench/real_chain.py bound --config "$B/real.yaml" --raw "$B/raw" \
+    --out "$B/out-bound" --device "$DEV" > "$R/bound.json" 2> "$R/bound.err" &
+  bound=$!
+  phase A 0 4
+  wait $bound
+fi
+[[ $PHASES == *B* ]] && [ "$NGPU" -gt 1 ] && phase B 0,1 5
+if [[ $PHASES == *C* ]]; then
+  python3 bench/spawn_until_failure.py --stages-config "$B/real.yaml" --raw "$B/raw" --inputs "$B/out-A" --gpu 0 \
+    --device "$DEV" --every-s "${EVERY_S:-2}" --max-rounds "${MAX_ROUNDS:-16}" --timeout-s "${POOL_TIMEOUT_S:-150}" \
+    --log-dir "$B/pool-logs" > "$R/pool.json" 2> "$R/pool.err"
+fi
+python3 bench/real_chain.py report --results "$R" | tee -a "$R/report.txt"
+cp "$R/report.txt" "$OUT/"
+tar czf "$OUT/results.tgz" -C "$R" .
+tar czf "$OUT/logs.tgz" -C "$B" --exclude=res --exclude='*.npz' --exclude='*.hdf5' --exclude='*.h5' --exclude=weights \
+  --exclude=envs --exclude=upstream --exclude=models --exclude=raw --exclude=site . 2>/dev/null

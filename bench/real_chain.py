@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""The chain with the real upstream models (random weights) where they run, each stage in an environment of its own.
+
+    python bench/real_chain.py setup --base DIR [--real masks,tracks2d,hands] [--site DIR]
+    python bench/real_chain.py check --base DIR [--device cuda:0]
+    python bench/real_chain.py bound --config DIR/real.yaml --raw RAW --out OUT [--device cuda:0]
+    python bench/real_chain.py report --results DIR
+
+``setup`` lays out configs/real-gpu.yaml's models under DIR: the stages named by ``--real`` get
+their real upstream code (``../shared/upstream``'s snapshots, unpacked by tests.upstream.sources)
+and random weights in each upstream checkpoint format (bench/gpu_models.py's ``prepare``); the
+others, and all of them with ``--real ''``, the stand-ins of tests/standins. Each stage gets an
+interpreter of its own (a venv over this one's packages, with that model's code on its path), and
+DIR/real.yaml is configs/real-gpu.yaml on those folders and interpreters, tracks2d enabled.
+DIR/envs.json says what each stage runs. ``--site``: a folder of packages the real models need
+that this interpreter lacks (hydra-core, omegaconf, iopath for SAM 2; yacs, smplx, trimesh for WiLoR).
+
+What is a stand-in in a real stage: WiLoR's YOLO hand detector (its size is not in the checkout;
+the ultralytics stand-in gives fixed boxes) and pyrender (WiLoR builds renderers at load, nothing
+renders). ViPE (depth) and TAPIP3D (tracks) are stand-ins whenever they run here.
+
+``check`` loads every stage once (all at once, each from its interpreter); a real model that fails to
+load is replaced by its stand-in in DIR/real.yaml, and envs.json says so.
+
+``bound`` is the models' own compute bound: one process at a time, in chain order, runs one stage
+over every video (bench/stage_worker.py, from that stage's interpreter), its inputs read from the
+previous stage's outputs before each call (untimed); it prints one JSON line: the sum of the GPU
+stages' run times, per stage, and each stage's load time.
+
+``report`` reads what bench/gpu_real_autoscale.sh left in its results folder and prints the findings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+REAL = ("masks", "tracks2d", "hands")  # the stages whose real model runs from ../shared/upstream
+CHECKOUTS = {"masks": "facebookresearch+sam2", "tracks2d": "facebookresearch+co-tracker", "hands": "rolpotamias+WiLoR"}
+PREPARE = {"masks": "grounded_sam", "tracks2d": "cotracker", "hands": "wilor"}  # bench/gpu_models.py's names
+# pyrender needs EGL or OSMesa; WiLoR imports it and builds renderers at load, and nothing renders in inference.
+PYRENDER_STANDIN = (
+    '"""Stand-in for pyrender: WiLoR builds its renderers at load; nothing renders in inference."""\n'
+    "import sys\nfrom unittest import mock\n\nsys.modules[__name__] = mock.MagicMock(name='pyrender')\n"
+)
+
+
+def make_env(folder: Path, paths: list[Path], packages: list[Path], modules: dict[str, str]) -> Path:
+    """A venv over this interpreter's packages, with ``paths`` added and ``packages``/``modules`` of its own first."""
+    shutil.rmtree(folder, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    purelib = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    ours = [p for p in site.getsitepackages() if Path(p).is_dir()] or [sysconfig.get_paths()["purelib"]]
+    (purelib / "zz-framefleet-base.pth").write_text(
+        "".join(f"import site; site.addsitedir({str(p)!r})\n" for p in [*ours, *paths])
+    )
+    for package in packages:
+        shutil.copytree(package, purelib / package.name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name, text in modules.items():
+        (purelib / name).mkdir()
+        (purelib / name / "__init__.py").write_text(text)
+    return python
+
+
+def setup(base: Path, real: list[str], site_dir: Path | None) -> dict[str, Any]:
+    """Lay out models, environments and DIR/real.yaml under ``base``; return what each stage runs."""
+    import yaml
+
+    from tests.backends.standin_env import STANDINS, lay_out_upstream, real_gpu_yaml_on, standin_python
+    from tests.upstream.sources import source
+
+    models = base / "models"
+    shutil.rmtree(models, ignore_errors=True)
+    lay_out_upstream(models)
+    standin = standin_python()
+    text = real_gpu_yaml_on(models, str(standin))
+    (base / "standin.yaml").write_text(text)
+    conf = yaml.safe_load(text)
+    stages = conf["stages"]
+    runs = {s: {"python": str(standin), "runs": "stand-in (tests/standins)"} for s in stages if stages[s].get("python")}
+    upstream = base / "upstream"
+    shutil.rmtree(upstream, ignore_errors=True)
+    upstream.mkdir(parents=True)
+    extra = [site_dir] if site_dir else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, [*extra, os.environ.get("PYTHONPATH", "")]))}
+    preparing = {}
+    for stage in real:
+        checkout = source(CHECKOUTS[stage])
+        (upstream / CHECKOUTS[stage]).symlink_to(checkout)
+        argv = [sys.executable, str(ROOT / "bench" / "gpu_models.py"), "--step", "prepare", "--upstream", str(upstream)]
+        argv += ["--models", PREPARE[stage], "--weights", str(base / "weights"), "--clip", "-", "--out", str(base)]
+        log = open(base / f"prepare-{stage}.log", "w")  # noqa: SIM115 (the child keeps its own copy)
+        preparing[stage] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    for stage, proc in preparing.items():
+        if proc.wait() != 0:
+            raise SystemExit(f"random weights for {stage}: exit {proc.returncode}; see {base}/prepare-{stage}.log")
+        checkout = upstream / CHECKOUTS[stage]
+        weights = base / "weights" / PREPARE[stage]
+        folder = base / "envs" / stage
+        if stage == "hands":
+            (weights / "detector.pt").write_bytes(b"placeholder: the ultralytics stand-in checks that it exists")
+            python = make_env(folder, extra, [STANDINS / "site" / "ultralytics"], {"pyrender": PYRENDER_STANDIN})
+            stages[stage]["params"].update(repo_dir=str(checkout.resolve()), weights_dir=str(weights))
+            what = "WiLoR network (real, random weights); YOLO detector and pyrender: stand-ins"
+        else:
+            python = make_env(folder, [checkout.resolve(), *extra], [], {})
+            stages[stage]["params"]["weights_dir"] = str(weights)
+            what = {"masks": "GroundingDINO-base + SAM 2.1-L", "tracks2d": "CoTracker3 offline"}[stage]
+            what += " (real, random weights)"
+        stages[stage]["python"] = str(python)
+        runs[stage] = {"python": str(python), "runs": what}
+    (base / "real.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
+    (base / "envs.json").write_text(json.dumps(runs, indent=1))
+    return runs
+
+
+def check(base: Path, device: str) -> dict[str, Any]:
+    """Load every own-environment stage of DIR/real.yaml once, all at once; a real one that fails runs its stand-in.
+
+    Returns per stage its load time or error; DIR/real.yaml and DIR/envs.json are rewritten for a fallback.
+    """
+    import yaml
+
+    conf = yaml.safe_load((base / "real.yaml").read_text())
+    standin = yaml.safe_load((base / "standin.yaml").read_text())
+    runs = json.loads((base / "envs.json").read_text())
+    env = {**os.environ, "FRAMEFLEET_CONFIG": str(base / "real.yaml")}
+    procs = {}
+    for stage in runs:
+        argv = [conf["stages"][stage]["python"], str(ROOT / "bench" / "stage_worker.py"), stage, "--device", device]
+        procs[stage] = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+        )
+    result: dict[str, Any] = {}
+    for stage, proc in procs.items():
+        out, err = proc.communicate()
+        loaded = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        if proc.returncode == 0 and loaded:
+            result[stage] = {"load_s": loaded[0]["load_s"], "runs": runs[stage]["runs"]}
+            continue
+        error = (err.strip().splitlines() or ["?"])[-1][:400]
+        result[stage] = {"error": error, "runs": runs[stage]["runs"]}
+        if runs[stage]["runs"].startswith("stand-in"):
+            continue
+        conf["stages"][stage] = standin["stages"][stage]
+        runs[stage] = {
+            "python": standin["stages"][stage]["python"],
+            "runs": f"stand-in (tests/standins): the real model failed to load: {error}",
+        }
+        result[stage]["fallback"] = "stand-in"
+    (base / "real.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
+    (base / "envs.json").write_text(json.dumps(runs, indent=1))
+    return result
+
+
+def run_stage(python: str, stage: str, jobs: list[dict[str, Any]], device: str, env: dict[str, str]) -> list[dict]:
+    """Run ``stage`` over ``jobs`` in one bench/stage_worker.py process (saving its outputs); its JSON events."""
+    argv = [python, str(ROOT / "bench" / "stage_worker.py"), stage, "--device", device, "--save"]
+    text = "".join(json.dumps(j) + "\n" for j in jobs)
+    done = subprocess.run(argv, input=text, capture_output=True, text=True, env=env, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"{stage}: exit {done.returncode}\n{done.stderr[-3000:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def bound(config: Path, raw: Path, out: Path, device: str) -> dict[str, Any]:
+    """The GPU stages' own time over every video of ``raw``, one stage process at a time (see the module's doc)."""
+    os.environ["FRAMEFLEET_CONFIG"] = str(config)
+    from bench.modes_local import jobs_for
+    from tasks.celery_app import settings
+    from tasks.stages import GPU_STAGES
+
+    conf = settings()
+    jobs = jobs_for(raw.resolve(), out, run_id="bound")
+    chain = list(jobs[0]["chain"])
+    result: dict[str, Any] = {"videos": len(jobs), "per_stage_s": {}, "load_s": {}}
+    env = dict(os.environ)
+    for stage in [chain[0], *(s for s in chain if s in GPU_STAGES)]:
+        gpu = stage in GPU_STAGES
+        events = run_stage(conf.stages[stage].python or sys.executable, stage, jobs, device if gpu else "cpu", env)
+        if gpu:
+            result["per_stage_s"][stage] = round(sum(e["run_s"] for e in events if e["event"] == "done"), 3)
+            result["load_s"][stage] = next(e["load_s"] for e in events if e["event"] == "loaded")
+    result["bound_s"] = round(sum(result["per_stage_s"].values()), 3)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("setup")
+    s.add_argument("--base", type=Path, required=True)
+    s.add_argument("--real", default=",".join(REAL), help="stages that run their real model ('' for none)")
+    s.add_argument("--site", type=Path, help="a folder of packages the real models need")
+    c = sub.add_parser("check")
+    c.add_argument("--base", type=Path, required=True)
+    c.add_argument("--device", default="cuda:0")
+    r = sub.add_parser("report")
+    r.add_argument("--results", type=Path, required=True)
+    b = sub.add_parser("bound")
+    b.add_argument("--config", type=Path, required=True)
+    b.add_argument("--raw", type=Path, required=True)
+    b.add_argument("--out", type=Path, required=True)
+    b.add_argument("--device", default="cuda:0")
+    args = parser.parse_args(argv)
+    if args.command == "setup":
+        real = [r for r in args.real.split(",") if r]
+        unknown = sorted(set(real) - set(REAL))
+        if unknown:
+            parser.error(f"--real: {unknown} have no real model here; choose from {', '.join(REAL)}")
+        print(json.dumps(setup(args.base.resolve(), real, args.site.resolve() if args.site else None), indent=1))
+    elif args.command == "check":
+        print(json.dumps(check(args.base.resolve(), args.device), indent=1))
+    elif args.command == "report":
+        from bench.real_chain_report import report
+
+        print(report(args.results))
+    else:
+        print(json.dumps(bound(args.config.resolve(), args.raw, args.out.resolve(), args.device)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
