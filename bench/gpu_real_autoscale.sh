@@ -23,7 +23,8 @@ NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 DEV=$([ "$NGPU" -gt 0 ] && echo cuda:0 || echo cpu)
 BOUND_GPU=$([ "$NGPU" -gt 1 ] && echo 1 || echo 0)
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$R/gpus.csv" 2>&1
-export FRAMEFLEET_UPSTREAM_SRC=${UPSTREAM_ARCHIVES:-$(cd .. && pwd)/shared/upstream}
+# The snapshots: $UPSTREAM_ARCHIVES, else shared/upstream beside the repository (tests/upstream/sources.py finds it).
+[ -n "${UPSTREAM_ARCHIVES:-}" ] && export FRAMEFLEET_UPSTREAM_SRC=$UPSTREAM_ARCHIVES
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 SITE=()
 if [ -n "${WHEELS:-}" ]; then
@@ -41,8 +42,11 @@ export FRAMEFLEET_CONFIG=$B/real.yaml
 
 phase() {  # tag, GPUs, Redis db: the autoscaler over the videos, enqueue -> statistics, verified
   local tag=$1 gpus=$2 db=$3 cpus=() smi
-  export REDIS_URL=redis://127.0.0.1:6379/$db
+  export REDIS_URL=redis://127.0.0.1:${REDIS_PORT:-6379}/$db
   python3 -c "import redis; redis.Redis.from_url('$REDIS_URL').flushdb()"
+  # B starts from the peaks A learned (ff:profiles persists in a real deployment's Redis)
+  [ "$tag" = B ] && python3 -c "import redis; p = redis.Redis(port=${REDIS_PORT:-6379}, db=4).hgetall('ff:profiles'); \
+p and redis.Redis.from_url('$REDIS_URL').hset('ff:profiles', mapping=p)"
   for i in $(seq "${CPUW:-6}"); do
     python3 -m celery -A tasks worker -Q cpu -P solo -n "cpu$i-$tag@%h" -l WARNING > "$B/$tag-cpu$i.log" 2>&1 &
     cpus+=($!)
@@ -68,7 +72,7 @@ with open(sys.argv[2] + "-redis.json", "w") as f:
     json.dump({"decisions": [json.loads(x) for x in r.lrange("ff:autoscale", 0, -1)],
                "oom": r.lrange("ff:oom", 0, -1), "profiles": r.hgetall("ff:profiles")}, f)
 PYEOF
-  kill -TERM $scaler; wait $scaler; kill $smi "${cpus[@]}"; wait "${cpus[@]}" 2>/dev/null
+  kill -TERM $scaler; wait $scaler; kill $smi "${cpus[@]}" 2>/dev/null; wait "${cpus[@]}" 2>/dev/null
   python3 scripts/verify_dataset.py "$B/out-$tag" > "$R/$tag-verify.txt" 2>&1; echo "verify exit $?" >> "$R/$tag-verify.txt"
   cp "$B/out-$tag/run_summary.json" "$R/$tag-summary.json" 2>/dev/null
   grep -l "OutOfMemory\|out of memory" "$B/$tag-logs"/*.log > "$R/$tag-oom-logs.txt" 2>/dev/null
@@ -85,7 +89,7 @@ fi
 if [[ $PHASES == *C* ]]; then
   python3 bench/spawn_until_failure.py --stages-config "$B/real.yaml" --raw "$B/raw" --inputs "$B/out-A" --gpu 0 \
     --device "$DEV" --every-s "${EVERY_S:-2}" --max-rounds "${MAX_ROUNDS:-16}" --timeout-s "${POOL_TIMEOUT_S:-150}" \
-    --log-dir "$B/pool-logs" > "$R/pool.json" 2> "$R/pool.err"
+    --host-floor-mib "${HOST_FLOOR_MIB:-49152}" --log-dir "$B/pool-logs" > "$R/pool.json" 2> "$R/pool.err"
 fi
 python3 bench/real_chain.py report --results "$R" | tee -a "$R/report.txt"
 cp "$R/report.txt" "$OUT/"

@@ -57,7 +57,9 @@ def phase_lines(res: Path, tag: str) -> tuple[list[str], float | None]:
     red = _load(res / f"{tag}-redis.json") or {}
     if summary is None:
         return [f"{tag}: no run_summary.json (see {tag}-enqueue.txt)"], None
-    verify = (res / f"{tag}-verify.txt").read_text().strip().splitlines() if (res / f"{tag}-verify.txt").is_file() else []
+    verify = (
+        (res / f"{tag}-verify.txt").read_text().strip().splitlines() if (res / f"{tag}-verify.txt").is_file() else []
+    )
     oom_logs = (res / f"{tag}-oom-logs.txt").read_text().split() if (res / f"{tag}-oom-logs.txt").is_file() else []
     wall = float(summary["wall_s"])
     lines = [
@@ -82,7 +84,9 @@ def report(res: Path) -> str:
         lines.append(f"stage {stage}: {row.get('runs')}; load {row.get('load_s', row.get('error'))}")
     bound = _load(res / "bound.json")
     if bound:
-        lines.append(f"(a) compute bound {bound['bound_s']:.1f} s over {bound['videos']} videos: {bound['per_stage_s']}")
+        lines.append(
+            f"(a) compute bound {bound['bound_s']:.1f} s over {bound['videos']} videos: {bound['per_stage_s']}"
+        )
     else:
         lines.append("(a) compute bound: none (see bound.err)")
     a_lines, t1 = phase_lines(res, "A")

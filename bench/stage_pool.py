@@ -140,7 +140,9 @@ def run_pool(args: argparse.Namespace) -> dict[str, Any]:
     rounds, stop_reason, next_round = 0, "", started
     while not stop_reason:
         now = time.monotonic()
-        if failed():
+        if rounds == 0:
+            pass  # the first round always starts
+        elif failed():
             stop_reason = "a process failed"
         elif rounds >= args.max_rounds:
             stop_reason = f"--max-rounds {args.max_rounds}"
@@ -148,7 +150,7 @@ def run_pool(args: argparse.Namespace) -> dict[str, Any]:
             stop_reason = f"host RAM below {args.host_floor_mib:.0f} MiB available"
         elif now - started > args.timeout_s / 2:
             stop_reason = "half of --timeout-s spent spawning"
-        elif now >= next_round:
+        if not stop_reason and now >= next_round:
             rounds += 1
             for stage in stages:
                 spawn(stage, rounds)
