@@ -26,18 +26,26 @@ nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$R
 # The snapshots: $UPSTREAM_ARCHIVES, else shared/upstream beside the repository (tests/upstream/sources.py finds it).
 [ -n "${UPSTREAM_ARCHIVES:-}" ] && export FRAMEFLEET_UPSTREAM_SRC=$UPSTREAM_ARCHIVES
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+t0=$(date +%s)
 SITE=()
 if [ -n "${WHEELS:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$B/site" "$WHEELS"/* || exit 1
   SITE=(--site "$B/site")
 fi
-t0=$(date +%s)
+save() {  # what is measured so far comes back even if the call is cut short
+  echo "$1 $(( $(date +%s) - t0 )) s" >> "$OUT/progress.txt"
+  tar czf "$OUT/results.tgz" -C "$R" . 2>/dev/null
+}
+
+save "wheels installed"
 python3 bench/real_chain.py setup --base "$B" --real "${REAL-masks,tracks2d,hands}" "${SITE[@]}" > "$R/setup.txt" 2>&1 \
   || { cat "$R/setup.txt" "$B"/prepare-*.log; exit 1; }
 python3 scripts/make_sample_dataset.py "$B/raw" --videos "${VIDEOS:-6}" --seconds "${CLIP_S:-2-2.5}" > /dev/null
+save "models and environments laid out"
 python3 bench/real_chain.py check --base "$B" --device "$DEV" > "$R/check.json" 2> "$R/check.err"
 cp "$B/real.yaml" "$B/envs.json" "$R/"
 echo "setup $(( $(date +%s) - t0 )) s" | tee "$R/report.txt"
+save "setup done"
 export FRAMEFLEET_CONFIG=$B/real.yaml
 
 phase() {  # tag, GPUs, Redis db: the autoscaler over the videos, enqueue -> statistics, verified
@@ -62,6 +70,7 @@ p and redis.Redis.from_url('$REDIS_URL').hset('ff:profiles', mapping=p)"
     sleep 0.5
   done
   echo "$tag: workers up $(( $(date +%s) - t0 )) s after start" >> "$R/report.txt"
+  save "$tag: workers up"
   timeout "${RUN_TIMEOUT_S:-200}" python3 scripts/enqueue_dataset.py "$B/raw" --out "$B/out-$tag" \
     > "$R/$tag-enqueue.txt" 2>&1
   echo "enqueue exit $?" >> "$R/$tag-enqueue.txt"
@@ -76,6 +85,8 @@ PYEOF
   python3 scripts/verify_dataset.py "$B/out-$tag" > "$R/$tag-verify.txt" 2>&1; echo "verify exit $?" >> "$R/$tag-verify.txt"
   cp "$B/out-$tag/run_summary.json" "$R/$tag-summary.json" 2>/dev/null
   grep -l "OutOfMemory\|out of memory" "$B/$tag-logs"/*.log > "$R/$tag-oom-logs.txt" 2>/dev/null
+  tail -n 30 "$B/$tag-logs"/*.log > "$R/$tag-worker-tails.txt" 2>/dev/null
+  save "$tag done"
 }
 
 if [[ $PHASES == *A* ]]; then

@@ -15,6 +15,7 @@ DIR/real.yaml is configs/real-gpu.yaml on those folders and interpreters, tracks
 DIR/envs.json says what each stage runs. ``--site``: a folder of packages the real models need
 that this interpreter lacks (hydra-core, omegaconf, iopath for SAM 2; yacs, smplx, trimesh for WiLoR).
 
+The masks stage follows one object (``max_objects: 1``): random weights fire on hundreds of boxes.
 What is a stand-in in a real stage: WiLoR's YOLO hand detector (its size is not in the checkout;
 the ultralytics stand-in gives fixed boxes) and pyrender (WiLoR builds renderers at load, nothing
 renders). ViPE (depth) and TAPIP3D (tracks) are stand-ins whenever they run here.
@@ -124,6 +125,10 @@ def setup(base: Path, real: list[str], site_dir: Path | None) -> dict[str, Any]:
         else:
             python = make_env(folder, [checkout.resolve(), *extra], [], {})
             stages[stage]["params"]["weights_dir"] = str(weights)
+            if stage == "masks":
+                # An untrained GroundingDINO clears y2r's 0.3 on hundreds of boxes, and SAM 2 then follows each
+                # (15 s a frame on an H200); a trained one finds the block: SAM 2 follows its best box.
+                stages[stage]["params"]["max_objects"] = 1
             what = {"masks": "GroundingDINO-base + SAM 2.1-L", "tracks2d": "CoTracker3 offline"}[stage]
             what += " (real, random weights)"
         stages[stage]["python"] = str(python)

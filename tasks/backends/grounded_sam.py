@@ -71,6 +71,14 @@ def sam2_images(frames: np.ndarray, image_size: int) -> np.ndarray:
     return out
 
 
+def strongest(boxes: np.ndarray, scores: np.ndarray, max_objects: int | None) -> np.ndarray:
+    """Return the ``max_objects`` highest-scoring of ``boxes`` (N, 4), best first; all of them, in order, for None."""
+    if max_objects is None or len(boxes) <= max_objects:
+        return boxes
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")[:max_objects]
+    return boxes[order]
+
+
 def write_lossless_frames(frames: np.ndarray, folder: Path) -> None:
     """Write ``frames`` (T, H, W, 3) as ``00000.jpg``... holding PNG data (SAM 2 wants the name; PIL reads the data)."""
     from PIL import Image
@@ -85,7 +93,10 @@ class GroundedSamMasks(MasksBackend):
     """Object masks (T, H, W) bool of the object a text prompt names; None when nothing is found (y2r saves no mask).
 
     ``weights_dir`` holds ``grounding-dino-base/`` (a Hugging Face snapshot) and
-    ``sam2_checkpoint``; ``box_threshold`` is GroundingDINO's score threshold (0-1).
+    ``sam2_checkpoint``; ``box_threshold`` is GroundingDINO's score threshold (0-1);
+    ``max_objects``: SAM 2 follows at most this many boxes, the highest-scoring (default: every box
+    above the threshold, as y2r). SAM 2's time grows with the objects it follows: a detector that
+    fires on hundreds of boxes (an untrained one does) costs seconds per frame.
     """
 
     local_params = ("weights_dir",)
@@ -100,11 +111,16 @@ class GroundedSamMasks(MasksBackend):
         sam2_config: str = "configs/sam2.1/sam2.1_hiera_l.yaml",
         box_threshold: float = 0.3,
         key_frame_idx: int = 0,
+        max_objects: int | None = None,
         **unknown: Any,
     ) -> None:
         check_params(
-            type(self), unknown, "weights_dir, detector, sam2_checkpoint, sam2_config, box_threshold, key_frame_idx"
+            type(self),
+            unknown,
+            "weights_dir, detector, sam2_checkpoint, sam2_config, box_threshold, key_frame_idx, max_objects",
         )
+        if max_objects is not None and int(max_objects) < 1:
+            raise ValueError(f"max_objects must be >= 1 (or unset: every box), got {max_objects}")
         super().__init__()
         self.weights_dir = weights_dir
         self.detector = detector
@@ -112,6 +128,7 @@ class GroundedSamMasks(MasksBackend):
         self.sam2_config = sam2_config
         self.box_threshold = float(box_threshold)
         self.key_frame_idx = int(key_frame_idx)
+        self.max_objects = None if max_objects is None else int(max_objects)
         self._api: dict[str, Any] = {}
 
     def load(self, device: str) -> None:
@@ -158,7 +175,8 @@ class GroundedSamMasks(MasksBackend):
         return masks
 
     def _boxes(self, frame: np.ndarray, text: str) -> np.ndarray:
-        """Return GroundingDINO's boxes (N, 4) xyxy pixels above ``box_threshold`` on one RGB frame."""
+        """Return GroundingDINO's boxes (N, 4) xyxy pixels above ``box_threshold`` on one RGB frame (``max_objects``
+        of them at most, the best first)."""
         from PIL import Image
 
         torch, processor = self._api["torch"], self._api["processor"]
@@ -169,7 +187,8 @@ class GroundedSamMasks(MasksBackend):
         results = processor.post_process_grounded_object_detection(
             outputs, inputs.input_ids, target_sizes=[image.size[::-1]], threshold=self.box_threshold
         )
-        return np.asarray(results[0]["boxes"].cpu().numpy(), dtype=np.float32).reshape(-1, 4)
+        boxes = np.asarray(results[0]["boxes"].cpu().numpy(), dtype=np.float32).reshape(-1, 4)
+        return strongest(boxes, results[0]["scores"].cpu().numpy().reshape(-1), self.max_objects)
 
     def init_state(self, frames: np.ndarray) -> dict[str, Any]:
         """Return SAM 2's inference state for ``frames`` (T, H, W, 3), its images as y2r's sam2 makes them."""

@@ -255,6 +255,42 @@ def test_tapip3d_depth_roi_with_too_few_depths_fails_the_video_with_its_reason(t
     assert res["4"] == {"points": [4]}  # four are enough for TAPIP3D's depth range
 
 
+CAPPED = """
+import json, sys
+import numpy as np
+from tasks.backends import get_backend
+
+frames = np.zeros((6, 384, 512, 3), np.uint8)
+frames[:, 100:200, 300:420] = 220  # a bright block, scored 0.9; the detector's other queries score 0.1
+out = {}
+for cap in (None, 1):
+    masks = get_backend("masks", "grounded_sam", weights_dir=sys.argv[1], box_threshold=0.05, max_objects=cap)
+    masks.load("cpu")
+    found = masks.segment(frames, "red block")
+    out[str(cap)] = [len(masks._boxes(frames[0], "red block.")), int(found.sum()), bool(found[:, 190, 250].all())]
+print(json.dumps(out))
+"""
+
+
+def test_max_objects_keeps_the_best_boxes_only(tmp_path, standin_py):
+    dirs = lay_out_upstream(tmp_path / "upstream")
+    run = subprocess.run(
+        [standin_py, "-c", CAPPED, str(dirs["gsam"])],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin"},
+    )
+    assert run.returncode == 0, run.stderr
+    res = json.loads(run.stdout.strip().splitlines()[-1])
+    # Every query clears a 0.05 threshold: SAM 2 follows all of them, the block and the weak boxes around the centre.
+    boxes, area, centre = res["None"]
+    assert boxes > 1 and area > 6 * 100 * 120 and centre
+    # At most one object: the highest-scoring box, the block, alone.
+    assert res["1"] == [1, 6 * 100 * 120, False]
+
+
 MISSING = [
     pytest.param(
         "depth: {{backend: vipe, params: {{weights_dir: '{vipe}'}}}}",
