@@ -2,7 +2,10 @@
 # The autoscaler with the real upstream models (random weights) on the GPU machine, configs/real-gpu.yaml's
 # layout (every model stage on its own queue gpuN.<stage>, started from its own interpreter), against the
 # models' own compute bound and the predecessor's pool, on the same videos, in one call. -> $OUT
-#   source .device/activate.sh; WHEELS=DIR bash bench/gpu_real_autoscale.sh
+#   source .device/activate.sh; UPSTREAM_ARCHIVES=DIR WHEELS=DIR bash bench/gpu_real_autoscale.sh
+# UPSTREAM_ARCHIVES: a folder with ../shared/upstream's facebookresearch+co-tracker, facebookresearch+sam2 and
+# rolpotamias+WiLoR archives (carry a copy: the GPU machine has no ../shared beside the tree; default: found by
+# tests/upstream/sources.py). About 5.5 minutes on 2 GPUs (setup 60 s); use a call limit of 420 s or more.
 # masks (GroundingDINO-base + SAM 2.1-L), tracks2d (CoTracker3) and hands (the WiLoR network) run their
 # real code from ../shared/upstream (REAL=masks,tracks2d,hands); depth (ViPE) and tracks (TAPIP3D) run the
 # stand-ins of tests/standins (bench/real_chain.py says what else is a stand-in). WHEELS: wheels the real
