@@ -102,7 +102,7 @@ fi
 [[ $PHASES == *B* ]] && [ "$NGPU" -gt 1 ] && phase B 0,1 5
 if [[ $PHASES == *C* ]]; then
   python3 bench/spawn_until_failure.py --stages-config "$B/real.yaml" --raw "$B/raw" --inputs "$B/out-A" --gpu 0 \
-    --device "$DEV" --every-s "${EVERY_S:-2}" --max-rounds "${MAX_ROUNDS:-16}" --timeout-s "${POOL_TIMEOUT_S:-150}" \
+    --device "$DEV" --every-s "${EVERY_S:-1}" --max-rounds "${MAX_ROUNDS:-16}" --timeout-s "${POOL_TIMEOUT_S:-120}" \
     --host-floor-mib "${HOST_FLOOR_MIB:-49152}" --log-dir "$B/pool-logs" > "$R/pool.json" 2> "$R/pool.err"
 fi
 python3 bench/real_chain.py report --results "$R" | tee -a "$R/report.txt"
