@@ -126,9 +126,18 @@ def setup(base: Path, real: list[str], site_dir: Path | None) -> dict[str, Any]:
             python = make_env(folder, [checkout.resolve(), *extra], [], {})
             stages[stage]["params"]["weights_dir"] = str(weights)
             if stage == "masks":
-                # An untrained GroundingDINO clears y2r's 0.3 on hundreds of boxes, and SAM 2 then follows each
-                # (15 s a frame on an H200); a trained one finds the block: SAM 2 follows its best box.
-                stages[stage]["params"]["max_objects"] = 1
+                # y2r's grounding-dino option (configs/real-gpu.yaml runs its default, SAM 3). An untrained
+                # GroundingDINO clears y2r's 0.3 on many boxes, and SAM 2 then follows each (15 s a frame
+                # on an H200); a trained one finds the block: SAM 2 follows the best box.
+                prompt = stages[stage]["params"].get("text_prompt", "red t-shaped block.")
+                stages[stage]["backend"] = "grounded_sam"
+                stages[stage]["params"] = {
+                    "weights_dir": str(weights),
+                    "text_prompt": prompt,
+                    "box_threshold": 0.3,
+                    "key_frame_idx": 0,
+                    "max_objects": 1,
+                }
             what = {"masks": "GroundingDINO-base + SAM 2.1-L", "tracks2d": "CoTracker3 offline"}[stage]
             what += " (real, random weights)"
         stages[stage]["python"] = str(python)
