@@ -39,8 +39,9 @@ RUN_INFO_PREFIX = "ff:runinfo:"  # + run id: where an earlier version kept the r
 LEGACY_STAGE_LOG = "ff:stages"  # an earlier version's global stage log, never expired: deleted at a run's end
 LEGACY_QUARANTINE_PREFIX = "ff:quarantine:"  # + root hash: an earlier version's copy of a root's quarantine
 CANCELLED_PREFIX = "ff:cancelled:"  # + run id: the run was cancelled (framefleet cancel)
-# + run id + ":" + stage: a worker sent the run's stage on, having other settings (tasks.pipeline.same_settings)
-SETTINGS_WAIT_PREFIX = "ff:settings-wait:"
+# set of the settings queues routing has sent to (worker_config.settings_match.settings_queue): where a task waits
+# for a worker with its run's settings; read by the stall report, the sweep, the rebalancer and the autoscaler
+SETTINGS_QUEUES = "ff:settings-queues"
 REQUEUES_PREFIX = "ff:requeues:"  # + run id: list of requeues after a lost worker (tasks.delivery.requeues)
 RESENT_PREFIX = "ff:resent:"  # + run id: list of videos the sweep sent again, with stage and time (tasks.run.sweep)
 SWEEP_PREFIX = "ff:sweep:"  # + run id: hash video id -> when a sweep first found it nowhere (tasks.run.sweep)

@@ -137,7 +137,8 @@ def test_a_run_enqueued_for_workers_that_will_come_waits_says_why_and_runs_only_
         assert "waits for a worker with its settings: depth: classical (run) vs synthetic (workers gpu0@test)" in stall
         started = f"FRAMEFLEET_CONFIG={env['FRAMEFLEET_CONFIG']} FRAMEFLEET_DEFAULT_BACKENDS=synthetic celery -A tasks"
         assert started + " worker -Q gpu0" in stall
-        assert "sent on" in workers.log("gpu0") and "ran depth" not in workers.log("gpu0")
+        # Routed past the worker without them, straight to the settings queue only a matching worker consumes.
+        assert "(1 tasks wait in gpu0~depth-" in stall and "ran depth" not in workers.log("gpu0")
         status = run_script("status.py", "--out", str(out), env=pipeline_env)
         assert "  depth: classical (run) vs synthetic (workers gpu0@test)" in status.stdout, status.stderr
 

@@ -229,6 +229,8 @@ class Settings(BaseSettings):
 
     def gpu_index(self, queue: str) -> int | None:
         """Return N for a queue named ``{gpu_queue_prefix}N`` or ``{gpu_queue_prefix}N.{stage}``, else None."""
+        if "~" in queue:  # a settings queue beside a GPU queue (worker_config.settings_match.settings_queue)
+            return None
         suffix = queue[len(self.gpu_queue_prefix) :].split(".", 1)[0]
         if queue.startswith(self.gpu_queue_prefix) and suffix.isdigit():
             return int(suffix)

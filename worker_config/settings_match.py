@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CONFIG_ENV = "FRAMEFLEET_CONFIG"
+# A settings queue, ``<queue>~<stage>-<sha256[:12]>``: the tasks of ``stage`` that must run under those settings,
+# where ``queue``'s workers do not all have them. Only workers with them consume it (each worker consumes one
+# per queue and stage it hosts), so a task sent there is never taken by a worker that would send it on again.
+SETTINGS_QUEUE_SEP = "~"
+SETTINGS_QUEUE_HASH_CHARS = 12
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,33 @@ def unserved(run_stages: Mapping[str, Mapping[str, Any]], workers: Sequence[Mapp
         if hosts and not any(serves(w, stage, entry["sha256"]) for w in hosts):
             found.append(Unserved(stage, entry, hosts))
     return found
+
+
+def settings_queue(queue: str, stage: str, sha256: str) -> str:
+    """The settings queue of ``stage`` under the settings ``sha256`` beside ``queue`` (cpu, gpuN, gpuN.<stage>)."""
+    return f"{queue}{SETTINGS_QUEUE_SEP}{stage}-{sha256[:SETTINGS_QUEUE_HASH_CHARS]}"
+
+
+def parse_settings_queue(name: str) -> tuple[str, str, str] | None:
+    """(queue, stage, the hash's first characters) of a settings queue; None for any other queue name."""
+    queue, sep, rest = name.partition(SETTINGS_QUEUE_SEP)
+    stage, dash, digest = rest.rpartition("-")
+    if not sep or not dash or not stage or len(digest) != SETTINGS_QUEUE_HASH_CHARS:
+        return None
+    return queue, stage, digest
+
+
+def settings_route(queue: str, stage: str, sha256: str | None, workers: Sequence[Mapping[str, Any]]) -> str:
+    """Where a task of ``stage`` that routing sent to ``queue`` goes: ``queue`` itself when every live worker
+    of ``queue`` hosting the stage has the run's settings (or none hosts it there: it waits for one as any
+    task does), else the settings queue, which only those with them consume (none yet: it waits there for
+    one, and the stall report and the autoscaler read it)."""
+    if not sha256:
+        return queue  # a job of an earlier version: any worker runs it
+    hosts = [w for w in workers if queue in w.get("queues", []) and stage in w.get("stages", [])]
+    if not hosts or all(serves(w, stage, sha256) for w in hosts):
+        return queue
+    return settings_queue(queue, stage, sha256)
 
 
 def _params(entry: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -11,12 +11,13 @@ import redis
 
 from tasks import keys
 from tasks.celery_app import TASK_PREFIX
-from tasks.delivery import queues, transport
+from tasks.delivery import queues, settings_queues, transport
 from tasks.delivery.routing import job_of
 from tasks.job import Job
 from tasks.workers import registry
 from worker_config.routing import QueueLoad, choose_gpu_queue
 from worker_config.settings import Settings
+from worker_config.settings_match import parse_settings_queue
 
 log = logging.getLogger(__name__)
 LOCK_KEY = keys.REBALANCE_LOCK
@@ -58,9 +59,36 @@ def rebalance(r: redis.Redis, conf: Settings, max_moves: int = 100, broker: redi
     moved = 0
     for queue in sorted(registry.known_gpu_queues(r) - live):
         moved += _drain(r, broker, queue, workers, max_moves - moved)
+    moved += _unpark(r, broker, conf, workers, max_moves - moved)
     for stage in _queue_families(conf):
         moved += _balance(broker, registry.queue_loads(r, stage, workers, broker), max_moves - moved)
     return moved
+
+
+def _unpark(r: redis.Redis, broker: redis.Redis, conf: Settings, workers: list[dict[str, Any]], max_moves: int) -> int:
+    """Move the tasks of a settings queue that no live worker consumes to the same settings beside another
+    queue that one does (a worker with the run's settings came up on another GPU than the one they waited on)."""
+    consumed = sorted({q for w in workers for q in w.get("settings_queues", [])})
+    moved = 0
+    for queue in settings_queues.unconsumed(r, broker, workers):
+        wanted = (parse_settings_queue(queue) or ("", "", ""))[1:]
+        targets = [q for q in consumed if (parse_settings_queue(q) or ("", "", ""))[1:] == wanted]
+        for priority in queues.PRIORITY_STEPS if targets else ():
+            source, index = queues.key_for(queue, priority), -1
+            while moved < max_moves and (raw := broker.lindex(source, index)) is not None:
+                job = settings_queues.job_in(raw)
+                may = [t for t in targets if job is None or job.gpus is None or _gpu_of(conf, t) in job.gpus]
+                if may and broker.eval(_MOVE_IF_SAME, 2, source, queues.key_for(may[0], priority), raw, index):
+                    transport.ring(broker, may[0])
+                    moved += 1
+                    log.warning("moved a task waiting in %s (no live worker) to %s", queue, may[0])
+                else:
+                    index -= 1
+    return moved
+
+
+def _gpu_of(conf: Settings, queue: str) -> int | None:
+    return conf.gpu_index((parse_settings_queue(queue) or (queue, "", ""))[0])
 
 
 def _queue_families(conf: Settings) -> list[str]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import redis
 
+from tasks import keys
 from tasks.celery_app import TASK_PREFIX, settings
 from tasks.delivery import queues
 from tasks.job import Job
@@ -16,7 +17,7 @@ from tasks.redis_client import get_redis
 from tasks.stages import GPU_STAGES, STAGE_NAMES
 from tasks.workers import registry
 from worker_config.routing import choose_gpu_queue
-from worker_config.settings_match import serves
+from worker_config.settings_match import parse_settings_queue, serves, settings_route
 
 log = logging.getLogger(__name__)
 # How long the router reuses its own read of the worker registry (s). Workers publish their state
@@ -83,14 +84,17 @@ def for_settings(workers: list[dict[str, Any]], stage: str, sha256: str | None) 
 
 
 def _queue_of(name: str, args: Any, kwargs: Any) -> dict[str, Any] | None:
-    """CPU stages and failed jobs to the cpu queue, GPU stages by live load (among workers with the run's settings)."""
+    """CPU stages and failed jobs to the cpu queue, GPU stages by live load (among workers with the run's
+    settings); to a settings queue beside it where that queue's workers do not all have the run's (``_settled``)."""
     conf = settings()
     if not name.startswith(TASK_PREFIX):
         return None
     stage = name[len(TASK_PREFIX) :]
     job = job_of(args, kwargs)
-    if stage not in GPU_STAGES or job is None or job.failed:
+    if job is None or job.failed:
         return {"queue": conf.cpu_queue}
+    if stage not in GPU_STAGES:
+        return {"queue": _settled(conf.cpu_queue, stage, job)}
     allowed = list(job.gpus) if job.gpus is not None else None
     previous = job.gpu
     try:
@@ -102,7 +106,7 @@ def _queue_of(name: str, args: Any, kwargs: Any) -> dict[str, Any] | None:
         log.warning("routing %s without load readings (%s)", stage, exc)
         choice = None
     if choice is not None:
-        return {"queue": choice.queue}
+        return {"queue": _settled(choice.queue, stage, job)}
     fallback = previous if previous is not None else min(allowed) if allowed else 0
     log.warning(
         "no live worker hosts %s%s; queued on %s until one registers or the rebalancer moves it",
@@ -111,3 +115,38 @@ def _queue_of(name: str, args: Any, kwargs: Any) -> dict[str, Any] | None:
         conf.stage_queue(stage, fallback),
     )
     return {"queue": conf.stage_queue(stage, fallback)}
+
+
+def _settled(queue: str, stage: str, job: Job) -> str:
+    """``queue``, or its settings queue for the job's settings of ``stage`` (settings_match.settings_route),
+    which is then listed in ff:settings-queues for the stall report, the sweep, the rebalancer and the autoscaler."""
+    sha256 = job.settings.get(stage)
+    if not sha256:
+        return queue
+    conf = settings()
+    try:
+        r = get_redis(conf.redis_url)
+        target = settings_route(queue, stage, sha256, live_workers(r, conf.redis_url))
+        if target != queue:
+            r.sadd(keys.SETTINGS_QUEUES, target)
+    except redis.RedisError as exc:
+        log.warning("routing %s without the registry (%s)", stage, exc)
+        return queue
+    return target
+
+
+def handoff_queue(stage: str, job: Job) -> str:
+    """The settings queue a worker without the job's settings for ``stage`` sends its task to: beside the
+    queue routing picks (a GPU where a worker has them, if any does), whoever else consumes it."""
+    from worker_config.settings_match import settings_queue
+
+    sha256 = job.settings[stage]
+    route = _queue_of(TASK_PREFIX + stage, (job.to_dict(),), {}) or {"queue": settings().cpu_queue}
+    parsed = parse_settings_queue(route["queue"])
+    target = route["queue"] if parsed else settings_queue(route["queue"], stage, sha256)
+    if not parsed:
+        try:
+            get_redis(settings().redis_url).sadd(keys.SETTINGS_QUEUES, target)
+        except redis.RedisError as exc:
+            log.warning("%s not listed in %s (%s)", target, keys.SETTINGS_QUEUES, exc)
+    return target

@@ -11,13 +11,13 @@ from typing import Any
 
 import redis
 
-from tasks import keys
-from tasks.delivery import leases, queues
+from tasks.delivery import leases, queues, settings_queues
 from tasks.delivery.routing import job_of
 from tasks.job import Job
+from tasks.run import runs
 from tasks.workers import registry
 from worker_config.settings import Settings
-from worker_config.settings_match import explain, serves, unserved
+from worker_config.settings_match import explain, parse_settings_queue, unserved
 
 
 class RunLost(RuntimeError):
@@ -41,7 +41,7 @@ def queue_names(broker: redis.Redis, r: redis.Redis, conf: Settings) -> list[str
         q if isinstance(q, str) else q.decode() for q in broker.scan_iter(match=conf.gpu_queue_prefix + "*", count=500)
     }
     found = {queues.logical_name(q) for q in found if broker.type(q) in ("list", b"list")}
-    return sorted(found | registry.known_gpu_queues(r) | {conf.cpu_queue})
+    return sorted(found | registry.known_gpu_queues(r) | {conf.cpu_queue} | settings_queues.listed(r))
 
 
 def run_messages(r: redis.Redis, broker: redis.Redis, conf: Settings, run_id: str, callback_id: str) -> int:
@@ -74,7 +74,7 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
                 f"`celery -A tasks worker -Q {queue}`"
             )
     problems += _held_by_idle_or_gone(broker, r, {w["hostname"]: w for w in workers}, conf)
-    problems += waiting_for_settings(r, workers, conf)
+    problems += waiting_for_settings(r, broker, workers, conf)
     now = time.time()
     for w in workers:
         current: dict[str, Any] = w.get("current") or {}
@@ -91,28 +91,34 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
     return problems
 
 
-def waiting_for_settings(r: redis.Redis, workers: list[dict[str, Any]], conf: Settings) -> list[str]:
-    """One line per run's stage that workers sent on for want of its settings, while still no live worker has them."""
+def waiting_for_settings(
+    r: redis.Redis, broker: redis.Redis, workers: list[dict[str, Any]], conf: Settings
+) -> list[str]:
+    """One line per settings queue whose tasks wait for a worker with their run's settings, none live: what
+    the run asks, what the workers run and the command that starts one that matches."""
     problems = []
-    for key in sorted(r.scan_iter(match=keys.SETTINGS_WAIT_PREFIX + "*", count=500)):
-        raw = r.get(key)
-        try:
-            note = json.loads(raw) if raw else None
-        except ValueError:
-            continue
-        if not note or any(serves(w, note["stage"], note["sha256"]) for w in workers):
-            continue  # gone, or a worker with the run's settings has come: the task is routed to it
-        if not note.get("run"):
+    for queue, waiting in sorted(settings_queues.unconsumed(r, broker, workers).items()):
+        job = settings_queues.first_job(broker, queue)
+        _base, stage, digest = parse_settings_queue(queue) or ("", "?", "?")
+        record = runs.lookup(r, job.run_id) if job is not None else None
+        entry = ((record or {}).get("stage_settings") or {}).get("stages", {}).get(stage)
+        gaps = unserved({stage: entry}, workers) if entry else []
+        if entry and not gaps and any(stage in w.get("stages", []) for w in workers):
+            continue  # a live worker with the run's settings now: the rebalancer moves the tasks to it
+        if not gaps:
+            run = f"run {job.run_id}" if job is not None else "a run"
             problems.append(
-                f"run {note['run_id']}: {note['stage']} waits for a worker with the run's settings "
-                f"(sha256 {note['sha256']:.12}); {note.get('seen_by')} runs other settings"
+                f"queue {queue}: {waiting} tasks of {run} wait for a worker running {stage} under its settings "
+                f"(sha256 {digest}…) and no live worker does"
             )
             continue
-        gaps = unserved({note["stage"]: note["run"]}, workers)
-        if not gaps:
-            continue  # no live worker hosts the stage at all: the queue's own line says so
-        lines = explain(gaps, note.get("config"), note.get("settings_env") or {}, conf.cpu_queue, note["sha256"][:8])
-        problems.append(f"run {note['run_id']} waits for a worker with its settings: " + "; ".join(lines))
+        assert record is not None and job is not None
+        lines = explain(gaps, record.get("config"), record.get("settings_env") or {}, conf.cpu_queue, digest[:8])
+        problems.append(
+            f"run {job.run_id} waits for a worker with its settings: "
+            + "; ".join(lines)
+            + f" ({waiting} tasks wait in {queue})"
+        )
     return problems
 
 

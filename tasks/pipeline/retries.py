@@ -18,15 +18,21 @@ log = logging.getLogger("framefleet.pipeline")
 
 
 def retry_later(
-    task: Task, job: Job, countdown_s: float, max_retries: int | None = None, exc: Exception | None = None
+    task: Task,
+    job: Job,
+    countdown_s: float,
+    max_retries: int | None = None,
+    exc: Exception | None = None,
+    queue: str | None = None,
 ) -> None:
-    """Send ``task`` again with ``job`` after ``countdown_s``; raises Retry (or Reject when it cannot be sent)."""
+    """Send ``task`` again with ``job`` after ``countdown_s`` (to ``queue``, else routed afresh); raises Retry
+    (or Reject when it cannot be sent)."""
     # Celery sends a retry back to the queue it came from; route it afresh instead, at the stage's priority.
     # Through the default exchange (routing key = queue): a send to the queue's own exchange needs
     # kombu's binding set, which a Redis restarted without its data no longer has (tasks.delivery.transport).
     payload = job.to_dict()
     route = route_task(task.name, (payload,), {}, {})
-    queue = route["queue"]
+    queue = queue or route["queue"]
     raise task.retry(
         args=(payload,),
         exc=exc,
@@ -39,10 +45,11 @@ def retry_later(
     )
 
 
-def wait(call: StageCall, countdown_s: float) -> None:
-    """Send this task again after ``countdown_s``; waiting does not use up its retries for failures."""
+def wait(call: StageCall, countdown_s: float, queue: str | None = None) -> None:
+    """Send this task again after ``countdown_s`` (to ``queue``, else routed afresh); waiting does not use up
+    its retries for failures."""
     job = dataclasses.replace(call.job, claim_waits=call.job.claim_waits + 1)
-    retry_later(call.task, job, countdown_s, max_retries=call.task.request.retries + 1)
+    retry_later(call.task, job, countdown_s, max_retries=call.task.request.retries + 1, queue=queue)
 
 
 class Retries(StageHook):

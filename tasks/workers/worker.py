@@ -21,7 +21,8 @@ from tasks.gpu import INDEX_ENV, LEDGER_ENV
 from tasks.job import Job
 from tasks.observe import flower_view
 from tasks.stages import CPU_STAGES, GPU_STAGES, ModelStage, build
-from worker_config.settings import CONFIG_ENV, stage_entry
+from worker_config.settings import CONFIG_ENV, Settings, stage_entry
+from worker_config.settings_match import settings_queue
 
 log = logging.getLogger("framefleet.worker")
 
@@ -35,6 +36,7 @@ class WorkerRole:
     gpu: int | None = None
     device: str = "cpu"
     stages: list[str] = field(default_factory=list)
+    settings_queues: list[str] = field(default_factory=list)  # consumed besides ``queues`` (settings_queues)
 
 
 ROLE = WorkerRole()
@@ -132,6 +134,30 @@ def on_celeryd_init(sender: str | None = None, options: dict[str, Any] | None = 
         pin_visible_device(ROLE.gpu)
         if os.environ.get(LEDGER_ENV):
             os.environ.setdefault(INDEX_ENV, str(ROLE.gpu))
+
+
+def settings_queues(conf: Settings, role: WorkerRole) -> list[str]:
+    """The settings queues ``role``'s worker consumes besides its own: one per queue and stage it hosts
+    there, under its settings (worker_config.settings_match.settings_queue)."""
+    found = []
+    for queue in role.queues:
+        if queue == conf.cpu_queue:
+            hosted = [s for s in role.stages if s in CPU_STAGES]
+        elif conf.gpu_index(queue) is None:
+            continue
+        else:
+            own = queue.partition(".")[2]
+            hosted = [own] if own else [s for s in role.stages if s in GPU_STAGES and not conf.stages[s].python]
+        found += [settings_queue(queue, stage, stage_settings(stage)["sha256"]) for stage in hosted]
+    return found
+
+
+@signals.celeryd_after_setup.connect
+def consume_settings_queues(sender: str | None = None, instance: Any = None, **_: Any) -> None:
+    """Consume the settings queues of this worker's settings too: tasks handed on to it by workers without them."""
+    ROLE.settings_queues = settings_queues(settings(), ROLE)
+    for queue in ROLE.settings_queues:
+        instance.app.amqp.queues.select_add(queue)
 
 
 @signals.worker_process_init.connect
@@ -259,6 +285,7 @@ def worker_state() -> dict[str, Any]:
         "pid": os.getpid(),
         "queues": ROLE.queues,
         "gpu_queues": [q for q in ROLE.queues if conf.gpu_index(q) is not None],
+        "settings_queues": ROLE.settings_queues,
         "gpu": ROLE.gpu,
         "device": ROLE.device,
         "stages": ROLE.stages,
