@@ -11,6 +11,7 @@ from pathlib import Path
 
 import redis
 
+from tasks.delivery import queues
 from tasks.job import Job
 from tests.conftest import ROOT, run_script, settings_env, wait_until
 from worker_config.settings import load_settings, run_stage_settings, stage_entry
@@ -123,7 +124,7 @@ def test_a_run_enqueued_for_workers_that_will_come_waits_says_why_and_runs_only_
         [sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(video_factory(1)), "--out", str(out)]
         + ["--wait-for-workers"],
         cwd=ROOT,
-        env={**pipeline_env, **env, "FRAMEFLEET_STALL_AFTER_S": "5"},
+        env={**pipeline_env, **env},  # the default stall_after_s (60 s): a concrete cause is said sooner
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -134,6 +135,7 @@ def test_a_run_enqueued_for_workers_that_will_come_waits_says_why_and_runs_only_
             seen += proc.stderr.readline()
         assert "no live worker runs this run's settings yet" in seen  # said when it was enqueued
         stall = seen.split("no task finished for ")[-1]
+        assert int(stall.split(" s: ")[0]) <= 20, stall  # said within about 15 s of the last progress
         assert "waits for a worker with its settings: depth: classical (run) vs synthetic (workers gpu0@test)" in stall
         started = f"FRAMEFLEET_CONFIG={env['FRAMEFLEET_CONFIG']} FRAMEFLEET_DEFAULT_BACKENDS=synthetic celery -A tasks"
         assert started + " worker -Q gpu0" in stall
@@ -203,3 +205,32 @@ def test_a_run_continuing_a_video_redoes_what_other_settings_made_and_keeps_what
     assert made == workers.state("gpu1")["settings"]["depth"]["sha256"] != synthetic
     assert f"redoing depth of {vid}" in workers.log("gpu1")
     assert workers.log("cpu").count(f"ran preprocess of {vid}") == 1  # the same settings: its output was kept
+
+
+def test_cpu_tasks_other_workers_cannot_serve_go_straight_to_the_one_that_can(
+    video_factory, workers, pipeline_env, tmp_path
+):
+    """Sent before any CPU worker was live, the run's tasks wait in the cpu queue; two workers without its
+    preprocess settings hand each they take to its settings queue at once, where only the matching one takes it."""
+    half = settings_env(tmp_path, "stages:\n  preprocess: {params: {target_fps: 5}}\n")
+    workers.start("gpu0")
+    raw, out = video_factory(3), tmp_path / "out"
+    assert enqueue(raw, out, {**pipeline_env, **half}, "--no-wait").returncode == 0
+    r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
+    assert queues.length(r, "cpu") == 3
+    workers.start("cpu", name="cpua", wait=False)
+    workers.start("cpu", name="cpub", wait=False)
+    wait_until(lambda: not queues.length(r, "cpu"), 120, "the cpu queue taken")  # by the two without the run's settings
+    workers.start("cpu", name="cpuhalf", env=half)
+    wait_until(lambda: (out / "run_summary.json").exists(), 240, "the run to finish")
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert len(summary["done_videos"]) == 3, summary
+    others = workers.log("cpua") + workers.log("cpub")
+    for vid in summary["done_videos"]:
+        assert f"ran preprocess of {vid}" in workers.log("cpuhalf") and f"ran preprocess of {vid}" not in others
+        # Handed on once, to the queue only a worker with the run's settings consumes: never to the other one.
+        assert others.count(f"preprocess of {vid}: this worker runs") == 1, others[-3000:]
+    assert "sent on to cpu~preprocess-" in others
+    (record,) = [json.loads(p.read_text()) for p in (out / "runs").glob("*.json")]
+    advertised = workers.state("cpuhalf")["settings"]["preprocess"]["sha256"]
+    assert record["stage_settings"]["stages"]["preprocess"]["sha256"] == advertised
