@@ -508,3 +508,59 @@ def test_a_stage_with_its_own_python_is_a_family_of_its_own(
     assert len(pids) == 4 and all(alive(pid) for pid in pids)
     assert autoscaler.stop() == 0, autoscaler.log()
     assert not [pid for pid in pids if alive(pid)]
+
+
+def file_settings(out: Path, stage: str) -> list[dict]:
+    """The settings each dataset file in ``out`` records for ``stage`` (its provenance)."""
+    from tasks.outputs.provenance_file import read_attrs
+
+    return [(read_attrs(p) or {})["stages"][stage]["settings"] for p in sorted(out.glob("*.hdf5"))]
+
+
+@pytest.mark.timeout(300)
+def test_two_runs_with_other_settings_each_get_workers_with_theirs_and_the_idle_family_goes(
+    video_factory, workers, pipeline_env, autoscaler, r, tmp_path
+):
+    """The autoscaler's own settings serve one run; for the other's, waiting in its settings queue, it writes the
+    run's recorded settings to a file, starts workers from it, and stops them once nothing waits for them."""
+    ledger, own, other = make_ledger(tmp_path), tmp_path / "own.yaml", tmp_path / "other.yaml"
+    own.write_text(DEPTH)
+    other.write_text(DEPTH.replace("params: {", "params: {flat_std_threshold: 0.05, "))
+    workers.start("cpu", env={"FRAMEFLEET_CONFIG": str(own)})  # the CPU stages' settings are the same in both
+    autoscaler.start("--fake-gpu", str(ledger), "--config", str(own), *FAST, "--idle-scale-down-s", "3")
+    wait_until(lambda: gpu0_workers(r), 60, "the first gpu0 worker")
+    raw, runs_out = video_factory(2), {"own": tmp_path / "own", "other": tmp_path / "other"}
+    sent = {}
+    for name, config in (("own", own), ("other", other)):
+        with open(tmp_path / f"enqueue-{name}.log", "wb") as log:
+            sent[name] = subprocess.Popen(
+                [sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(raw), "--out", str(runs_out[name])]
+                + ["--wait-for-workers"],
+                cwd=ROOT,
+                env={**pipeline_env, "FRAMEFLEET_CONFIG": str(config)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+    for name, proc in sent.items():
+        assert proc.wait(timeout=200) == 0, (tmp_path / f"enqueue-{name}.log").read_text() + autoscaler.log()[-4000:]
+
+    # Each run's files were made under its own depth settings, by workers of its own settings.
+    assert [s["params"]["flat_std_threshold"] for s in file_settings(runs_out["own"], "depth")] == [0.1, 0.1]
+    assert [s["params"]["flat_std_threshold"] for s in file_settings(runs_out["other"], "depth")] == [0.05, 0.05]
+    ups = [d for d in decisions(r) if d["action"] == "up"]
+    (family,) = {d["queue"] for d in ups if d["queue"] != "gpu0"}
+    assert family.startswith("gpu0~"), ups
+    assert f"family {family} for run " in autoscaler.log() and str(tmp_path / "logs" / "settings") in autoscaler.log()
+    logs = tmp_path / "logs"
+    theirs = "".join(p.read_text(errors="replace") for p in logs.glob(f"{family}-*.log"))
+    ours = "".join(p.read_text(errors="replace") for p in logs.glob("gpu0-*.log"))
+    other_videos = json.loads((runs_out["other"] / "run_summary.json").read_text())["done_videos"]
+    assert theirs.count("ran depth of") == 2 and ours.count("ran depth of") == 2, (theirs[-3000:], ours[-3000:])
+    assert "sent on" not in ours + theirs  # every depth task went straight to a worker with its run's settings
+    assert all(f"ran depth of {vid}" in theirs for vid in other_videos)
+
+    # Nothing waits for the other settings any more: their family goes down to no worker, the own one stays.
+    down = wait_until(lambda: [d for d in decisions(r) if d["action"] == "down" and d["queue"] == family], 60, "down")
+    assert "idle for" in down[0]["reason"]
+    wait_until(lambda: not [w for w in live_workers(r) if w["hostname"].startswith(family)], 60, "its worker gone")
+    assert gpu0_workers(r) and autoscaler.stop() == 0, autoscaler.log()[-4000:]

@@ -9,6 +9,9 @@ the OOM records (ff:oom), decides per GPU (tasks.autoscaler.policy) and acts by 
 warm-stopping the newest. A GPU's workers come in families, one per queue: gpuN for the stages of
 the main environment and gpuN.<stage> for each stage with its own python (started from it); each
 family has its own learned peak, backlog and worker count, and counts the others as used memory.
+Tasks of a run whose settings no live worker has wait in a settings queue (gpuN~<stage>-<hash>); the
+autoscaler writes that run's recorded stage settings to a file (under --log-dir/settings, else a
+temporary folder) and starts a family of workers from it (gpuN~<tag>-<n>), down to none once idle.
 Each change is logged, sent as a Celery event (autoscale-up, autoscale-down, autoscale-restart)
 and appended to the Redis list ff:autoscale. Without a readable GPU it runs --cpu-workers stand-in
 workers for each gpu0 family and only keeps them alive. SIGINT or SIGTERM warm-stops every worker
@@ -119,7 +122,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     supervisor = Supervisor(lambda gpu, name: family_argv(conf, gpu, name), env_for, args.log_dir, args.stop_grace_s)
-    autoscaler = Autoscaler(conf, args.policy, probe, supervisor, args.gpus, args.cpu_workers)
+    settings_dir = args.log_dir / "settings" if args.log_dir else None  # files of the runs' other settings
+    autoscaler = Autoscaler(
+        conf, args.policy, probe, supervisor, args.gpus, args.cpu_workers, settings_dir=settings_dir
+    )
     exporter = None
     if args.metrics_port is not None:
         exporter = start_exporter(args.metrics_port, conf, args.metrics_addr, open_probe(fake))

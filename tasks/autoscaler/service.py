@@ -8,10 +8,12 @@ and appended to the Redis list ff:autoscale.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
 import socket
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,15 +24,18 @@ import redis
 
 from tasks import keys
 from tasks.autoscaler import profiles
-from tasks.autoscaler.families import Family, families
+from tasks.autoscaler.families import Family, families, with_settings_queues
 from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide, one_change
+from tasks.autoscaler.run_settings import CannotMatch, base_on, family_for
 from tasks.autoscaler.supervisor import Slot, Supervisor
+from tasks.delivery import settings_queues
 from tasks.delivery.queues import lengths as queue_lengths
 from tasks.gpu import GpuProbe, GpuReading
 from tasks.keys import OOM_LOG as OOM_KEY
 from tasks.redis_client import get_redis
+from tasks.run import runs
 from tasks.workers.registry import live_workers
-from worker_config.settings import Settings
+from worker_config.settings import CONFIG_ENV, Settings
 
 log = logging.getLogger("framefleet.autoscaler")
 DECISIONS_KEY = keys.AUTOSCALE_LOG
@@ -45,16 +50,20 @@ class Snapshot:
     gpus: list[GpuReading]
     used_mib: dict[tuple[int, int], float]  # (pid, gpu) -> MiB
     workers: dict[int, dict[str, Any]]  # pid -> registry state, this host's supervised workers only
-    backlog: dict[str, int]  # queue -> tasks waiting
+    backlog: dict[str, int]  # queue (and settings queue) -> tasks waiting
     host_free_mib: float
     ooms: list[dict[str, Any]]
+    waiting_for_settings: dict[str, int] = dataclasses.field(default_factory=dict)  # settings queue nobody consumes
 
 
 class Autoscaler:
     """One host's autoscaler; ``tick`` reads everything once and makes at most one change per GPU.
 
     Each GPU's workers come in families, one per queue (``families``), each scaled by its own
-    backlog and its own learned peak; the cooldown and the one change per tick are per GPU.
+    backlog and its own learned peak; the cooldown and the one change per tick are per GPU. Tasks
+    waiting in a settings queue that no live worker consumes (their run's settings are not this
+    autoscaler's) get a family of their own, started from the run's recorded settings
+    (tasks.autoscaler.run_settings) and scaled like the others down to none once idle.
     """
 
     def __init__(
@@ -67,6 +76,7 @@ class Autoscaler:
         cpu_workers: int = 1,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        settings_dir: Path | None = None,
     ) -> None:
         self.conf, self.policy, self.probe, self.supervisor = conf, policy, probe, supervisor
         self.gpus, self.cpu_workers, self.clock, self.wall = gpus, cpu_workers, clock, wall
@@ -83,6 +93,10 @@ class Autoscaler:
         self.last_hold: dict[str, str] = {}  # per family
         self._seen_ooms: set[str | bytes] = set()
         self._dispatcher: Any = None
+        self.settings_dir = settings_dir  # where the other families' settings files go (default: a temporary folder)
+        self.own_families: dict[int, list[Family]] = {}  # per GPU, with their settings queues
+        self.other_families: dict[int, dict[str, Family]] = {}  # per GPU: family key -> a family of a run's settings
+        self._cannot: dict[str, str] = {}  # settings queue -> why no family here can serve it (said once)
 
     def tick(self) -> list[Decision]:
         """Reap and restart workers, then decide for every family of every GPU and make at most one
@@ -113,10 +127,73 @@ class Autoscaler:
         gpus = [g for g in self.probe.gpus() if self.gpus is None or g.index in self.gpus]
         used = {(p.pid, p.gpu): p.used_mib for p in self.probe.processes()}
         ours = {s.pid for s in self.supervisor.slots if s.pid is not None}
-        workers = {int(w["pid"]): w for w in live_workers(self.r) if w.get("pid") in ours}
-        queues = [f.queue for g in gpus for f in families(self.conf, g.index)]
+        live = live_workers(self.r)
+        workers = {int(w["pid"]): w for w in live if w.get("pid") in ours}
+        waiting = settings_queues.unconsumed(self.r, self.broker, live)
+        for g in gpus:
+            self._adopt(g.index, waiting)
+        queues = [q for g in gpus for f in self._families(g.index) for q in (f.queue, *f.settings_queues)]
         backlog = queue_lengths(self.broker, queues)
-        return Snapshot(gpus, used, workers, backlog, host_available_mib(), self._new_ooms())
+        return Snapshot(gpus, used, workers, backlog, host_available_mib(), self._new_ooms(), waiting)
+
+    def _families(self, idx: int) -> list[Family]:
+        """GPU ``idx``'s families: the autoscaler's own settings', then those of runs' other settings."""
+        if idx not in self.own_families:
+            self.own_families[idx] = [with_settings_queues(self.conf, f) for f in families(self.conf, idx)]
+        return self.own_families[idx] + list(self.other_families.get(idx, {}).values())
+
+    def _adopt(self, idx: int, waiting: dict[str, int]) -> None:
+        """Add a family for each settings queue of GPU ``idx`` whose tasks wait with no worker to take them."""
+        for queue in waiting:
+            base = base_on(self.conf, queue, idx)
+            if base is None or any(queue in f.settings_queues for f in self._families(idx)):
+                continue
+            job = settings_queues.first_job(self.broker, queue)
+            record = runs.lookup(self.r, job.run_id) if job is not None else None
+            stages = ((record or {}).get("stage_settings") or {}).get("stages")
+            try:
+                if not stages:
+                    raise CannotMatch("the run's record (its settings) is not in Redis")
+                if self.settings_dir is None:
+                    self.settings_dir = Path(tempfile.mkdtemp(prefix="framefleet-settings-"))
+                family = family_for(self.conf, idx, base, stages, self.settings_dir)
+            except (CannotMatch, ValueError, KeyError) as exc:
+                if self._cannot.get(queue) != str(exc):
+                    log.warning("GPU %d: no workers for the tasks waiting in %s: %s", idx, queue, exc)
+                    self._cannot[queue] = str(exc)
+                continue
+            if family is None or any(f.key == family.key for f in self._families(idx)):
+                continue
+            self.other_families.setdefault(idx, {})[family.key] = family
+            assert job is not None
+            log.info(
+                "GPU %d: family %s for run %s's settings (%s, from %s): its tasks wait in %s",
+                idx,
+                family.key,
+                job.run_id,
+                "+".join(family.stages),
+                family.config,
+                queue,
+            )
+
+    def _backlog(self, family: Family, snap: Snapshot) -> int:
+        """Tasks waiting for ``family``: in its settings queues, and in its queue for the autoscaler's own settings."""
+        own = 0 if family.tag else snap.backlog.get(family.queue, 0)
+        return own + sum(snap.backlog.get(q, 0) for q in family.settings_queues)
+
+    def _policy_for(self, family: Family) -> AutoscalePolicy:
+        """The policy; a family of a run's other settings goes down to no worker once idle."""
+        return dataclasses.replace(self.policy, min_workers_per_gpu=0) if family.tag else self.policy
+
+    def _forget_idle(self, idx: int, snap: Snapshot) -> None:
+        """Drop the families of other settings with no worker left and nothing waiting."""
+        for key, family in list(self.other_families.get(idx, {}).items()):
+            if not self.supervisor.active(idx, key) + self.supervisor.stopping(idx, key) and not self._backlog(
+                family, snap
+            ):
+                del self.other_families[idx][key]
+                self.idle_since.pop(key, None)
+                log.info("GPU %d: family %s gone: no worker and nothing waiting for its settings", idx, key)
 
     def _new_ooms(self) -> list[dict[str, Any]]:
         raws = self.r.lrange(OOM_KEY, 0, -1)
@@ -139,36 +216,37 @@ class Autoscaler:
 
     def _tick_gpu(self, gpu: GpuReading, snap: Snapshot) -> list[Decision]:
         """Learn, decide for each family of ``gpu``, and act on at most one of the decisions."""
-        idx, fams = gpu.index, families(self.conf, gpu.index)
-        keys = {f.queue: profiles.key_for(self.conf, gpu.name, f.stages) for f in fams}
+        idx, fams = gpu.index, self._families(gpu.index)
+        keys = {f.key: profiles.key_for(f.conf or self.conf, gpu.name, f.stages) for f in fams}
         stopping = bool(self.supervisor.stopping(idx))
         for f in fams:
-            for slot in self.supervisor.active(idx, f.queue) + self.supervisor.stopping(idx, f.queue):
+            for slot in self.supervisor.active(idx, f.key) + self.supervisor.stopping(idx, f.key):
                 if slot.pid is not None:
-                    self._learn(slot, snap, keys[f.queue])
+                    self._learn(slot, snap, keys[f.key])
         for record in (r for r in snap.ooms if int(r.get("gpu", -1)) == idx):
             family = self._family_of(record, fams)
-            self._on_oom(idx, family.queue, record, keys[family.queue], stopping)
+            self._on_oom(idx, family.key, record, keys[family.key], stopping)
         views = self._views(gpu, snap, fams, keys)
         since = self.clock() - self.last_change.get(idx, -float("inf"))
-        decisions = [decide(view, self.policy, since) for view in views]
+        decisions = [decide(view, self._policy_for(f), since) for f, view in zip(fams, views, strict=True)]
         chosen = one_change(views, decisions, self.policy, self.last_oom_queue.get(idx))
         for i, (family, decision) in enumerate(zip(fams, decisions, strict=True)):
             if decision.action != "hold" and i != chosen:
                 # one change per GPU per tick: the others are decided afresh next tick
                 decisions[i] = Decision(
                     "hold",
-                    f"{fams[chosen or 0].queue} changes first this tick; then: {decision.reason}",
+                    f"{fams[chosen or 0].key} changes first this tick; then: {decision.reason}",
                     decision.readings,
                 )
             self._act(family, decisions[i])
+        self._forget_idle(idx, snap)
         return decisions
 
     def _views(self, gpu: GpuReading, snap: Snapshot, fams: list[Family], keys: dict[str, str]) -> list[GpuView]:
         """One GpuView per family; each counts the other families' workers as used memory."""
         now, idx = self.clock(), gpu.index
-        active = {f.queue: self.supervisor.active(idx, f.queue) for f in fams}
-        stopping = {f.queue: self.supervisor.stopping(idx, f.queue) for f in fams}
+        active = {f.key: self.supervisor.active(idx, f.key) for f in fams}
+        stopping = {f.key: self.supervisor.stopping(idx, f.key) for f in fams}
         measured = {
             q: sum(self._memory_of(s, snap) for s in active[q] + stopping[q] if s.pid is not None) for q in active
         }
@@ -180,10 +258,10 @@ class Autoscaler:
         recent_oom = now - self.last_oom.get(idx, -float("inf")) < self.policy.oom_recent_s
         views = []
         for f in fams:
-            q = f.queue
+            q, backlog = f.key, self._backlog(f, snap)
             registered = [s for s in active[q] if s.pid in snap.workers]
             busy = any(snap.workers[s.pid].get("busy") for s in registered if s.pid is not None)
-            if snap.backlog[q] == 0 and not busy:
+            if backlog == 0 and not busy:
                 self.idle_since.setdefault(q, now)
             else:
                 self.idle_since.pop(q, None)
@@ -198,7 +276,7 @@ class Autoscaler:
                     other_used_mib=foreign + sum(reserved[o] for o in reserved if o != q),
                     workers=len(registered),
                     starting=len(active[q]) - len(registered),
-                    backlog=snap.backlog[q],
+                    backlog=backlog,
                     peak_mib=peaks[q],
                     host_free_mib=snap.host_free_mib,
                     worker_rss_mib=max(rss, default=0.0),
@@ -211,12 +289,11 @@ class Autoscaler:
         return views
 
     def _family_of(self, record: dict[str, Any], fams: list[Family]) -> Family:
-        """The family whose task wrote this OOM record: by its stage, else by its worker's pid."""
-        by_stage = [f for f in fams if record.get("stage") in f.stages]
-        if by_stage:
-            return by_stage[0]
+        """The family whose task wrote this OOM record: by its worker's pid, else by its stage."""
         slot = next((s for s in self.supervisor.slots if s.pid == record.get("pid")), None)
-        return next((f for f in fams if slot is not None and f.queue == slot.queue), fams[0])
+        by_pid = [f for f in fams if slot is not None and f.key == slot.queue]
+        by_stage = [f for f in fams if record.get("stage") in f.stages]
+        return (by_pid or by_stage or fams)[0]
 
     @staticmethod
     def _memory_of(slot: Slot, snap: Snapshot) -> float:
@@ -276,7 +353,7 @@ class Autoscaler:
         )
 
     def _act(self, family: Family, decision: Decision) -> None:
-        idx, queue = family.gpu, family.queue
+        idx, queue = family.gpu, family.key
         if decision.action == "hold":
             kind = re.sub(r"[-\d.]+", "#", decision.reason)
             if self.last_hold.get(queue) != kind:
@@ -290,7 +367,8 @@ class Autoscaler:
             self._announce(decision.action, idx, decision.reason, decision.readings, slot)
             return
         for _ in range(decision.count):  # the policy counted each of them against the live reading
-            self._announce("up", idx, decision.reason, decision.readings, self.supervisor.start(idx, queue))
+            env = {CONFIG_ENV: family.config} if family.config else None
+            self._announce("up", idx, decision.reason, decision.readings, self.supervisor.start(idx, queue, env))
 
     def _keep_cpu_workers(self) -> list[Decision]:
         decisions = []

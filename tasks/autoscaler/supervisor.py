@@ -74,6 +74,7 @@ class Slot:
     last_exit: str = ""
     seen_peak_mib: float = 0.0
     learned_mib: float = 0.0
+    env: dict[str, str] | None = None  # set over ``env_for``'s for this worker (a family's settings file)
 
     @property
     def pid(self) -> int | None:
@@ -110,10 +111,11 @@ class Supervisor:
         """The slots of ``gpu`` (of its ``queue`` only, when given) told to stop and not gone yet."""
         return [s for s in self._of(gpu, queue) if s.stopping_since is not None]
 
-    def start(self, gpu: int, queue: str) -> Slot:
-        """Start a worker of ``gpu`` for ``queue``, named ``<queue>-<n>`` (n counts per GPU and queue)."""
+    def start(self, gpu: int, queue: str, env: dict[str, str] | None = None) -> Slot:
+        """Start a worker of ``gpu`` for ``queue`` (a family's key), named ``<queue>-<n>`` (n counts per GPU
+        and queue); ``env``: set over ``env_for``'s, in this worker and its restarts."""
         seq = self._seq[gpu, queue] = self._seq.get((gpu, queue), 0) + 1
-        slot = Slot(gpu, seq, f"{queue}-{seq}", queue)
+        slot = Slot(gpu, seq, f"{queue}-{seq}", queue, env=env)
         self.slots.append(slot)
         self._spawn(slot)
         return slot
@@ -187,7 +189,7 @@ class Supervisor:
         try:
             slot.proc = subprocess.Popen(
                 self.argv_for(slot.gpu, slot.name),
-                env=self.env_for(slot.gpu),
+                env={**self.env_for(slot.gpu), **(slot.env or {})},
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
