@@ -65,6 +65,23 @@ def test_parameters_are_named_when_the_backends_agree_and_host_local_ones_do_not
     assert stage_entry(load_settings(paced), "depth")["local"]["seconds_per_frame"] == 0.5
 
 
+def test_a_task_goes_to_its_settings_queue_exactly_where_its_queues_workers_do_not_all_have_the_runs_settings():
+    from worker_config.settings_match import parse_settings_queue, settings_route
+
+    plain, classical = load_settings(), load_settings(REAL_CPU)
+    sha = stage_entry(classical, "depth")["sha256"]
+    same = {**worker_of("gpu0b", classical, ["depth"], ["gpu0"]), "queues": ["gpu0"]}
+    other = {**worker_of("gpu0a", plain, ["depth"], ["gpu0"]), "queues": ["gpu0"]}
+    beside = f"gpu0~depth-{sha[:12]}"
+    assert settings_route("gpu0", "depth", sha, [same]) == "gpu0"  # every worker of gpu0 has them
+    assert settings_route("gpu0", "depth", sha, [same, other]) == beside  # mixed: only gpu0b consumes it
+    assert settings_route("gpu0", "depth", sha, [other]) == beside  # none: it waits there, not on gpu0a
+    assert settings_route("gpu0", "depth", sha, []) == "gpu0"  # nobody hosts it: it waits as any task
+    assert settings_route("gpu0", "depth", None, [other]) == "gpu0"  # a job of an earlier version
+    assert parse_settings_queue(beside) == ("gpu0", "depth", sha[:12]) and parse_settings_queue("gpu0.hands") is None
+    assert load_settings().gpu_index(beside) is None and load_settings().gpu_index("gpu0.hands") == 0
+
+
 def test_a_job_carries_its_stages_settings_and_one_without_them_reads_as_before():
     wire = {"run_id": "r", "video_id": "v", "video": "v.mp4", "dataset_root": "/d", "output_root": "/o"}
     old = Job.from_dict(wire)

@@ -4,17 +4,24 @@ run's recorded stage settings to a file and starts a family of workers from it o
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import redis
 import yaml
 
-from tasks.autoscaler.families import Family, with_settings_queues
+from tasks.autoscaler.families import Family, families, with_settings_queues
+from tasks.autoscaler.policy import AutoscalePolicy
+from tasks.autoscaler.supervisor import Supervisor
+from tasks.delivery import settings_queues
+from tasks.run import runs
 from tasks.stages import GPU_STAGES, STAGE_NAMES
 from worker_config.settings import CONFIG_ENV, ConfigError, Settings, load_settings, stage_entry
 from worker_config.settings_match import parse_settings_queue
@@ -106,3 +113,81 @@ def base_on(conf: Settings, settings_queue: str, gpu: int) -> str | None:
     if parsed is None or conf.gpu_index(parsed[0]) != gpu:
         return None
     return parsed[0]
+
+
+class FamilyBook:
+    """The worker families of each GPU: the autoscaler's own settings' (``families``), and one per queue and
+    other settings that tasks wait for in a settings queue no live worker consumes (``adopt``), kept until
+    they have no worker and nothing waits for them (``forget_idle``).
+
+    ``folder``: where the other settings' files are written (default: a temporary folder, made when first needed).
+    """
+
+    def __init__(self, conf: Settings, r: redis.Redis, broker: redis.Redis, folder: Path | None = None) -> None:
+        self.conf, self.r, self.broker, self.folder = conf, r, broker, folder
+        self.own: dict[int, list[Family]] = {}  # per GPU, with their settings queues
+        self.other: dict[int, dict[str, Family]] = {}  # per GPU: family key -> a family of a run's settings
+        self._said: dict[str, str] = {}  # settings queue -> why no family here serves it (logged once)
+
+    def of(self, gpu: int) -> list[Family]:
+        """GPU ``gpu``'s families: the autoscaler's own settings', then those of runs' other settings."""
+        if gpu not in self.own:
+            self.own[gpu] = [with_settings_queues(self.conf, f) for f in families(self.conf, gpu)]
+        return self.own[gpu] + list(self.other.get(gpu, {}).values())
+
+    def adopt(self, gpu: int, waiting: Mapping[str, int]) -> None:
+        """Add a family for each settings queue of GPU ``gpu`` among ``waiting`` (tasks, no live consumer) that
+        no family of it consumes: from the settings of the run of the first task waiting there."""
+        for queue in waiting:
+            base = base_on(self.conf, queue, gpu)
+            if base is None or any(queue in f.settings_queues for f in self.of(gpu)):
+                continue
+            job = settings_queues.first_job(self.broker, queue)
+            record = runs.lookup(self.r, job.run_id) if job is not None else None
+            stages = ((record or {}).get("stage_settings") or {}).get("stages")
+            try:
+                if job is None or not stages:
+                    raise CannotMatch("the run's record (its settings) is not in Redis")
+                if self.folder is None:
+                    self.folder = Path(tempfile.mkdtemp(prefix="framefleet-settings-"))
+                family = family_for(self.conf, gpu, base, stages, self.folder)
+            except (CannotMatch, ValueError, KeyError) as exc:
+                if self._said.get(queue) != str(exc):
+                    log.warning("GPU %d: no workers for the tasks waiting in %s: %s", gpu, queue, exc)
+                    self._said[queue] = str(exc)
+                continue
+            if family is None or any(f.key == family.key for f in self.of(gpu)):
+                continue
+            self.other.setdefault(gpu, {})[family.key] = family
+            log.info(
+                "GPU %d: family %s for run %s's settings (%s, from %s): its tasks wait in %s",
+                gpu,
+                family.key,
+                job.run_id,
+                "+".join(family.stages),
+                family.config,
+                queue,
+            )
+
+    @staticmethod
+    def backlog(family: Family, waiting: Mapping[str, int]) -> int:
+        """Tasks waiting for ``family`` (``waiting``: queue -> tasks): in its settings queues, and in its queue
+        for the autoscaler's own settings."""
+        own = 0 if family.tag else waiting.get(family.queue, 0)
+        return own + sum(waiting.get(q, 0) for q in family.settings_queues)
+
+    @staticmethod
+    def policy_for(family: Family, policy: AutoscalePolicy) -> AutoscalePolicy:
+        """``policy``; for a family of a run's other settings, down to no worker once idle."""
+        return dataclasses.replace(policy, min_workers_per_gpu=0) if family.tag else policy
+
+    def forget_idle(self, gpu: int, supervisor: Supervisor, waiting: Mapping[str, int]) -> list[str]:
+        """Drop GPU ``gpu``'s families of other settings with no worker left and nothing waiting; return their keys."""
+        gone = []
+        for key, family in list(self.other.get(gpu, {}).items()):
+            if supervisor.active(gpu, key) or supervisor.stopping(gpu, key) or self.backlog(family, waiting):
+                continue
+            del self.other[gpu][key]
+            gone.append(key)
+            log.info("GPU %d: family %s gone: no worker and nothing waiting for its settings", gpu, key)
+        return gone

@@ -8,12 +8,10 @@ and appended to the Redis list ff:autoscale.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import re
 import socket
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,16 +22,15 @@ import redis
 
 from tasks import keys
 from tasks.autoscaler import profiles
-from tasks.autoscaler.families import Family, families, with_settings_queues
+from tasks.autoscaler.families import Family, families
 from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide, one_change
-from tasks.autoscaler.run_settings import CannotMatch, base_on, family_for
+from tasks.autoscaler.run_settings import FamilyBook
 from tasks.autoscaler.supervisor import Slot, Supervisor
 from tasks.delivery import settings_queues
 from tasks.delivery.queues import lengths as queue_lengths
 from tasks.gpu import GpuProbe, GpuReading
 from tasks.keys import OOM_LOG as OOM_KEY
 from tasks.redis_client import get_redis
-from tasks.run import runs
 from tasks.workers.registry import live_workers
 from worker_config.settings import CONFIG_ENV, Settings
 
@@ -53,7 +50,6 @@ class Snapshot:
     backlog: dict[str, int]  # queue (and settings queue) -> tasks waiting
     host_free_mib: float
     ooms: list[dict[str, Any]]
-    waiting_for_settings: dict[str, int] = dataclasses.field(default_factory=dict)  # settings queue nobody consumes
 
 
 class Autoscaler:
@@ -93,10 +89,7 @@ class Autoscaler:
         self.last_hold: dict[str, str] = {}  # per family
         self._seen_ooms: set[str | bytes] = set()
         self._dispatcher: Any = None
-        self.settings_dir = settings_dir  # where the other families' settings files go (default: a temporary folder)
-        self.own_families: dict[int, list[Family]] = {}  # per GPU, with their settings queues
-        self.other_families: dict[int, dict[str, Family]] = {}  # per GPU: family key -> a family of a run's settings
-        self._cannot: dict[str, str] = {}  # settings queue -> why no family here can serve it (said once)
+        self.book = FamilyBook(conf, self.r, self.broker, settings_dir)
 
     def tick(self) -> list[Decision]:
         """Reap and restart workers, then decide for every family of every GPU and make at most one
@@ -131,69 +124,10 @@ class Autoscaler:
         workers = {int(w["pid"]): w for w in live if w.get("pid") in ours}
         waiting = settings_queues.unconsumed(self.r, self.broker, live)
         for g in gpus:
-            self._adopt(g.index, waiting)
-        queues = [q for g in gpus for f in self._families(g.index) for q in (f.queue, *f.settings_queues)]
+            self.book.adopt(g.index, waiting)
+        queues = [q for g in gpus for f in self.book.of(g.index) for q in (f.queue, *f.settings_queues)]
         backlog = queue_lengths(self.broker, queues)
-        return Snapshot(gpus, used, workers, backlog, host_available_mib(), self._new_ooms(), waiting)
-
-    def _families(self, idx: int) -> list[Family]:
-        """GPU ``idx``'s families: the autoscaler's own settings', then those of runs' other settings."""
-        if idx not in self.own_families:
-            self.own_families[idx] = [with_settings_queues(self.conf, f) for f in families(self.conf, idx)]
-        return self.own_families[idx] + list(self.other_families.get(idx, {}).values())
-
-    def _adopt(self, idx: int, waiting: dict[str, int]) -> None:
-        """Add a family for each settings queue of GPU ``idx`` whose tasks wait with no worker to take them."""
-        for queue in waiting:
-            base = base_on(self.conf, queue, idx)
-            if base is None or any(queue in f.settings_queues for f in self._families(idx)):
-                continue
-            job = settings_queues.first_job(self.broker, queue)
-            record = runs.lookup(self.r, job.run_id) if job is not None else None
-            stages = ((record or {}).get("stage_settings") or {}).get("stages")
-            try:
-                if not stages:
-                    raise CannotMatch("the run's record (its settings) is not in Redis")
-                if self.settings_dir is None:
-                    self.settings_dir = Path(tempfile.mkdtemp(prefix="framefleet-settings-"))
-                family = family_for(self.conf, idx, base, stages, self.settings_dir)
-            except (CannotMatch, ValueError, KeyError) as exc:
-                if self._cannot.get(queue) != str(exc):
-                    log.warning("GPU %d: no workers for the tasks waiting in %s: %s", idx, queue, exc)
-                    self._cannot[queue] = str(exc)
-                continue
-            if family is None or any(f.key == family.key for f in self._families(idx)):
-                continue
-            self.other_families.setdefault(idx, {})[family.key] = family
-            assert job is not None
-            log.info(
-                "GPU %d: family %s for run %s's settings (%s, from %s): its tasks wait in %s",
-                idx,
-                family.key,
-                job.run_id,
-                "+".join(family.stages),
-                family.config,
-                queue,
-            )
-
-    def _backlog(self, family: Family, snap: Snapshot) -> int:
-        """Tasks waiting for ``family``: in its settings queues, and in its queue for the autoscaler's own settings."""
-        own = 0 if family.tag else snap.backlog.get(family.queue, 0)
-        return own + sum(snap.backlog.get(q, 0) for q in family.settings_queues)
-
-    def _policy_for(self, family: Family) -> AutoscalePolicy:
-        """The policy; a family of a run's other settings goes down to no worker once idle."""
-        return dataclasses.replace(self.policy, min_workers_per_gpu=0) if family.tag else self.policy
-
-    def _forget_idle(self, idx: int, snap: Snapshot) -> None:
-        """Drop the families of other settings with no worker left and nothing waiting."""
-        for key, family in list(self.other_families.get(idx, {}).items()):
-            if not self.supervisor.active(idx, key) + self.supervisor.stopping(idx, key) and not self._backlog(
-                family, snap
-            ):
-                del self.other_families[idx][key]
-                self.idle_since.pop(key, None)
-                log.info("GPU %d: family %s gone: no worker and nothing waiting for its settings", idx, key)
+        return Snapshot(gpus, used, workers, backlog, host_available_mib(), self._new_ooms())
 
     def _new_ooms(self) -> list[dict[str, Any]]:
         raws = self.r.lrange(OOM_KEY, 0, -1)
@@ -216,7 +150,7 @@ class Autoscaler:
 
     def _tick_gpu(self, gpu: GpuReading, snap: Snapshot) -> list[Decision]:
         """Learn, decide for each family of ``gpu``, and act on at most one of the decisions."""
-        idx, fams = gpu.index, self._families(gpu.index)
+        idx, fams = gpu.index, self.book.of(gpu.index)
         keys = {f.key: profiles.key_for(f.conf or self.conf, gpu.name, f.stages) for f in fams}
         stopping = bool(self.supervisor.stopping(idx))
         for f in fams:
@@ -228,7 +162,9 @@ class Autoscaler:
             self._on_oom(idx, family.key, record, keys[family.key], stopping)
         views = self._views(gpu, snap, fams, keys)
         since = self.clock() - self.last_change.get(idx, -float("inf"))
-        decisions = [decide(view, self._policy_for(f), since) for f, view in zip(fams, views, strict=True)]
+        decisions = [
+            decide(view, self.book.policy_for(f, self.policy), since) for f, view in zip(fams, views, strict=True)
+        ]
         chosen = one_change(views, decisions, self.policy, self.last_oom_queue.get(idx))
         for i, (family, decision) in enumerate(zip(fams, decisions, strict=True)):
             if decision.action != "hold" and i != chosen:
@@ -239,7 +175,8 @@ class Autoscaler:
                     decision.readings,
                 )
             self._act(family, decisions[i])
-        self._forget_idle(idx, snap)
+        for key in self.book.forget_idle(idx, self.supervisor, snap.backlog):
+            self.idle_since.pop(key, None)
         return decisions
 
     def _views(self, gpu: GpuReading, snap: Snapshot, fams: list[Family], keys: dict[str, str]) -> list[GpuView]:
@@ -258,7 +195,7 @@ class Autoscaler:
         recent_oom = now - self.last_oom.get(idx, -float("inf")) < self.policy.oom_recent_s
         views = []
         for f in fams:
-            q, backlog = f.key, self._backlog(f, snap)
+            q, backlog = f.key, self.book.backlog(f, snap.backlog)
             registered = [s for s in active[q] if s.pid in snap.workers]
             busy = any(snap.workers[s.pid].get("busy") for s in registered if s.pid is not None)
             if backlog == 0 and not busy:

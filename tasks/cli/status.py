@@ -23,6 +23,7 @@ from tasks import keys
 from tasks.cli import common as _cli
 from tasks.cli import watch
 from tasks.cli.common import check_redis
+from tasks.delivery import settings_queues
 from tasks.delivery.queues import lengths as queue_lengths
 from tasks.gpu import GpuReading, open_probe
 from tasks.observe import progress, stall
@@ -99,13 +100,16 @@ def _workers_cells(workers: list[dict[str, Any]]) -> list[str]:
 
 
 def queue_rows(conf: Settings, workers: list[dict[str, Any]]) -> list[list[Any]]:
-    """One row per queue: the cpu queue, every GPU queue seen, and the stage queues of those GPUs."""
+    """One row per queue: the cpu queue, every GPU queue seen, the stage queues of those GPUs, and the
+    settings queues where tasks wait."""
     r = get_redis(conf.redis_url)
     names = {conf.cpu_queue} | registry.known_gpu_queues(r) | {q for w in workers for q in w.get("queues", [])}
     gpus = {i for q in names if (i := conf.gpu_index(q)) is not None}
     names |= {conf.stage_queue(stage, i) for i in gpus for stage in conf.own_env_stages()}
     waiting = queue_lengths(get_redis(conf.broker), sorted(names))
-    return [[name, count] for name, count in waiting.items()]
+    # The settings queues with tasks in them: where tasks wait for workers with their run's settings.
+    held = queue_lengths(get_redis(conf.broker), sorted(settings_queues.listed(r)))
+    return [[name, count] for name, count in waiting.items()] + [[q, n] for q, n in held.items() if n]
 
 
 def latest_run(

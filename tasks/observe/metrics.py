@@ -23,6 +23,7 @@ from typing import Any
 import redis
 
 from tasks import keys
+from tasks.delivery import settings_queues
 from tasks.delivery.queues import lengths as queue_lengths
 from tasks.gpu import GpuProbe, open_probe
 from tasks.job import Job
@@ -182,7 +183,10 @@ class FramefleetCollector:
         workers = registry.live_workers(r)
         yield from self._workers(workers)
         queues = sorted(
-            {self.conf.cpu_queue} | registry.known_gpu_queues(r) | {q for w in workers for q in w.get("queues", [])}
+            {self.conf.cpu_queue}
+            | registry.known_gpu_queues(r)
+            | {q for w in workers for q in w.get("queues", [])}
+            | settings_queues.listed(r)
         )
         depth = GaugeMetricFamily(
             "framefleet_queue_depth", "Messages waiting in the queue (all its priorities)", labels=["queue"]

@@ -24,3 +24,31 @@ def test_a_stage_with_its_own_python_is_a_family_started_from_it(tmp_path):
     hands = family_argv(conf, 0, "gpu0.hands-2")
     assert hands[0] == python and hands[hands.index("-Q") + 1] == "gpu0.hands" and "gpu0.hands-2@%h" in hands
     assert family_argv(conf, 0, "gpu0-1")[0] == sys.executable
+
+
+def test_a_runs_settings_become_a_family_whose_settings_file_gives_its_hashes(tmp_path, monkeypatch):
+    from tasks.autoscaler.run_settings import CannotMatch, family_for
+    from worker_config.settings import run_stage_settings, stage_entry
+
+    own = settings_env(tmp_path, "stages:\n  depth: {params: {hold_mib: 200}}\n")["FRAMEFLEET_CONFIG"]
+    monkeypatch.setenv("FRAMEFLEET_CONFIG", own)
+    other = tmp_path / "other.yaml"
+    other.write_text(
+        "stages:\n  depth: {params: {flat_std_threshold: 0.05, hold_mib: 1}}\n  tracks2d: {enabled: true}\n"
+    )
+    run = run_stage_settings(load_settings(other))["stages"]
+    family = family_for(load_settings(own), 0, "gpu0", run, tmp_path / "settings")
+    assert family is not None and family.queue == "gpu0" and family.key == f"gpu0~{family.tag}"
+    assert set(family.stages) == {"depth", "tracks", "tracks2d", "hands"}  # the run's GPU stages, tracks2d too
+    theirs = load_settings(family.config)
+    assert all(stage_entry(theirs, s)["sha256"] == run[s]["sha256"] for s in family.stages)
+    assert theirs.stages["depth"].params["hold_mib"] == 200  # the host's own local knob, not the run's
+    assert f"gpu0~depth-{run['depth']['sha256'][:12]}" in family.settings_queues
+    # A stage setting of the autoscaler's environment would override the file: refused, not started wrong.
+    monkeypatch.setenv("FRAMEFLEET_STAGES__DEPTH__PARAMS", '{"flat_std_threshold": 0.2}')
+    try:
+        family_for(load_settings(own), 0, "gpu0", run, tmp_path / "settings")
+    except CannotMatch as exc:
+        assert "depth" in str(exc)
+    else:
+        raise AssertionError("a family whose file gives other settings was made")
