@@ -21,6 +21,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from worker_config.settings_match import SETTINGS_QUEUE_SEP
+
 CONFIG_ENV = "FRAMEFLEET_CONFIG"
 
 
@@ -229,7 +231,7 @@ class Settings(BaseSettings):
 
     def gpu_index(self, queue: str) -> int | None:
         """Return N for a queue named ``{gpu_queue_prefix}N`` or ``{gpu_queue_prefix}N.{stage}``, else None."""
-        if "~" in queue:  # a settings queue beside a GPU queue (worker_config.settings_match.settings_queue)
+        if SETTINGS_QUEUE_SEP in queue:  # a settings queue beside a GPU queue (settings_match.settings_queue)
             return None
         suffix = queue[len(self.gpu_queue_prefix) :].split(".", 1)[0]
         if queue.startswith(self.gpu_queue_prefix) and suffix.isdigit():
