@@ -160,6 +160,10 @@ class Settings(BaseSettings):
     # onto the GPU again) or several queues of one GPU; without it such a worker refuses to start
     # (tasks.workers.launch). Two GPUs' queues in one worker stay refused: one process pins one GPU.
     allow_any_gpu_worker: bool = False
+    # A worker that consumes only the settings queues beside its queues (worker_config.settings_match), not the
+    # queues themselves: it takes only tasks that must run under its settings. The autoscaler's families for a
+    # run's other settings are started so, and take no task of the runs of its own settings.
+    settings_queues_only: bool = False
 
     @field_validator("redis_url", "broker_url", "result_backend")
     @classmethod

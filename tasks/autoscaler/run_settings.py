@@ -55,7 +55,8 @@ def _python(stage: str, stages: Mapping[str, Mapping[str, Any]], conf: Settings)
 def settings_text(conf: Settings, stages: Mapping[str, Mapping[str, Any]]) -> str:
     """The autoscaler's settings file (``$FRAMEFLEET_CONFIG``, else none) with the run's ``stages`` in place of
     its own: each stage's backend and parameters as the run recorded them, the host-local ones (paths,
-    batch sizes) this host's own where its backend is the same, and every stage the run leaves out off."""
+    batch sizes) this host's own where its backend is the same, and every stage the run leaves out off;
+    its workers consume only the settings queues (``settings_queues_only``)."""
     path = os.environ.get(CONFIG_ENV)
     data: dict[str, Any] = dict(yaml.safe_load(Path(path).read_text()) or {}) if path else {}
     written: dict[str, Any] = {}
@@ -75,6 +76,7 @@ def settings_text(conf: Settings, stages: Mapping[str, Mapping[str, Any]]) -> st
         if python := _python(name, stages, conf):
             written[name]["python"] = python
     data["stages"] = written
+    data["settings_queues_only"] = True  # its workers take only the tasks that need these settings
     return yaml.safe_dump(data, sort_keys=True)
 
 

@@ -155,9 +155,13 @@ def settings_queues(conf: Settings, role: WorkerRole) -> list[str]:
 @signals.celeryd_after_setup.connect
 def consume_settings_queues(sender: str | None = None, instance: Any = None, **_: Any) -> None:
     """Consume the settings queues of this worker's settings too: tasks handed on to it by workers without them."""
-    ROLE.settings_queues = settings_queues(settings(), ROLE)
+    conf = settings()
+    ROLE.settings_queues = settings_queues(conf, ROLE)
+    queues = instance.app.amqp.queues
     for queue in ROLE.settings_queues:
-        instance.app.amqp.queues.select_add(queue)
+        queues.select_add(queues[queue])  # declared as routing declares it when it sends there (own exchange)
+    if conf.settings_queues_only and ROLE.settings_queues:
+        instance.app.amqp.queues.deselect(ROLE.queues)
 
 
 @signals.worker_process_init.connect
@@ -283,7 +287,8 @@ def worker_state() -> dict[str, Any]:
     return {
         "hostname": ROLE.hostname,
         "pid": os.getpid(),
-        "queues": ROLE.queues,
+        # What it consumes: its queues, or only their settings queues (settings_queues_only).
+        "queues": ROLE.settings_queues if conf.settings_queues_only and ROLE.settings_queues else ROLE.queues,
         "gpu_queues": [q for q in ROLE.queues if conf.gpu_index(q) is not None],
         "settings_queues": ROLE.settings_queues,
         "gpu": ROLE.gpu,
