@@ -120,7 +120,10 @@ def needed_files(pipeline: Any) -> list[NeededFile]:
                 "TrackAnything's GroundingDINO",
                 f"{HF}/ShilongLiu/GroundingDINO/resolve/main/groundingdino_swint_ogc.pth",
             ),
+            # groundingdino/util/get_tokenlizer.py:19-27: AutoTokenizer and BertModel.from_pretrained.
             _hf("bert-base-uncased", "config.json", "GroundingDINO's text encoder (BERT)"),
+            _hf("bert-base-uncased", "vocab.txt", "BERT's vocabulary"),
+            _hf("bert-base-uncased", "model.safetensors", "BERT's weights"),
         ]
     return files
 

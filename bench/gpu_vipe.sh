@@ -1,0 +1,60 @@
+# On a GPU machine: ViPE's lyra pipeline (y2r's fork) through framefleet's depth stage, with random
+# weights, on a real clip, without network access (bench/gpu_vipe.py). -> $OUT
+#   UPSTREAM_ARCHIVES=../shared/upstream CLIP=../shared/data/real/sheep.mp4 WHEELS=DIR EXTRA=DIR \
+#     EIGEN=eigen.tgz bash bench/gpu_vipe.sh
+# UPSTREAM_ARCHIVES holds hgupt3+vipe.tar.gz and microsoft+MoGe.tar.gz (../shared/upstream/README.md).
+# WHEELS: wheels/sdists the machine lacks (ViPE: hydra-core, omegaconf, antlr4-python3-runtime, kornia,
+# kornia-rs, gdown, beautifulsoup4, soupsieve, roma, pyquaternion; framefleet: celery, redis, pydantic, ...),
+# installed into /tmp/site. EXTRA: package folders copied into /tmp/site as they are (utils3d at MoGe's
+# pinned commit, which is not on PyPI; pycg's Python files, without its 30 MB of render assets).
+# EIGEN: a tar.gz of Eigen 3.4's Eigen/ headers (Debian's libeigen3-dev), for building vipe_ext.
+# VIPE_EXT: a vipe_ext*.so built earlier on the same image (skips the ~2 min build); the build's .so
+# is copied to $OUT when it is under 40 MB, for that. FRAMES (120) and WARMUP (20): frames per run.
+set -u
+OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
+UP=/tmp/ff-upstream; mkdir -p "$UP"
+for name in hgupt3+vipe microsoft+MoGe; do
+  tar xzf "${UPSTREAM_ARCHIVES:-../shared/upstream}/$name.tar.gz" -C "$UP" || exit 1
+done
+VIPE="$UP/hgupt3+vipe"
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site "$WHEELS"/* || exit 1
+fi
+if [ -n "${EXTRA:-}" ]; then mkdir -p /tmp/site && cp -r "$EXTRA"/* /tmp/site/; fi
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+# rerun-sdk is imported by ViPE's SLAM modules but used only with slam.visualize (false here); a
+# module that fails on any use stands in when the real one is absent.
+if ! python3 -c "import rerun" 2>/dev/null; then
+  mkdir -p /tmp/site/rerun
+  printf '%s\n' '"""Stand-in for rerun-sdk: importable, fails on any use."""' \
+    'def __getattr__(name):' \
+    '    raise RuntimeError(f"rerun.{name} used: install rerun-sdk (only slam.visualize needs it)")' \
+    > /tmp/site/rerun/__init__.py
+fi
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # as framefleet's workers run
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import torch, transformers, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+  nvcc --version | tail -2
+  cat "$VIPE/.upstream-commit" "$UP/microsoft+MoGe/.upstream-commit" 2>/dev/null
+} | tee "$OUT/machine.txt"
+if [ -n "${VIPE_EXT:-}" ] && [ -f "$VIPE_EXT" ]; then
+  cp "$VIPE_EXT" "$VIPE/"
+else
+  mkdir -p "$VIPE/csrc/include/eigen3"
+  tar xzf "${EIGEN:?EIGEN: a tar.gz of Eigen 3.4 headers}" -C "$VIPE/csrc/include/eigen3" || exit 1
+  start=$(date +%s)
+  (cd "$VIPE" && TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=${MAX_JOBS:-16} python3 setup.py build_ext --inplace) \
+    > "$OUT/vipe_ext_build.log" 2>&1 || { tail -40 "$OUT/vipe_ext_build.log"; exit 1; }
+  echo "vipe_ext built in $(( $(date +%s) - start )) s" | tee -a "$OUT/machine.txt"
+  so=$(ls "$VIPE"/vipe_ext*.so | head -1)
+  ls -la "$so"
+  [ "$(stat -c %s "$so")" -lt 41943040 ] && cp "$so" "$OUT/"
+fi
+(cd "$VIPE" && PYTHONPATH=$VIPE:$PYTHONPATH python3 -c "import torch, vipe_ext; print('vipe_ext', sorted(m for m in dir(vipe_ext) if m.endswith('_ext')))") \
+  | tee -a "$OUT/machine.txt" || exit 1
+PYTHONUNBUFFERED=1 python3 bench/gpu_vipe.py --vipe "$VIPE" --moge "$UP/microsoft+MoGe" \
+  --clip "${CLIP:-../shared/data/real/sheep.mp4}" --out "$OUT" --frames "${FRAMES:-120}" --warmup "${WARMUP:-20}"
+status=$?
+du -sh /tmp/ff-vipe-cache 2>/dev/null | tee -a "$OUT/machine.txt"
+exit $status
