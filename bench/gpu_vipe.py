@@ -126,6 +126,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "nvml_process": round(peak.process_mib),
         "torch_allocated": round(torch.cuda.memory_allocated() / 2**20),
     }
+    (args.out / "vipe_partial.json").write_text(json.dumps(result, indent=1))
     runs: list[dict[str, Any]] = []
     result["runs"] = runs
     out: dict[str, Any] | None = None
@@ -138,6 +139,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             seconds = time.monotonic() - t1
             runs.append({"frames": count, "seconds": round(seconds, 2), "s_per_frame": round(seconds / count, 4)})
             print(f"ran {count} frames in {seconds:.1f} s", file=sys.stderr, flush=True)
+            (args.out / "vipe_partial.json").write_text(json.dumps(result, indent=1))
     except Exception:  # the figures so far still count: which step failed is the finding
         result["error"] = traceback.format_exc()[-6000:]
     peak.stop()
@@ -178,6 +180,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path("/tmp/ff-vipe-cache"), help="ViPE's model cache")
     parser.add_argument("--frames", type=int, default=120, help="frames of the timed run")
     parser.add_argument("--warmup", type=int, default=20, help="frames of an untimed first run (0: none)")
+    parser.add_argument("--cache-written", type=Path, help="the JSON line vipe_cache.py printed (skips writing)")
     parser.add_argument("--stage", choices=["all", "run"], default="all")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -188,57 +191,31 @@ def main() -> None:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(args.vipe), str(args.moge), os.environ.get("PYTHONPATH", "")]),
     }
-    t0 = time.monotonic()
-    made = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "vipe_cache.py"),
-            "--vipe",
-            str(args.vipe),
-            "--moge",
-            str(args.moge),
-            "--cache",
-            str(args.cache),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    (args.out / "vipe_cache.log").write_text(made.stderr)
-    if made.returncode != 0:
-        raise SystemExit(f"writing the random-weights cache failed:\n{made.stderr[-4000:]}")
-    cache = json.loads(made.stdout.strip().splitlines()[-1])
-    cache["seconds"] = round(time.monotonic() - t0, 1)
-    ran = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--stage",
-            "run",
-            "--vipe",
-            str(args.vipe),
-            "--moge",
-            str(args.moge),
-            "--clip",
-            str(args.clip),
-            "--out",
-            str(args.out),
-            "--cache",
-            str(args.cache),
-            "--frames",
-            str(args.frames),
-            "--warmup",
-            str(args.warmup),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    (args.out / "vipe_run.log").write_text(ran.stderr)
+    if args.cache_written:  # written beforehand (gpu_vipe.sh writes it while vipe_ext compiles)
+        cache = json.loads(args.cache_written.read_text().strip().splitlines()[-1])
+    else:
+        t0 = time.monotonic()
+        with open(args.out / "vipe_cache.log", "w") as log:
+            made = subprocess.run(
+                [sys.executable, str(ROOT / "bench" / "vipe_cache.py"), "--vipe", str(args.vipe), "--moge",
+                 str(args.moge), "--cache", str(args.cache)],
+                env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+            )  # fmt: skip
+        if made.returncode != 0:
+            raise SystemExit(f"writing the random-weights cache failed: {args.out / 'vipe_cache.log'}")
+        cache = json.loads(made.stdout.strip().splitlines()[-1])
+        cache["seconds"] = round(time.monotonic() - t0, 1)
+    with open(args.out / "vipe_run.log", "w") as log:  # streamed: a run cut short still shows how far it got
+        ran = subprocess.run(
+            [sys.executable, __file__, "--stage", "run", "--vipe", str(args.vipe), "--moge", str(args.moge),
+             "--clip", str(args.clip), "--out", str(args.out), "--cache", str(args.cache),
+             "--frames", str(args.frames), "--warmup", str(args.warmup)],
+            env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+        )  # fmt: skip
     result = {"cache": cache}
     lines = ran.stdout.strip().splitlines()
     if ran.returncode != 0 or not lines:
-        result["error"] = ran.stderr[-6000:]
+        result["error"] = (args.out / "vipe_run.log").read_text()[-6000:]
     else:
         result.update(json.loads(lines[-1]))
     (args.out / "vipe.json").write_text(json.dumps(result, indent=1))

@@ -23,6 +23,7 @@ import json
 import string
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +192,25 @@ def grounding_dino(path: Path) -> None:
     torch.save({"model": build_model(args).state_dict()}, path)
 
 
+def classes_without_cuda_ops() -> None:
+    """Let ViPE's modules import where ``vipe_ext`` (its CUDA ops) is not built: weights need only the classes.
+
+    vipe/ext/__init__.py would otherwise compile the ops just in time (minutes, and nvcc); nothing
+    here calls them, so a module of empty attributes stands in for them in this process only.
+    """
+    try:
+        import vipe_ext  # noqa: F401  # type: ignore[import-not-found]
+    except ImportError:
+
+        class NoOps(types.ModuleType):
+            def __getattr__(self, name: str) -> Any:
+                if name.startswith("__"):
+                    raise AttributeError(name)
+                return NoOps(name)
+
+        sys.modules["vipe_ext"] = NoOps("vipe_ext")
+
+
 def write_cache(vipe_src: Path, moge_src: Path, cache: Path, pipeline: str, only: set[str] | None = None) -> list[dict]:
     """Write every file ViPE's ``pipeline`` opens into ``cache``; return [{path, bytes, seconds}] per file."""
     import os
@@ -321,8 +341,10 @@ def main() -> None:
         if str(src) not in sys.path:
             sys.path.insert(0, str(src))
     if args.check:
+        classes_without_cuda_ops()
         print(json.dumps({"cache": str(args.cache), "loaded": check_loads(args.cache)}))
         return
+    classes_without_cuda_ops()
     only = {s for s in args.only.split(",") if s} or None
     files = write_cache(args.vipe, args.moge, args.cache, args.pipeline, only)
     print(json.dumps({"cache": str(args.cache), "snapshot": SNAPSHOT, "files": files}))
