@@ -19,7 +19,7 @@ for name in hgupt3+vipe microsoft+MoGe; do
 done
 VIPE="$UP/hgupt3+vipe"
 if [ -n "${WHEELS:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site "$WHEELS"/* || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site "$WHEELS"/* || exit 1
 fi
 if [ -n "${EXTRA:-}" ]; then mkdir -p /tmp/site && cp -r "$EXTRA"/* /tmp/site/; fi
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
