@@ -3,9 +3,11 @@
 #   UPSTREAM_ARCHIVES=../shared/upstream CLIP=../shared/data/real/sheep.mp4 WHEELS=DIR EXTRA=DIR \
 #     EIGEN=eigen.tgz bash bench/gpu_vipe.sh
 # UPSTREAM_ARCHIVES holds hgupt3+vipe.tar.gz and microsoft+MoGe.tar.gz (../shared/upstream/README.md).
-# WHEELS: wheels/sdists the machine lacks (ViPE: hydra-core, omegaconf, antlr4-python3-runtime, kornia,
-# kornia-rs, gdown, beautifulsoup4, soupsieve, roma, pyquaternion; framefleet: celery, redis, pydantic, ...),
-# installed into /tmp/site. EXTRA: package folders copied into /tmp/site as they are (utils3d at MoGe's
+# WHEELS: wheels/sdists the machine lacks, at deploy/envs/vipe.lock's versions (ViPE: hydra-core, omegaconf,
+# antlr4-python3-runtime, kornia, kornia-rs, gdown, beautifulsoup4, soupsieve, roma, pyquaternion, openexr,
+# rich and its three; transformers 4.48.3 with tokenizers 0.21.4 and huggingface-hub 0.36.2, since ViPE's
+# GroundingDINO calls BertModel.get_head_mask, which transformers 5 removed; framefleet: celery, redis,
+# pydantic, ... as ../shared/device/prepare.sh lists them, less PyAV), installed into /tmp/site. EXTRA: package folders copied into /tmp/site as they are (utils3d at MoGe's
 # pinned commit, which is not on PyPI; pycg's Python files, without its 30 MB of render assets).
 # EIGEN: a tar.gz of Eigen 3.4's Eigen/ headers (Debian's libeigen3-dev), for building vipe_ext.
 # VIPE_EXT: a vipe_ext*.so built earlier on the same image (skips the ~2 min build); the build's .so

@@ -10,7 +10,8 @@ checkpoint is laid out: a bare state dict, ``{"model": ...}``, ``{"state_dict": 
 ``{"model_config", "model"}``, or a Hugging Face model folder, under ``DIR/torch/hub`` (torch
 hub's cache) and ``DIR/huggingface/hub`` (the HF hub's cache: ``models--<org>--<name>/
 snapshots/<commit>/`` and ``refs/main``). Same code, shapes, memory and compute as the trained
-weights; only the values differ. BERT's vocabulary is made here: bert-base-uncased's size
+weights; only the values differ (and GroundingDINO's class score, set to detect nothing: see
+``grounding_dino``). BERT's vocabulary is made here: bert-base-uncased's size
 (30,522) with [CLS], [SEP] and "." at the ids GroundingDINO's code names (101, 102, 1012).
 Prints one JSON line: each file, its size and the seconds it took.
 """
@@ -189,7 +190,22 @@ def grounding_dino(path: Path) -> None:
 
     args = config.copy()
     args.device = "cpu"
-    torch.save({"model": build_model(args).state_dict()}, path)
+    model = build_model(args)
+    with torch.no_grad():
+        # Random weights score all 900 queries alike, so every one passes TrackAnything's box threshold
+        # (0.35) and its uint8 instance mask overflows at the 256th object (seg_tracker.py:138). The class
+        # score is decoder-state . text-state (groundingdino/models/main/utils.py:232-253); both end in a
+        # LayerNorm (decoder.norm; the last text layer's norm2), set here to constants whose product is
+        # -4, so no query scores above sigmoid(-4) = 0.018: no detection, as on a video without the phrases.
+        text = torch.randn(256, generator=torch.Generator().manual_seed(0))
+        text /= text.norm()
+        for norm, bias in (
+            (model.transformer.encoder.text_layers[-1].norm2, text),
+            (model.transformer.decoder.norm, -4 * text),
+        ):
+            norm.weight.zero_()
+            norm.bias.copy_(bias)
+    torch.save({"model": model.state_dict()}, path)
 
 
 def classes_without_cuda_ops() -> None:
