@@ -10,8 +10,8 @@
 # pydantic, ... as ../shared/device/prepare.sh lists them, less PyAV), installed into /tmp/site. EXTRA: package folders copied into /tmp/site as they are (utils3d at MoGe's
 # pinned commit, which is not on PyPI; pycg's Python files, without its 30 MB of render assets).
 # EIGEN: a tar.gz of Eigen 3.4's Eigen/ headers (Debian's libeigen3-dev), for building vipe_ext.
-# VIPE_EXT: a vipe_ext*.so built earlier on the same image (skips the ~2 min build); the build's .so
-# is copied to $OUT when it is under 40 MB, for that. FRAMES (120) and WARMUP (20): frames per run;
+# VIPE_EXT: a vipe_ext*.so (or .so.xz) built earlier on the same image (skips the ~2 min build); the
+# build's .so, stripped of debug sections and xz-compressed, is copied to $OUT when under 30 MB, for that. FRAMES (120) and WARMUP (20): frames per run;
 # RUN_TIMEOUT_S (900) caps the load and the runs.
 set -u
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
@@ -46,7 +46,10 @@ PYTHONPATH=$VIPE:$UP/microsoft+MoGe:$PYTHONPATH python3 bench/vipe_cache.py --vi
   --moge "$UP/microsoft+MoGe" --cache /tmp/ff-vipe-cache > /tmp/ff-vipe-cache.json 2> "$OUT/vipe_cache.log" &
 writer=$!
 if [ -n "${VIPE_EXT:-}" ] && [ -f "$VIPE_EXT" ]; then
-  cp "$VIPE_EXT" "$VIPE/"
+  case "$VIPE_EXT" in
+    *.xz) xz -dc "$VIPE_EXT" > "$VIPE/$(basename "$VIPE_EXT" .xz)" ;;
+    *) cp "$VIPE_EXT" "$VIPE/" ;;
+  esac
 else
   mkdir -p "$VIPE/csrc/include/eigen3"
   tar xzf "${EIGEN:?EIGEN: a tar.gz of Eigen 3.4 headers}" -C "$VIPE/csrc/include/eigen3" || exit 1
@@ -55,8 +58,10 @@ else
     > "$OUT/vipe_ext_build.log" 2>&1 || { tail -40 "$OUT/vipe_ext_build.log"; exit 1; }
   echo "vipe_ext built in $(( $(date +%s) - start )) s" | tee -a "$OUT/machine.txt"
   so=$(ls "$VIPE"/vipe_ext*.so | head -1)
-  ls -la "$so"
-  [ "$(stat -c %s "$so")" -lt 41943040 ] && cp "$so" "$OUT/"
+  # Without its debug sections and xz-compressed, the build can come back and travel to a later run.
+  strip --strip-debug -o /tmp/vipe_ext.so "$so" && xz -T0 -6 -c /tmp/vipe_ext.so > /tmp/vipe_ext.so.xz
+  ls -la "$so" /tmp/vipe_ext.so /tmp/vipe_ext.so.xz | tee -a "$OUT/machine.txt"
+  [ "$(stat -c %s /tmp/vipe_ext.so.xz)" -lt 31457280 ] && cp /tmp/vipe_ext.so.xz "$OUT/$(basename "$so").xz"
 fi
 (cd "$VIPE" && PYTHONPATH=$VIPE:$PYTHONPATH python3 -c "import torch, vipe_ext; print('vipe_ext', sorted(m for m in dir(vipe_ext) if m.endswith('_ext')))") \
   | tee -a "$OUT/machine.txt" || exit 1
