@@ -228,7 +228,7 @@ def classes_without_cuda_ops() -> None:
 
 
 def write_cache(vipe_src: Path, moge_src: Path, cache: Path, pipeline: str, only: set[str] | None = None) -> list[dict]:
-    """Write every file ViPE's ``pipeline`` opens into ``cache``; return [{path, bytes, seconds}] per file."""
+    """Write every file ViPE's ``pipeline`` opens into ``cache``; return each model's files, bytes and seconds."""
     import os
 
     import torch
@@ -240,13 +240,13 @@ def write_cache(vipe_src: Path, moge_src: Path, cache: Path, pipeline: str, only
     os.environ["TORCH_HOME"] = str(cache / "torch")
     torch.manual_seed(0)
     builders: dict[str, Any] = {
-        "torch/hub/droid_slam/droid.pth": lambda p: droid(p),
-        "torch/hub/geocalib/pinhole.tar": lambda p: geocalib(p),
+        "torch/hub/droid_slam/droid.pth": droid,
+        "torch/hub/geocalib/pinhole.tar": geocalib,
         "torch/hub/checkpoints/video_depth_anything_vitl.pth": lambda p: video_depth_anything(p, "vitl"),
         "torch/hub/checkpoints/video_depth_anything_vits.pth": lambda p: video_depth_anything(p, "vits"),
-        "torch/hub/sam/sam_vit_b_01ec64.pth": lambda p: sam_vit_b(p),
-        "torch/hub/aot/R50_DeAOTL_PRE_YTB_DAV.pth": lambda p: deaot(p),
-        "torch/hub/checkpoints/groundingdino_swint_ogc.pth": lambda p: grounding_dino(p),
+        "torch/hub/sam/sam_vit_b_01ec64.pth": sam_vit_b,
+        "torch/hub/aot/R50_DeAOTL_PRE_YTB_DAV.pth": deaot,
+        "torch/hub/checkpoints/groundingdino_swint_ogc.pth": grounding_dino,
     }
     done: list[dict] = []
     files = needed_files(compose(vipe_src, pipeline).pipeline)
