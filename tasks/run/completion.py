@@ -223,17 +223,23 @@ def retire(r: redis.Redis, run_id: str, keep_s: int) -> None:
         finished = {**record, "status": "finished", "finished": round(time.time(), 3)}
         pipe.hset(run_key, keys.RUN_RECORD_FIELD, json.dumps(finished, separators=(",", ":")))
     pipe.delete(keys.LEGACY_STAGE_LOG)  # an earlier version's global stage log (no TTL): its runs have snapshots
-    let_go(pipe, run_id, keep_s)
+    let_go(pipe, run_id, keep_s, int(record["videos"]) if record else 0)
     pipe.execute()
 
 
-def let_go(pipe: Any, run_id: str, keep_s: int) -> None:
-    """Queue on ``pipe`` the end of the run's per-video keys: done marks, attempts, unsent and sent jobs
-    and the sweep's misses now, outcomes, order, stage log, requeues and resends ``keep_s`` seconds
-    from now (also for a cancelled run, whose tasks stop at its flag and which the sweep leaves alone)."""
+def let_go(pipe: Any, run_id: str, keep_s: int, videos: int = 0) -> None:
+    """Queue on ``pipe`` the end of the run's per-video keys: done marks, attempts, unsent and sent jobs,
+    the sweep's misses and the merged marks of a run of ``videos`` now; outcomes, order, stage log,
+    running sums, requeues and resends ``keep_s`` seconds from now (also for a cancelled run, whose
+    tasks stop at its flag and which the sweep leaves alone)."""
+    from tasks.run import sums
+
     gone = (keys.RUN_DONE_SUFFIX, keys.RUN_ATTEMPTS_SUFFIX, keys.RUN_PENDING_SUFFIX, keys.RUN_SENT_SUFFIX)
     pipe.delete(*(key(run_id, s) for s in gone), keys.SWEEP_PREFIX + run_id)
-    for suffix in (keys.RUN_FINISHED_SUFFIX, keys.RUN_ORDER_SUFFIX, keys.RUN_STAGES_SUFFIX):
+    marks = sums.shard_keys(run_id, sums.shard_count(videos))
+    for start in range(0, len(marks), 1000):  # by name, never a scan: at most MAX_SHARDS keys
+        pipe.delete(*marks[start : start + 1000])
+    for suffix in (keys.RUN_FINISHED_SUFFIX, keys.RUN_ORDER_SUFFIX, keys.RUN_STAGES_SUFFIX, keys.RUN_SUMS_SUFFIX):
         pipe.expire(key(run_id, suffix), max(1, keep_s))
     for listed in (keys.REQUEUES_PREFIX, keys.RESENT_PREFIX):
         pipe.expire(listed + run_id, max(1, keep_s))
