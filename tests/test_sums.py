@@ -29,7 +29,9 @@ def random_partial(rng: np.random.Generator, scale: float) -> dict:
         return Moments.from_samples(rng.normal(shift, scale, size=(n, dim)))
 
     n = int(rng.integers(0, 400))
-    return VideoStats("3d", m(n, 3, 0.1), m(n, 1, 2.0), m(n // 4, 9, 0.5), m(n // 2, 3, 0.0), m(n // 2, 6, 0.0)).to_dict()
+    return VideoStats(
+        "3d", m(n, 3, 0.1), m(n, 1, 2.0), m(n // 4, 9, 0.5), m(n // 2, 3, 0.0), m(n // 2, 6, 0.0)
+    ).to_dict()
 
 
 def entry(partial: dict, size: int = 1000, mtime_ns: int = 1) -> bytes:

@@ -21,6 +21,7 @@ enough for Redis's compact listpack encoding: about 30 B per video.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -124,16 +125,24 @@ def merge(r: redis.Redis, run_id: str, shards: int, video_id: str, entry: bytes,
     2 when it was merged before with another file (the sums are then marked changed and not used).
     Raises redis.RedisError.
     """
+    return int(merge_script()(*merge_call(run_id, shards, video_id, entry, ttl_s), client=r))
+
+
+def merge_call(run_id: str, shards: int, video_id: str, entry: bytes, ttl_s: int) -> tuple[list[str], list[Any]]:
+    """The keys and arguments of the merge script for one video (``merge``; a pipeline may send many)."""
     from tasks.run import partials
 
-    size, mtime_ns, kind = partials.HEADER.unpack_from(entry)
-    track_type = kind.decode()
+    track_type = partials.HEADER.unpack_from(entry)[2].decode()
     stamp, row = entry[:16], entry[partials.HEADER.size :]
     dims = ",".join(str(dim) for _f, dim in row_layout(track_type))
     mark = mark_of(video_id)
-    return int(
-        r.eval(_MERGE, 2, sums_key(run_id), shard_key(run_id, mark, shards), mark, stamp, track_type, row, dims, ttl_s)
-    )
+    return [sums_key(run_id), shard_key(run_id, mark, shards)], [mark, stamp, track_type, row, dims, ttl_s]
+
+
+@functools.cache
+def merge_script() -> Any:
+    """The merge as a redis-py Script: sent by its SHA (EVALSHA), its 2 KB text only when Redis lacks it."""
+    return redis.Redis().register_script(_MERGE)  # the client is never used: every call names its own
 
 
 def read(r: redis.Redis, run_id: str) -> dict[str, bytes]:
