@@ -205,3 +205,17 @@ def test_the_sums_key_is_named_once():
 
     assert sums.sums_key("r").endswith(keys.RUN_SUMS_SUFFIX)
     assert Path(sums.shard_key("r", b"\0" * 8, 4)).name.startswith(keys.RUN_PREFIX + "r" + keys.RUN_MERGED_SUFFIX)
+
+
+def test_the_markers_are_counted_as_marked_videos_lists_them(tmp_path):
+    from tasks.outputs.stage_io import MARKER_SUFFIX, marked_videos, marker_shard
+    from tasks.run import partials, sums
+
+    for vid in ("a", "b", "c"):
+        shard = tmp_path / "markers" / marker_shard(vid)
+        shard.mkdir(parents=True, exist_ok=True)
+        (shard / (vid + MARKER_SUFFIX)).write_text("{}")
+    (tmp_path / "markers" / ("old" + MARKER_SUFFIX)).write_text("{}")  # an earlier version's place
+    (tmp_path / "markers" / marker_shard("a") / "a.hdf5.done.json.tmp123").write_text("")  # a write under way
+    partials.append(tmp_path, "a", entry(random_partial(np.random.default_rng(5), 1.0)))
+    assert sums.count_markers(tmp_path) == len(marked_videos(tmp_path)) == 4

@@ -25,6 +25,7 @@ import functools
 import hashlib
 import logging
 import math
+import operator
 import os
 from pathlib import Path
 from typing import Any
@@ -174,8 +175,6 @@ def covering(r: Any, run_id: str, out_root: Path, track_type: str) -> tuple[Vide
     The merged videos all have markers (a video is merged after its marker is written), so equal
     counts mean the same videos.
     """
-    from tasks.outputs.stage_io import marked_videos
-
     if r is None:
         return None
     try:
@@ -187,31 +186,49 @@ def covering(r: Any, run_id: str, out_root: Path, track_type: str) -> tuple[Vide
     if got is None:
         return None
     root = out_root.resolve()
-    marked = marked_videos(root)
-    if len(marked) != got[1] or _earlier_layout(root, marked):
+    complete = count_markers(root)
+    if complete != got[1] or _earlier_layout(root):
         log.info(
             "run %s: its sums hold %d videos, OUT %d complete ones; pooling every video's partial",
             run_id,
             got[1],
-            len(marked),
+            complete,
         )
         return None
     return got
 
 
-def _earlier_layout(root: Path, marked: set[str]) -> bool:
+def count_markers(root: Path) -> int:
+    """How many dataset markers OUT/markers/ holds (the videos of tasks.outputs.stage_io.marked_videos),
+    counted from one listing per shard without a set of a million names."""
+    from tasks.outputs.stage_io import MARKER_SUFFIX, MARKERS_DIR
+
+    is_marker = operator.methodcaller("endswith", MARKER_SUFFIX)
+    try:
+        entries = os.listdir(root / MARKERS_DIR)
+    except FileNotFoundError:
+        return 0
+    count = sum(map(is_marker, entries))
+    for name in entries:
+        if len(name) == 2 and os.path.isdir(shard := os.path.join(root, MARKERS_DIR, name)):
+            count += sum(map(is_marker, os.listdir(shard)))
+    return count
+
+
+def _earlier_layout(root: Path) -> bool:
     """True when a video folder of OUT/work/ without a marker under OUT/markers/ holds an earlier
-    version's dataset marker (only the full pass reads those; a failed video's folder has none)."""
+    version's dataset marker (only the full pass reads those; a failed video's folder has none).
+    Without OUT/work/ (``--intermediates drop``) this is one failed ``scandir``."""
+    from tasks.outputs.stage_io import marked_videos
     from tasks.stages import dataset_stage
 
     legacy = dataset_stage().name + ".done.json"
     try:
         with os.scandir(root / "work") as found:
-            return any(
-                e.name not in marked
-                and e.is_dir(follow_symlinks=False)
-                and os.path.exists(os.path.join(e.path, legacy))
-                for e in found
-            )
+            folders = [e for e in found if e.is_dir(follow_symlinks=False)]
     except FileNotFoundError:
         return False
+    if not folders:
+        return False
+    marked = marked_videos(root)
+    return any(e.name not in marked and os.path.exists(os.path.join(e.path, legacy)) for e in folders)
