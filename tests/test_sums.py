@@ -219,3 +219,32 @@ def test_the_markers_are_counted_as_marked_videos_lists_them(tmp_path):
     (tmp_path / "markers" / marker_shard("a") / "a.hdf5.done.json.tmp123").write_text("")  # a write under way
     partials.append(tmp_path, "a", entry(random_partial(np.random.default_rng(5), 1.0)))
     assert sums.count_markers(tmp_path) == len(marked_videos(tmp_path)) == 4
+
+
+def test_outcomes_are_kept_small_and_read_back_whole(redis_url, app_on_test_redis):
+    """An outcome deflated against the run's first one reads back as it was (stage times to the ms),
+    takes a fraction of its JSON, and one deflated against another dictionary is refused, not misread."""
+    from tasks.run import outcomes
+
+    _conf, r = app_on_test_redis
+    report = {"provenance": {"backends": {"depth": "synthetic"}, "settings_sha256": "ab" * 32}, "quality": {"x": 1}}
+
+    def outcome(i: int) -> dict:
+        timings = {
+            s: {"start": 1e9 + i + k, "end": 1e9 + i + k + 0.5, "worker": "w1", "skipped": False}
+            for k, s in enumerate("abcde")
+        }
+        return {"video_id": f"v{i}", "video": f"v{i}.mp4", "timings": timings, "report": report}
+
+    packed = [outcomes.encode(r, "run1", outcome(i), 60) for i in range(20)]
+    for i, value in enumerate(packed):
+        r.hset("ff:run:run1:finished", f"v{i}", value)
+    assert sorted(outcomes.read(r, "run1", batch=7)) == sorted((f"v{i}", outcome(i)) for i in range(20))
+    assert max(len(v) for v in packed[1:]) < len(json.dumps(outcome(1))) / 3
+    import zlib
+
+    foreign = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, b"another dictionary")
+    with pytest.raises(ValueError):
+        outcomes.decode(
+            outcomes.PACKED + zlib.adler32(b"x").to_bytes(4, "little") + foreign.compress(b"{}") + foreign.flush(), b"d"
+        )

@@ -10,6 +10,7 @@ means and gaps need no more). An outcome of an earlier version (plain JSON) is r
 from __future__ import annotations
 
 import json
+import logging
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,7 @@ import redis
 
 from tasks import keys
 
+log = logging.getLogger("framefleet.outcomes")
 PACKED = b"z"  # first byte of a deflated outcome; a plain JSON outcome starts with "{"
 _DICTS: dict[str, bytes] = {}  # run id -> its preset dictionary, as this process fetched or set it
 
@@ -61,15 +63,19 @@ def encode(r: redis.Redis, run_id: str, outcome: dict[str, Any], ttl_s: int) -> 
                 zdict = raw.get(dict_key(run_id)) or b""
         _DICTS[run_id] = zdict
     packer = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, zdict)
-    return PACKED + packer.compress(plain) + packer.flush()
+    # The dictionary's checksum first: a value deflated against another dictionary (Redis flushed and
+    # the dictionary set again mid-run) is refused when read, never inflated into other bytes.
+    return PACKED + zlib.adler32(zdict).to_bytes(4, "little") + packer.compress(plain) + packer.flush()
 
 
 def decode(value: bytes, zdict: bytes) -> dict[str, Any]:
     """An outcome kept by ``encode`` (or by an earlier version, as JSON). Raises ValueError or zlib.error."""
     if value[:1] != PACKED:
         return dict(json.loads(value))
+    if value[1:5] != zlib.adler32(zdict).to_bytes(4, "little"):
+        raise ValueError("an outcome deflated against another dictionary than the run's")
     unpacker = zlib.decompressobj(-15, zdict)
-    return dict(json.loads(unpacker.decompress(value[1:]) + unpacker.flush()))
+    return dict(json.loads(unpacker.decompress(value[5:]) + unpacker.flush()))
 
 
 def read(r: redis.Redis, run_id: str, batch: int = 2000) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -81,4 +87,7 @@ def read(r: redis.Redis, run_id: str, batch: int = 2000) -> Iterator[tuple[str, 
     with raw_client(r) as raw:
         zdict = raw.get(dict_key(run_id)) or b""
         for vid, value in raw.hscan_iter(finished, count=batch):
-            yield vid.decode(), decode(value, zdict)
+            try:
+                yield vid.decode(), decode(value, zdict)
+            except (ValueError, zlib.error) as exc:
+                log.error("run %s: the outcome of %s cannot be read (%s); it is left out", run_id, vid.decode(), exc)
