@@ -2,7 +2,8 @@
 """What 10,000 and 50,000 videos cost: enqueueing, Redis memory, the statistics callback and --continue.
 
     python bench/scale.py [--videos 10000,50000] [--enqueue-videos N,M] [--chord-videos N,M]
-                          [--work DIR] [--end-videos 20] [--skip enqueue,end,callback,continue]
+                          [--work DIR] [--end-videos 20] [--skip enqueue,end,callback,continue,sums]
+                          [--sums-videos 10000,100000,1000000] [--sums-baseline 10000,100000]
 
 Each phase measures the way a run ended before (one chord; partials read from the markers) and
 now (tasks.run.completion's counter and window; tasks.run.partials' hash) in the same sitting.
@@ -20,6 +21,14 @@ now (tasks.run.completion's counter and window; tasks.run.partials' hash) in the
 4. ``--continue`` over the N complete videos: ``tasks.run.dataset.incomplete`` from the markers, and
    with the partials hash, and the whole ``enqueue(..., resume=True)`` (manifest, check with the
    hash, the statistics callback sent).
+5. The statistics of a run of N videos (``--sums-videos``) from its running sums (tasks.run.sums):
+   N partials of the real video's size and layout, varied per video, merged in a random order as the
+   h5 stages would (one EVALSHA each, pipelined), N outcomes kept as tasks.run.outcomes keeps them
+   (the real marker's report, per-video source and timings); the Redis memory the run added and by
+   key, the statistics (``write_statistics_from`` over an OUT of N markers), their largest relative
+   difference from pooling the same rows in one NumPy pass, reading the outcomes back, and
+   ``framefleet status`` with that Redis. With ``--sums-baseline`` also as before: the partials hash,
+   JSON outcomes and the full pass over N replicated real files (step 3's folder).
 """
 
 from __future__ import annotations
