@@ -179,6 +179,23 @@ def test_a_run_ends_with_its_sums_equal_to_the_full_pass(video_factory, workers,
     assert aggregate.write_statistics_from(out, "3d", r, None, "again") == (4, "running sums")
     assert_close(yaml.safe_load((out / "normalization_stats.yaml").read_text()), full)
 
+    # The h5 stage's hook, delivered twice per video (the second finds its output made and reports the
+    # marker's statistics, as a redelivery does): each video merged once, its entry appended again.
+    from tasks.job import Job
+    from tasks.outputs.stage_io import dataset_file
+    from tasks.pipeline.hooks import StageCall
+    from tasks.pipeline.keep_partials import KeepPartials
+    from tasks.stages import dataset_stage
+
+    hook = KeepPartials()
+    for vid in [*sorted(kept), *sorted(kept)]:
+        job = Job(run_id="hooked", video_id=vid, output_root=str(out))
+        report = json.loads(dataset_file(out, vid)[1].read_text())["report"]
+        hook.after_success(StageCall(task=None, stage_name=dataset_stage().name, given=job, job=job, report=report))
+    assert sums.pooled(sums.read(r, "hooked"), "3d")[1] == 4
+    assert aggregate.write_statistics_from(out, "3d", r, None, "hooked") == (4, "running sums")
+    assert_close(yaml.safe_load((out / "normalization_stats.yaml").read_text()), full)
+
     # A worker killed between the marker and the merge: the sums hold 3 of 4 videos; the end pools all.
     for vid in sorted(kept)[1:]:
         sums.merge(r, "lost", shards, vid, kept[vid], 60)
@@ -244,7 +261,9 @@ def test_outcomes_are_kept_small_and_read_back_whole(redis_url, app_on_test_redi
     import zlib
 
     foreign = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, b"another dictionary")
-    with pytest.raises(ValueError):
-        outcomes.decode(
-            outcomes.PACKED + zlib.adler32(b"x").to_bytes(4, "little") + foreign.compress(b"{}") + foreign.flush(), b"d"
-        )
+    with pytest.raises(ValueError):  # deflated against a dictionary the run does not hold: refused
+        outcomes.decode(outcomes.PACKED + b"12345678" + foreign.compress(b"{}") + foreign.flush(), {})
+    # Redis flushed mid-run: this process's dictionary is set again with the next outcome, so it reads.
+    r.flushdb()
+    r.hset("ff:run:run1:finished", "v20", outcomes.encode(r, "run1", outcome(20), 60))
+    assert list(outcomes.read(r, "run1")) == [("v20", outcome(20))]
