@@ -2,7 +2,8 @@
 """What 10,000 and 50,000 videos cost: enqueueing, Redis memory, the statistics callback and --continue.
 
     python bench/scale.py [--videos 10000,50000] [--enqueue-videos N,M] [--chord-videos N,M]
-                          [--work DIR] [--end-videos 20] [--skip enqueue,end,callback,continue]
+                          [--work DIR] [--end-videos 20] [--skip enqueue,end,callback,continue,sums]
+                          [--sums-videos 10000,100000,1000000] [--sums-baseline 10000,100000]
 
 Each phase measures the way a run ended before (one chord; partials read from the markers) and
 now (tasks.run.completion's counter and window; tasks.run.partials' hash) in the same sitting.
@@ -20,6 +21,14 @@ now (tasks.run.completion's counter and window; tasks.run.partials' hash) in the
 4. ``--continue`` over the N complete videos: ``tasks.run.dataset.incomplete`` from the markers, and
    with the partials hash, and the whole ``enqueue(..., resume=True)`` (manifest, check with the
    hash, the statistics callback sent).
+5. The statistics of a run of N videos (``--sums-videos``) from its running sums (tasks.run.sums):
+   N partials of the real video's size and layout, varied per video, merged in a random order as the
+   h5 stages would (one EVALSHA each, pipelined), N outcomes kept as tasks.run.outcomes keeps them
+   (the real marker's report, per-video source and timings); the Redis memory the run added and by
+   key, the statistics (``write_statistics_from`` over an OUT of N markers), their largest relative
+   difference from pooling the same rows in one NumPy pass, reading the outcomes back, and
+   ``framefleet status`` with that Redis. With ``--sums-baseline`` also as before: the partials hash,
+   JSON outcomes and the full pass over N replicated real files (step 3's folder).
 """
 
 from __future__ import annotations
@@ -37,6 +46,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import yaml  # noqa: E402
 
 from bench.modes_queue import private_redis  # noqa: E402
 
@@ -337,6 +349,197 @@ def continue_phase(n: int, work: Path, url: str) -> dict[str, Any]:
     return figures
 
 
+# The statistics at a million videos (issue 25): the run's running sums (tasks.run.sums) against the
+# full pass, with what the run holds in Redis for its outcomes and partials.
+
+
+def realistic_partials(marker: dict[str, Any], n: int, seed: int = 25) -> np.ndarray:
+    """``n`` rows (tasks.run.stats.to_row) around one real video's partial: each field's count, means and
+    M2 varied per video (so the order of merging matters as it does in a run), the real row's width."""
+    from tasks.run.stats import row_layout, to_row
+
+    base = to_row(marker["report"]["stats"], "3d")
+    rng = np.random.default_rng(seed)
+    rows = np.repeat(base[None, :], n, axis=0)
+    at = 0
+    for _f, dim in row_layout("3d"):
+        rows[:, at] = np.maximum(0, np.round(base[at] * rng.uniform(0.5, 1.5, n)))
+        rows[:, at + 1 : at + 1 + dim] *= 1 + 0.2 * rng.standard_normal((n, dim))
+        rows[:, at + 1 + dim : at + 1 + 2 * dim] *= rng.uniform(0.5, 1.5, (n, dim))
+        at += 1 + 2 * dim
+    return rows
+
+
+def realistic_outcome(marker: dict[str, Any], summary: dict[str, Any], vid: str, i: int) -> dict[str, Any]:
+    """A finished video's outcome as tasks.run.completion records it: the real marker's report (less its
+    statistics, its source hash made per video), five stage timings on two workers."""
+    report = {k: v for k, v in marker["report"].items() if k != "stats"}
+    prov = dict(report.get("provenance") or {})
+    prov["source"] = {"bytes": 100_000 + i, "path": vid + ".mp4", "sha256": f"{i:064x}"[::-1]}
+    report["provenance"] = prov
+    start, timings = summary["started"] + 0.37 * i, {}
+    for k, stage in enumerate(summary["stages"]):
+        took = 0.05 + ((i * 7919 + k * 104729) % 1000) / 2000
+        timings[stage] = {
+            "start": start,
+            "end": start + took,
+            "worker": f"gpu0+cpu-{1 + (i + k) % 2}@bench",
+            "skipped": False,
+            "run_s": took * 0.93,
+        }
+        start += took + 0.012
+    return {"video_id": vid, "video": vid + ".mp4", "timings": timings, "gpu": 0, "report": report}
+
+
+def marker_names(n: int, work: Path) -> tuple[Path, list[str]]:
+    """An OUT of ``n`` videos' markers (empty files in their 256 shards: the sums read only their names)."""
+    from tasks.outputs.stage_io import MARKER_SUFFIX, MARKERS_DIR, marker_shard
+    from tasks.run.dataset import video_id
+
+    root = work / f"names-{n}"
+    ids = [video_id(Path(f"v{i:07d}.mp4")) for i in range(n)]
+    done = root / ".made"
+    if not done.exists():
+        shutil.rmtree(root, ignore_errors=True)
+        for shard in {marker_shard(v) for v in ids[:5000]} | {f"{i:02x}" for i in range(256)}:
+            (root / MARKERS_DIR / shard).mkdir(parents=True, exist_ok=True)
+        for vid in ids:
+            os.close(
+                os.open(root / MARKERS_DIR / marker_shard(vid) / (vid + MARKER_SUFFIX), os.O_CREAT | os.O_WRONLY, 0o644)
+            )
+        done.touch()
+    return root, ids
+
+
+def sums_phase(n: int, work: Path, url: str, tiny: Path, baseline: bool) -> dict[str, Any]:
+    """What a run of ``n`` videos holds in Redis for its outcomes and partials, and its statistics: now
+    (running sums, compact outcomes) and, with ``baseline``, as before (the partials hash, JSON outcomes,
+    the full pass over replicated real files)."""
+    import redis
+
+    from tasks.celery_app import settings
+    from tasks.cli import status
+    from tasks.outputs.stage_io import dataset_file
+    from tasks.run import aggregate as agg
+    from tasks.run import completion, outcomes, partials, runs, sums
+    from tasks.run.stats import normalization_stats, pool_rows
+
+    vid0 = sorted(p.stem for p in tiny.glob("*.hdf5"))[0]
+    h5, marker_path = dataset_file(tiny, vid0)
+    marker = json.loads(marker_path.read_text())
+    summary = json.loads((tiny / "run_summary.json").read_text())
+    r = redis.Redis.from_url(url, decode_responses=True)
+    r.flushall()
+    figures: dict[str, Any] = {"videos": n}
+    t = time.perf_counter()
+    root, ids = marker_names(n, work)
+    figures["make_markers_s"] = time.perf_counter() - t
+    rows = realistic_partials(marker, n)
+    header = partials.HEADER.pack(h5.stat().st_size, h5.stat().st_mtime_ns, b"3d")
+    run_id = f"sums-{n}"
+    record = {
+        "run_id": run_id,
+        "output_root": str(root),
+        "started": summary["started"],
+        "videos": n,
+        "already_complete": 0,
+        "callback_id": "bench",
+    }
+    runs.publish(r, record, 3600)
+    base = r.info("memory")["used_memory"]
+    # What the finishing tasks do, one video at a time in a run: the merge (one EVALSHA) and the outcome.
+    shards, script = sums.shard_count(n), sums.merge_script()
+    order = np.random.default_rng(1).permutation(n)  # videos finish in any order
+    t = time.perf_counter()
+    pipe = r.pipeline(transaction=False)
+    for k, i in enumerate(order):
+        script(*sums.merge_call(run_id, shards, ids[i], header + rows[i].astype("<f8").tobytes(), 3600), client=pipe)
+        if k % 2000 == 1999:
+            pipe.execute()
+    pipe.execute()
+    figures["merge_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    pipe = r.pipeline(transaction=False)
+    finished = completion.key(run_id, ":finished")
+    for k, i in enumerate(order):
+        packed = outcomes.encode(r, run_id, realistic_outcome(marker, summary, ids[i], int(i)), 3600)
+        pipe.hset(finished, ids[i], packed)
+        if k % 2000 == 1999:
+            pipe.execute()
+    pipe.execute()
+    figures["outcomes_s"] = time.perf_counter() - t
+    marks = [k for k in sums.shard_keys(run_id, shards) if r.exists(k)]
+    figures.update(
+        used_memory_run=r.info("memory")["used_memory"] - base,
+        sums_bytes=r.memory_usage(sums.sums_key(run_id), samples=0),
+        marks_bytes=sum(r.memory_usage(k, samples=0) for k in marks),
+        marks_keys=len(marks),
+        marks_listpack=sum(r.object("encoding", k) == "listpack" for k in marks),
+        outcomes_bytes=r.memory_usage(finished, samples=0) + r.memory_usage(outcomes.dict_key(run_id), samples=0),
+    )
+    # The statistics at the run's end: the sums cover OUT's n markers.
+    t = time.perf_counter()
+    merged, source = agg.write_statistics_from(root, "3d", r, None, run_id)
+    figures["statistics_s"], figures["statistics_from"] = time.perf_counter() - t, source
+    assert merged == n and source == "running sums", (merged, source)
+    ours = yaml.safe_load((root / "normalization_stats.yaml").read_text())
+    t = time.perf_counter()
+    one_pass = normalization_stats(pool_rows(rows, "3d"))  # the full pass's arithmetic, on the same rows
+    figures["pool_rows_s"] = time.perf_counter() - t
+    figures["max_relative_difference"] = max(
+        float(np.max(np.abs(np.subtract(ours[k], v)) / np.maximum(np.abs(v), 1e-300)))
+        for k, v in one_pass.items()
+        if isinstance(v, (list, float))
+    )
+    t = time.perf_counter()
+    read = sum(1 for _ in outcomes.read(r, run_id))
+    figures["outcomes_read_s"], figures["outcomes_read"] = time.perf_counter() - t, read
+    # framefleet status during the run (the run's record and counters, no scan), with this Redis full.
+    os.environ["REDIS_URL"] = url
+    t = time.perf_counter()
+    status.render(settings(), None)
+    figures["status_s"] = time.perf_counter() - t
+    figures["keys_in_redis"] = r.dbsize()
+    if baseline:
+        figures.update(sums_baseline(n, work, url, tiny, marker, summary))
+    r.flushall()
+    return figures
+
+
+def sums_baseline(
+    n: int, work: Path, url: str, tiny: Path, marker: dict[str, Any], summary: dict[str, Any]
+) -> dict[str, Any]:
+    """Before: each video's partial in the Redis hash and its outcome as JSON; the statistics by the full
+    pass (HVALS, a stat per HDF5 file) over ``n`` replicated real videos."""
+    import redis
+
+    from tasks.run import aggregate as agg
+    from tasks.run import completion, partials
+
+    r = redis.Redis.from_url(url, decode_responses=True)
+    r.flushall()
+    big, entries, _summary = replicate(tiny, n, work)
+    partials.file_path(big).unlink(missing_ok=True)
+    shutil.rmtree(big / "markers" / partials.SEGMENTS, ignore_errors=True)
+    base = r.info("memory")["used_memory"]
+    fill_partials(r, big, [e["video_id"] for e in entries])
+    pipe = r.pipeline(transaction=False)
+    for i, e in enumerate(entries):
+        outcome = realistic_outcome(marker, summary, e["video_id"], i)
+        pipe.hset(completion.key("before", ":finished"), e["video_id"], json.dumps(outcome))
+        if i % 2000 == 1999:
+            pipe.execute()
+    pipe.execute()
+    figures: dict[str, Any] = {"before_used_memory_run": r.info("memory")["used_memory"] - base}
+    figures["before_partials_bytes"] = r.memory_usage(partials.redis_key(big), samples=0)
+    figures["before_outcomes_bytes"] = r.memory_usage(completion.key("before", ":finished"), samples=0)
+    t = time.perf_counter()
+    figures["before_statistics_videos"] = agg.write_statistics(big, "3d", r)
+    figures["before_statistics_s"] = time.perf_counter() - t
+    r.flushall()
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--videos", default="10000,50000", help="complete videos for the callback and --continue")
@@ -346,7 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/ff-scale"))
     parser.add_argument("--end-videos", type=int, default=20)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--skip", default="", help="phases to skip: enqueue,end,callback,continue")
+    parser.add_argument("--skip", default="", help="phases to skip: enqueue,end,callback,continue,sums")
+    parser.add_argument("--sums-videos", default="10000,100000,1000000", help="videos of a run for the sums phase")
+    parser.add_argument("--sums-baseline", default="10000,100000", help="of those, the ones also measured as before")
     args = parser.parse_args(argv)
     counts = [int(v) for v in args.videos.split(",")]
     args.work.mkdir(parents=True, exist_ok=True)
@@ -409,6 +614,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"({c['enqueue_continue_sent']} sent)",
                     flush=True,
                 )
+        if "sums" not in skip:
+            results["sums"] = []
+            for n in [int(v) for v in args.sums_videos.split(",") if v]:
+                c = sums_phase(n, args.work, url, out, str(n) in args.sums_baseline.split(","))
+                results["sums"].append(c)
+                print(f"sums over {n} videos: {json.dumps(c, default=str)}", flush=True)
     results["load_after"] = os.getloadavg()
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))

@@ -25,13 +25,16 @@ RUN_AGGREGATED_FIELD = "aggregated"  # set NX once, by the task that sends the s
 RUN_ENDED_FIELD = "ended"  # when the callback wrote the run's files: a task of the run arriving now is a duplicate
 RUNS = "ff:runs"  # sorted set run id -> start time: the newest runs, without a scan of every key
 # + run id + one of these: what a live run needs per video, gone soon after its files are written
-RUN_FINISHED_SUFFIX = ":finished"  # hash video id -> the video's outcome (its count: HLEN)
+RUN_FINISHED_SUFFIX = ":finished"  # hash video id -> the video's outcome, deflated (its count: HLEN)
+RUN_OUTCOME_DICT_SUFFIX = ":outcome-dict"  # the run's first outcome: the others are deflated against it
 RUN_ORDER_SUFFIX = ":order"  # hash video id -> k: it was the k-th video to finish
 RUN_PENDING_SUFFIX = ":pending"  # hash i -> the job of a video not sent yet (beyond the window)
 RUN_SENT_SUFFIX = ":sent"  # hash video id -> the job of a video sent (its chain began; tasks.run.sweep)
 RUN_DONE_SUFFIX = ":done"  # hash task id -> 1: that task finished (a late duplicate is dropped)
 RUN_ATTEMPTS_SUFFIX = ":attempts"  # hash task id -> how many times it started
 RUN_STAGES_SUFFIX = ":stages"  # list of the run's stage spans (the report's and status's source)
+RUN_SUMS_SUFFIX = ":sums"  # hash: the run's partial statistics merged so far, per track type (tasks.run.sums)
+RUN_MERGED_SUFFIX = ":merged"  # + ":" + shard: hash video mark -> its file's stamp, once merged (tasks.run.sums)
 PARTIALS_PREFIX = "ff:partials:"  # + output-root hash: hash video id -> its partial statistics (tasks.run.partials)
 QUARANTINED = "ff:quarantined"  # hash output-root hash -> how many videos OUT/quarantine.jsonl holds
 OOM_LOG = "ff:oom"  # list of out-of-memory records, newest first

@@ -1,4 +1,4 @@
-"""A run's end without a chord: the completion counter, the enqueue window held in Redis, the partials hash.
+"""A run's end without a chord: the completion counter, the enqueue window held in Redis, the partials files.
 
 Real Redis and, for the runs, real `celery worker` processes and real videos.
 """
@@ -189,7 +189,7 @@ def test_a_window_of_one_finishes_every_video_without_its_enqueuer_and_counts_fa
     assert f"its run {record['run_id']} has ended" in logs
 
 
-def test_the_statistics_read_the_partials_hash_and_fall_back_to_the_markers(
+def test_the_statistics_full_pass_reads_the_partials_files_and_falls_back_to_the_markers(
     video_factory, workers, pipeline_env, tmp_path, monkeypatch
 ):
     raw = video_factory(3)
@@ -204,40 +204,40 @@ def test_the_statistics_read_the_partials_hash_and_fall_back_to_the_markers(
     from tasks.run import aggregate, partials
 
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"], decode_responses=True)
-    key = partials.redis_key(out)
     ids = sorted(p.stem for p in out.glob("*.hdf5"))
-    assert sorted(r.hkeys(key)) == ids
-    # The run has ended: its partials are in OUT/markers/partials.bin, and the Redis copy goes soon.
-    assert 0 < r.ttl(key) <= 600
-    assert sorted(partials.read_file(out)) == ids
-    kept = partials.file_path(out).rename(tmp_path / "partials.bin")
+    assert not r.exists(partials.redis_key(out))  # no copy in Redis: the run's sums are there (tasks.run.sums)
+    # The workers appended each video's entry to their segments in OUT/markers/partials/.
+    assert sorted(partials.read_file(out)) == ids and partials.segments(out)
+    segments = out / "markers" / partials.SEGMENTS
+    segments.rename(tmp_path / "segments")
     markers_only = tmp_path / "markers-only.yaml"
     assert aggregate.write_statistics(out, "3d", None) == 3
     (out / "normalization_stats.yaml").rename(markers_only)
-    kept.rename(partials.file_path(out))
+    (tmp_path / "segments").rename(segments)
 
-    def statistics(client) -> str:
-        assert aggregate.write_statistics(out, "3d", client) == 3
+    def statistics() -> str:
+        assert aggregate.write_statistics(out, "3d", r) == 3
         assert verify(out) == []
         return (out / "normalization_stats.yaml").read_text()
 
-    # Every entry current, in Redis or in the file alone (Redis gone): no marker is read.
+    # Every entry current, in the segments or in partials.bin: no marker is read.
     real_read_done = aggregate.read_done
     monkeypatch.setattr(aggregate, "read_done", lambda *a, **k: pytest.fail(f"marker read: {a}"))
-    assert statistics(r) == markers_only.read_text()
-    assert statistics(None) == markers_only.read_text()
+    assert statistics() == markers_only.read_text()
+    entries = partials.read_file(out)
+    partials.save(out, entries, partials.segments(out))
+    assert partials.segments(out) == [] and sorted(partials.read_file(out)) == ids
+    assert statistics() == markers_only.read_text()
     monkeypatch.setattr(aggregate, "read_done", real_read_done)
-    partials.file_path(out).unlink()  # from here on, Redis's copy and the markers
 
     # Partial (one entry gone) and stale (an output redone since its entry: other mtime, other
     # numbers): each such video's statistics come from its marker.
-    r.hdel(key, ids[0])
-    raw = redis.Redis.from_url(pipeline_env["REDIS_URL"])  # the entries are binary
-    size, mtime_ns, kind = partials.HEADER.unpack_from(raw.hget(key, ids[1]))
-    row = raw.hget(key, ids[1])[partials.HEADER.size : partials.HEADER.size + 8 * partials.row_width("3d")]
+    size, mtime_ns, kind = partials.HEADER.unpack_from(entries[ids[1]])
+    row = entries[ids[1]][partials.HEADER.size :]
     doubled = np.frombuffer(row, dtype="<f8").copy()
     doubled[0] *= 2  # the displacement count
-    raw.hset(key, ids[1], partials.HEADER.pack(size, mtime_ns - 1, kind) + doubled.tobytes() + ids[1].encode())
-    assert statistics(r) == markers_only.read_text()
-    r.delete(key)  # a flushed Redis
-    assert statistics(r) == markers_only.read_text()
+    stale = {ids[1]: partials.HEADER.pack(size, mtime_ns - 1, kind) + doubled.tobytes(), ids[2]: entries[ids[2]]}
+    partials.save(out, stale)
+    assert statistics() == markers_only.read_text()
+    partials.file_path(out).unlink()  # no file at all
+    assert statistics() == markers_only.read_text()

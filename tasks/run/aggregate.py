@@ -28,7 +28,7 @@ from tasks.observe.flower_view import VideoTask
 from tasks.outputs.stage_io import marked_videos, read_done
 from tasks.outputs.storage import write_text_atomic
 from tasks.redis_client import get_redis
-from tasks.run import completion, lineage, partials, quarantine, runs, sweep
+from tasks.run import completion, lineage, partials, quarantine, runs, sums, sweep
 from tasks.stages import STAGE_NAMES, dataset_stage, model_backends
 
 log = logging.getLogger("framefleet.aggregate")
@@ -101,18 +101,34 @@ def _entry(output: str, stats: dict[str, Any]) -> bytes | None:
         return None
 
 
-def write_statistics(out_root: Path, track_type: str, r: Any = None, current: dict[str, bytes] | None = None) -> int:
+def write_statistics(
+    out_root: Path, track_type: str, r: Any = None, current: dict[str, bytes] | None = None, run_id: str | None = None
+) -> int:
     """Write normalization_stats.yaml from every completed video; return how many were merged.
 
-    ``r``: the Redis client whose copy of a live run's partials spares reading the markers (None: the
-    file of tasks.run.partials and the markers). ``current``: as for ``completed_partials``.
+    ``run_id``: the run whose running sums (tasks.run.sums) are used when they cover every complete
+    video of ``out_root`` (one small Redis read and a listing of the markers); otherwise, and without
+    it, the full pass: every video's partial, from tasks.run.partials' files (``r``: also an earlier
+    version's Redis copy) or its marker. ``current``: as for ``completed_partials`` (full pass only).
     """
+    return write_statistics_from(out_root, track_type, r, current, run_id)[0]
+
+
+def write_statistics_from(
+    out_root: Path, track_type: str, r: Any = None, current: dict[str, bytes] | None = None, run_id: str | None = None
+) -> tuple[int, str]:
+    """``write_statistics``, and where the statistics came from: "running sums" or "every video"."""
     from tasks.run.stats import normalization_stats, pool_rows, write_stats_yaml
 
-    rows = completed_partials(out_root, track_type, r, current)
-    stats = normalization_stats(pool_rows(rows, track_type))
+    got = sums.covering(r, run_id, out_root, track_type) if run_id else None
+    if got is not None:
+        (total, merged), source = got, "running sums"
+    else:
+        rows = completed_partials(out_root, track_type, r, current)
+        total, merged, source = pool_rows(rows, track_type), int(rows.shape[0]), "every video"
+    stats = normalization_stats(total)
     write_stats_yaml(out_root / "normalization_stats.yaml", stats, stats_header(lineage.read(out_root)))
-    return int(rows.shape[0])
+    return merged, source
 
 
 def stats_header(manifest: dict[str, Any]) -> list[str]:
@@ -240,9 +256,11 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     # Before the statistics: their header reads it.
     lineage.record_outcomes(out_root, reports, low, {f["video_id"] for f in failed})
     current: dict[str, bytes] = {}
-    merged = write_statistics(out_root, track_type, r, current)
+    folded = partials.segments(out_root)  # before the read: a segment begun later stays
+    merged, source = write_statistics_from(out_root, track_type, r, current, run["run_id"])
     try:
-        partials.save(out_root, current)
+        if current:  # the full pass ran: its entries in one file, the segments it read folded in
+            partials.save(out_root, current, folded)
     except OSError as exc:
         log.warning("%s not written (%s): the next statistics read the markers", partials.file_path(out_root), exc)
     quarantined = quarantine.update(out_root, failed, done, r)
@@ -256,6 +274,7 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         "quarantined": [q["video_id"] for q in quarantined],
         "done_videos": done,
         "statistics_videos": merged,
+        "statistics_from": source,
         "started": run.get("started"),
         "finished": time.time(),
         "wall_s": time.time() - run["started"] if run.get("started") else None,

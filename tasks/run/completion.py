@@ -122,8 +122,9 @@ def pending_count(r: redis.Redis, run_id: str) -> int:
 
 def outcomes(r: redis.Redis, run_id: str) -> list[dict[str, Any]]:
     """The outcome of every finished video of the run (what the chord's results were), by video id."""
-    found = r.hgetall(key(run_id, keys.RUN_FINISHED_SUFFIX))
-    return [json.loads(found[vid]) for vid in sorted(found)]
+    from tasks.run import outcomes as kept
+
+    return [outcome for _vid, outcome in sorted(kept.read(r, run_id), key=lambda found: found[0])]
 
 
 def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None) -> None:
@@ -135,8 +136,10 @@ def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None)
     the task: every step here may be repeated).
     """
     run_id = job.run_id
+    from tasks.run import outcomes as kept
+
     message = job.to_dict()
-    outcome = json.dumps({k: message[k] for k in OUTCOME_KEYS if k in message})
+    outcome = kept.encode(r, run_id, {k: message[k] for k in OUTCOME_KEYS if k in message}, ttl_s)
     finished, order = key(run_id, keys.RUN_FINISHED_SUFFIX), key(run_id, keys.RUN_ORDER_SUFFIX)
     run_hash = runs.redis_key(run_id)
     k, count = r.eval(_RECORD, 4, finished, order, sent_key(run_id), run_hash, job.video_id, outcome, ttl_s)
@@ -223,17 +226,24 @@ def retire(r: redis.Redis, run_id: str, keep_s: int) -> None:
         finished = {**record, "status": "finished", "finished": round(time.time(), 3)}
         pipe.hset(run_key, keys.RUN_RECORD_FIELD, json.dumps(finished, separators=(",", ":")))
     pipe.delete(keys.LEGACY_STAGE_LOG)  # an earlier version's global stage log (no TTL): its runs have snapshots
-    let_go(pipe, run_id, keep_s)
+    let_go(pipe, run_id, keep_s, int(record["videos"]) if record else 0)
     pipe.execute()
 
 
-def let_go(pipe: Any, run_id: str, keep_s: int) -> None:
-    """Queue on ``pipe`` the end of the run's per-video keys: done marks, attempts, unsent and sent jobs
-    and the sweep's misses now, outcomes, order, stage log, requeues and resends ``keep_s`` seconds
-    from now (also for a cancelled run, whose tasks stop at its flag and which the sweep leaves alone)."""
+def let_go(pipe: Any, run_id: str, keep_s: int, videos: int = 0) -> None:
+    """Queue on ``pipe`` the end of the run's per-video keys: done marks, attempts, unsent and sent jobs,
+    the sweep's misses and the merged marks of a run of ``videos`` now; outcomes, order, stage log,
+    running sums, requeues and resends ``keep_s`` seconds from now (also for a cancelled run, whose
+    tasks stop at its flag and which the sweep leaves alone)."""
+    from tasks.run import sums
+
     gone = (keys.RUN_DONE_SUFFIX, keys.RUN_ATTEMPTS_SUFFIX, keys.RUN_PENDING_SUFFIX, keys.RUN_SENT_SUFFIX)
     pipe.delete(*(key(run_id, s) for s in gone), keys.SWEEP_PREFIX + run_id)
-    for suffix in (keys.RUN_FINISHED_SUFFIX, keys.RUN_ORDER_SUFFIX, keys.RUN_STAGES_SUFFIX):
+    marks = sums.shard_keys(run_id, sums.shard_count(videos))
+    for start in range(0, len(marks), 1000):  # by name, never a scan: at most MAX_SHARDS keys
+        pipe.delete(*marks[start : start + 1000])
+    kept = (keys.RUN_FINISHED_SUFFIX, keys.RUN_OUTCOME_DICT_SUFFIX, keys.RUN_ORDER_SUFFIX, keys.RUN_STAGES_SUFFIX)
+    for suffix in (*kept, keys.RUN_SUMS_SUFFIX):
         pipe.expire(key(run_id, suffix), max(1, keep_s))
     for listed in (keys.REQUEUES_PREFIX, keys.RESENT_PREFIX):
         pipe.expire(listed + run_id, max(1, keep_s))

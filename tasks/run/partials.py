@@ -1,22 +1,28 @@
-"""Each video's partial statistics in one place: a Redis hash per output root while a run is live, and
-OUT/markers/partials.bin once it has ended; read at once by the statistics callback and ``--continue``.
+"""Each video's partial statistics in a few files of OUT/markers/, read at once by the statistics' full pass
+and ``--continue``: OUT/markers/partials.bin, and the segments OUT/markers/partials/<process>.bin that
+each worker process appends its videos' entries to as their dataset files are written.
 
-The h5 stage's marker (OUT/markers/<video>.hdf5.done.json) stays the record of truth; the hash and
-the file are copies that spare one file read per video (50,000 markers took 7 s). The callback
-writes the file from every current entry (``save``) and lets the hash expire soon after (``retire``):
-Redis holds a video's partial only while its run is live. An entry counts only while its HDF5 file
-has the size and modification time it recorded: an output redone since (``--force``, another
-Redis) or a missing entry sends the reader back to the marker.
+The h5 stage's marker (OUT/markers/<shard>/<video>.hdf5.done.json) stays the record of truth; the
+file and the segments are copies that spare one file read per video (50,000 markers took 7 s). The
+full pass writes partials.bin from every current entry (``save``) and removes the segments it read.
+Redis holds no entry (the run's statistics are running sums there, tasks.run.sums); an earlier
+version kept them in a Redis hash per output root, still read while it lives. An entry counts only
+while its HDF5 file has the size and modification time it recorded: an output redone since
+(``--force``) or a missing entry sends the reader back to the marker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import os
+import socket
 import stat
 import struct
+import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +35,7 @@ from tasks.outputs.storage import atomic_write
 log = logging.getLogger("framefleet.partials")
 HEADER = struct.Struct("<qq2s")  # the file's bytes, its modification time (ns), the track type
 FILE = "partials.bin"  # in OUT/markers/: MAGIC, then per video RECORD, its entry and its id
+SEGMENTS = "partials"  # OUT/markers/partials/<host>-<pid>-<token>.bin: one process's entries, the same format
 MAGIC = b"framefleet partials 1\n"
 RECORD = struct.Struct("<IH")  # an entry's bytes (HEADER and row), its video id's bytes
 
@@ -52,17 +59,42 @@ def encode(stats: dict[str, Any], track_type: str) -> bytes:
     return to_row(stats, track_type).astype("<f8").tobytes()
 
 
-def keep(r: redis.Redis, out_root: Path, video_id: str, output: Path, stats: dict[str, Any], ttl_s: int) -> None:
-    """Store ``stats`` of the complete dataset file ``output`` with its size and modification time.
+def append(out_root: Path, video_id: str, entry: bytes) -> None:
+    """Append ``video_id``'s entry (``entry_of``) to this process's segment of ``out_root``. Raises OSError.
 
-    An entry is HEADER, the float64 row and the video id, about 0.4 KB (the JSON of the marker's
-    partial is 1.4 KB, and parsing 50,000 of them took longer than all the rest of the statistics).
+    One process writes each segment, one ``write`` per record: a process killed mid-write leaves a
+    damaged tail, which readers stop at (those videos' markers are read instead).
     """
-    entry = entry_of(output, stats) + video_id.encode()
-    pipe = r.pipeline(transaction=False)
-    pipe.hset(redis_key(out_root), video_id, entry)
-    pipe.expire(redis_key(out_root), ttl_s)
-    pipe.execute()
+    folder = out_root / MARKERS_DIR / SEGMENTS
+    folder.mkdir(parents=True, exist_ok=True)
+    name = video_id.encode()
+    record = RECORD.pack(len(entry), len(name)) + entry + name
+    fd = os.open(folder / _segment_name(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    try:
+        os.write(fd, (MAGIC if os.fstat(fd).st_size == 0 else b"") + record)
+    finally:
+        os.close(fd)
+
+
+def _segment_name() -> str:
+    """This process's segment name: host, pid and a token drawn once per process (a pid may come back)."""
+    pid = os.getpid()
+    if _TOKEN.get("pid") != pid:
+        _TOKEN.update(pid=pid, name=f"{socket.gethostname()}-{pid}-{uuid.uuid4().hex[:8]}.bin")
+    return str(_TOKEN["name"])
+
+
+_TOKEN: dict[str, object] = {}
+
+
+def segments(out_root: Path) -> list[tuple[Path, int]]:
+    """(path, bytes) of every segment of ``out_root``, oldest first; [] without any."""
+    try:
+        with os.scandir(out_root / MARKERS_DIR / SEGMENTS) as found:
+            listed = [(e.stat().st_mtime_ns, Path(e.path), e.stat().st_size) for e in found if e.name.endswith(".bin")]
+    except FileNotFoundError:
+        return []
+    return [(p, size) for _t, p, size in sorted(listed)]
 
 
 def entry_of(output: Path | str, stats: dict[str, Any]) -> bytes:
@@ -76,19 +108,32 @@ def file_path(out_root: Path) -> Path:
     return out_root / MARKERS_DIR / FILE
 
 
-def save(out_root: Path, entries: dict[str, bytes]) -> None:
-    """Write ``entries`` (video id -> entry) to OUT/markers/partials.bin, atomically, replacing the file."""
+def save(out_root: Path, entries: dict[str, bytes], folded: Sequence[tuple[Path, int]] = ()) -> None:
+    """Write ``entries`` (video id -> entry) to OUT/markers/partials.bin, atomically, replacing the file;
+    then remove the segments ``folded`` (read into ``entries``) that have not grown since."""
     chunks = [MAGIC]
     for vid in sorted(entries):
         entry, name = entries[vid], vid.encode()
         chunks += [RECORD.pack(len(entry), len(name)), entry, name]
     atomic_write(file_path(out_root), lambda tmp: tmp.write_bytes(b"".join(chunks)))
+    for path, size in folded:
+        with contextlib.suppress(OSError):
+            if path.stat().st_size == size:  # a segment written to since keeps its newer entries
+                path.unlink()
 
 
 def read_file(out_root: Path) -> dict[str, bytes]:
-    """The entries of OUT/markers/partials.bin by video id; {} without the file (or what precedes a damaged part)."""
+    """The entries of OUT/markers/partials.bin and of the segments (the newer over the older), by video id;
+    {} without any (of a damaged file or segment, what precedes the damage)."""
+    found = _read_one(file_path(out_root))
+    for path, _size in segments(out_root):
+        found.update(_read_one(path))
+    return found
+
+
+def _read_one(path: Path) -> dict[str, bytes]:
     try:
-        data = file_path(out_root).read_bytes()
+        data = path.read_bytes()
     except OSError:
         return {}
     if not data.startswith(MAGIC):
@@ -103,7 +148,7 @@ def read_file(out_root: Path) -> dict[str, bytes]:
             found[data[at + size : at + size + name].decode()] = data[at : at + size]
             at += size + name
     except (struct.error, UnicodeDecodeError):
-        log.warning("%s is damaged past byte %d; the markers of the videos after it are read", file_path(out_root), at)
+        log.warning("%s is damaged past byte %d; the markers of the videos after it are read", path, at)
     return found
 
 
@@ -118,24 +163,20 @@ def retire(r: redis.Redis, out_root: Path, keep_s: int) -> None:
 
 
 def read(r: redis.Redis | None, out_root: Path) -> dict[str, bytes]:
-    """Every stored entry of ``out_root``, by video id; {} without Redis or when it fails.
+    """Every entry an earlier version kept in Redis's hash for ``out_root``, by video id; {} without
+    Redis, without the hash, or when Redis fails.
 
     The entries are binary: they are read over a connection of their own that leaves replies as bytes.
     """
     if r is None:
         return {}
-    pool = r.connection_pool
-    raw = redis.ConnectionPool(
-        connection_class=pool.connection_class, **{**pool.connection_kwargs, "decode_responses": False}
-    )
     try:
-        # HVALS, not HGETALL: half the replies for redis-py to parse, one by one, in Python.
-        values = redis.Redis(connection_pool=raw).hvals(redis_key(out_root))
+        with raw_client(r) as raw:
+            # HVALS, not HGETALL: half the replies for redis-py to parse, one by one, in Python.
+            values = raw.hvals(redis_key(out_root))
     except redis.RedisError as exc:
         log.warning("partial statistics not read from Redis (%s); reading the markers", exc)
         return {}
-    finally:
-        raw.disconnect()
     found = {}
     for value in values:
         try:
@@ -144,6 +185,19 @@ def read(r: redis.Redis | None, out_root: Path) -> dict[str, bytes]:
         except (struct.error, ValueError):  # not an entry of this version: that video's marker is read
             continue
     return found
+
+
+@contextlib.contextmanager
+def raw_client(r: redis.Redis) -> Iterator[redis.Redis]:
+    """A client of ``r``'s server on a connection of its own that leaves replies as bytes (binary values)."""
+    pool = r.connection_pool
+    raw = redis.ConnectionPool(
+        connection_class=pool.connection_class, **{**pool.connection_kwargs, "decode_responses": False}
+    )
+    try:
+        yield redis.Redis(connection_pool=raw)
+    finally:
+        raw.disconnect()
 
 
 def unchanged(entry: bytes, output: str) -> bool:

@@ -67,18 +67,24 @@ def located(broker: redis.Redis, r: redis.Redis, conf: Settings) -> set[tuple[st
 
 
 def in_flight(r: redis.Redis, run_id: str) -> dict[str, Job]:
-    """The videos of ``run_id`` sent and not yet counted as finished, by video id."""
-    pipe = r.pipeline(transaction=True)
-    pipe.hgetall(completion.sent_key(run_id))
-    pipe.hkeys(completion.key(run_id, keys.RUN_FINISHED_SUFFIX))
-    sent, finished = pipe.execute()
-    done = {f.decode() if isinstance(f, bytes) else f for f in finished}
-    out = {}
-    for vid, raw in sent.items():
-        vid = vid.decode() if isinstance(vid, bytes) else vid
-        if vid not in done:
-            out[vid] = Job.from_dict(json.loads(raw))
-    return out
+    """The videos of ``run_id`` sent and not yet counted as finished, by video id.
+
+    The sent hash holds the videos in flight (a window); each is looked up in the finished hash by
+    itself (HEXISTS), never with a read of every finished video (a million ids in one reply).
+    A video counted between the two reads is in both, and left out: it has finished.
+    """
+    sent = {
+        (v.decode() if isinstance(v, bytes) else v): raw for v, raw in r.hgetall(completion.sent_key(run_id)).items()
+    }
+    pipe = r.pipeline(transaction=False)
+    for vid in sent:
+        pipe.hexists(completion.key(run_id, keys.RUN_FINISHED_SUFFIX), vid)
+    done = pipe.execute() if sent else []
+    return {
+        vid: Job.from_dict(json.loads(raw))
+        for (vid, raw), counted in zip(sent.items(), done, strict=True)
+        if not counted
+    }
 
 
 def active_runs(r: redis.Redis) -> list[str]:

@@ -1,0 +1,234 @@
+"""A run's partial statistics merged as each video's dataset file is written: running sums in Redis, so the
+statistics at the run's end are one small read, not one entry per video.
+
+``ff:run:<run>:sums`` holds, per track type, the pooled row (tasks.run.stats.to_row's layout: count,
+mean and M2 per field, float64) and how many videos went into it. A video is merged by one Lua call
+that also records it in the run's merged marks (``ff:run:<run>:merged:<shard>``: 8 bytes of the video
+id's digest → the 16 bytes of its file's size and modification time), so:
+
+- a merge delivered again (a redelivered or resent task that finds its output made) finds its mark
+  with the same stamp and adds nothing;
+- the same video merged with another stamp (its file made again within the run) adds nothing and
+  flags the sums ``changed``: the callback then pools every video's entry instead (today's full pass);
+- a worker that dies after the marker and before the merge leaves a video out of the sums; the
+  callback sees the sums count fewer videos than OUT/markers holds and takes the full pass. The
+  sums are used only when they cover every marker in OUT (``covering``), so nothing is counted
+  twice or left out: at worst the run's end is as slow as before.
+
+The marks are spread over shards of about 64 videos (a power of two from the run's size), small
+enough for Redis's compact listpack encoding: about 30 B per video.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import math
+import operator
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+
+from tasks import keys
+from tasks.run.stats import VideoStats, row_layout
+
+log = logging.getLogger("framefleet.sums")
+PER_SHARD = 64  # videos per merged-marks hash: under Redis's hash-max-listpack-entries (128 by default)
+MAX_SHARDS = 1 << 16
+CHANGED_FIELD = "changed"  # set when a video was merged again with another file: the sums are not used
+
+# KEYS: the sums hash, the video's shard of merged marks. ARGV: the video's mark (8 B), its stamp
+# (16 B), the track type, the row (float64, to_row's layout), the fields' feature counts ("3,1,9,3,6"),
+# the TTL (s). Returns 1 merged, 0 merged before with this stamp, 2 merged before with another stamp.
+# The merge is Moments.__add__'s (Chan's formula), field by field, in Lua's float64.
+_MERGE = """
+local seen = redis.call('HGET', KEYS[2], ARGV[1])
+if seen then
+  if seen == ARGV[2] then return 0 end
+  redis.call('HSET', KEYS[1], 'changed', ARGV[1])
+  return 2
+end
+local dims = {}
+local width = 0
+for d in string.gmatch(ARGV[5], '%d+') do
+  dims[#dims + 1] = tonumber(d)
+  width = width + 1 + 2 * tonumber(d)
+end
+local fmt = '<' .. string.rep('d', width)
+local b = {struct.unpack(fmt, ARGV[4])}
+local field = 'row:' .. ARGV[3]
+local cur = redis.call('HGET', KEYS[1], field)
+local out = b
+if cur then
+  local a = {struct.unpack(fmt, cur)}
+  out = {}
+  local at = 1
+  for _, dim in ipairs(dims) do
+    local na, nb = a[at], b[at]
+    if nb == 0 then
+      for i = at, at + 2 * dim do out[i] = a[i] end
+    elseif na == 0 then
+      for i = at, at + 2 * dim do out[i] = b[i] end
+    else
+      local n = na + nb
+      out[at] = n
+      for j = 1, dim do
+        local ma, mb = a[at + j], b[at + j]
+        local delta = mb - ma
+        out[at + j] = ma + delta * (nb / n)
+        out[at + dim + j] = a[at + dim + j] + b[at + dim + j] + delta * delta * (na * nb / n)
+      end
+    end
+    at = at + 1 + 2 * dim
+  end
+end
+redis.call('HSET', KEYS[1], field, struct.pack(fmt, unpack(out, 1, width)))
+redis.call('HINCRBY', KEYS[1], 'videos:' .. ARGV[3], 1)
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+redis.call('EXPIRE', KEYS[2], ARGV[6])
+return 1
+"""
+
+
+def sums_key(run_id: str) -> str:
+    return keys.RUN_PREFIX + run_id + keys.RUN_SUMS_SUFFIX
+
+
+def shard_count(videos: int) -> int:
+    """How many merged-marks hashes a run of ``videos`` spreads its marks over: a power of two, about
+    PER_SHARD videos each, at most MAX_SHARDS."""
+    return min(MAX_SHARDS, 1 << max(0, math.ceil(math.log2(max(1, videos) / PER_SHARD))))
+
+
+def mark_of(video_id: str) -> bytes:
+    """The 8 bytes a video is known by in the merged marks (a digest: the id itself would take 3× the memory)."""
+    return hashlib.blake2b(video_id.encode(), digest_size=8).digest()
+
+
+def shard_key(run_id: str, mark: bytes, shards: int) -> str:
+    return f"{keys.RUN_PREFIX}{run_id}{keys.RUN_MERGED_SUFFIX}:{int.from_bytes(mark[:4], 'little') % shards:x}"
+
+
+def shard_keys(run_id: str, shards: int) -> list[str]:
+    """Every merged-marks key a run of ``shards`` shards may have written (to delete them: no scan)."""
+    return [f"{keys.RUN_PREFIX}{run_id}{keys.RUN_MERGED_SUFFIX}:{i:x}" for i in range(shards)]
+
+
+def merge(r: redis.Redis, run_id: str, shards: int, video_id: str, entry: bytes, ttl_s: int) -> int:
+    """Add one video's partial (``entry``: tasks.run.partials' header and row) to its run's sums, once.
+
+    Returns 1 when merged now, 0 when this video was merged before with the same file (a duplicate),
+    2 when it was merged before with another file (the sums are then marked changed and not used).
+    Raises redis.RedisError.
+    """
+    return int(merge_script()(*merge_call(run_id, shards, video_id, entry, ttl_s), client=r))
+
+
+def merge_call(run_id: str, shards: int, video_id: str, entry: bytes, ttl_s: int) -> tuple[list[str], list[Any]]:
+    """The keys and arguments of the merge script for one video (``merge``; a pipeline may send many)."""
+    from tasks.run import partials
+
+    track_type = partials.HEADER.unpack_from(entry)[2].decode()
+    stamp, row = entry[:16], entry[partials.HEADER.size :]
+    dims = ",".join(str(dim) for _f, dim in row_layout(track_type))
+    mark = mark_of(video_id)
+    return [sums_key(run_id), shard_key(run_id, mark, shards)], [mark, stamp, track_type, row, dims, ttl_s]
+
+
+@functools.cache
+def merge_script() -> Any:
+    """The merge as a redis-py Script: sent by its SHA (EVALSHA), its 2 KB text only when Redis lacks it."""
+    return redis.Redis().register_script(_MERGE)  # the client is never used: every call names its own
+
+
+def read(r: redis.Redis, run_id: str) -> dict[str, bytes]:
+    """The run's sums hash as it is (field → bytes); {} when there is none. Raises redis.RedisError."""
+    from tasks.run.partials import raw_client
+
+    with raw_client(r) as raw:
+        found = raw.hgetall(sums_key(run_id))
+    return {k.decode(): v for k, v in found.items()}
+
+
+def pooled(found: dict[str, bytes], track_type: str) -> tuple[VideoStats, int] | None:
+    """(the pooled statistics, how many videos) of a sums hash of ``track_type`` alone, else None
+    (changed, empty, or holding another track type: the full pass decides)."""
+    from tasks.run.stats import pool_rows
+
+    if CHANGED_FIELD in found or any(f.startswith("row:") and f != "row:" + track_type for f in found):
+        return None
+    row, count = found.get("row:" + track_type), found.get("videos:" + track_type)
+    if row is None or count is None:
+        return None
+    return pool_rows(np.frombuffer(row, dtype="<f8").reshape(1, -1), track_type), int(count)
+
+
+def covering(r: Any, run_id: str, out_root: Path, track_type: str) -> tuple[VideoStats, int] | None:
+    """The run's pooled statistics when they cover every complete video of ``out_root`` (as many
+    videos as OUT holds markers, none in an earlier version's place), else None; never raises.
+
+    The merged videos all have markers (a video is merged after its marker is written), so equal
+    counts mean the same videos.
+    """
+    if r is None:
+        return None
+    try:
+        found = read(r, run_id)
+    except redis.RedisError as exc:
+        log.warning("run %s: its running sums not read (%s); pooling every video's partial", run_id, exc)
+        return None
+    got = pooled(found, track_type)
+    if got is None:
+        return None
+    root = out_root.resolve()
+    complete = count_markers(root)
+    if complete != got[1] or _earlier_layout(root):
+        log.info(
+            "run %s: its sums hold %d videos, OUT %d complete ones; pooling every video's partial",
+            run_id,
+            got[1],
+            complete,
+        )
+        return None
+    return got
+
+
+def count_markers(root: Path) -> int:
+    """How many dataset markers OUT/markers/ holds (the videos of tasks.outputs.stage_io.marked_videos),
+    counted from one listing per shard without a set of a million names."""
+    from tasks.outputs.stage_io import MARKER_SUFFIX, MARKERS_DIR
+
+    is_marker = operator.methodcaller("endswith", MARKER_SUFFIX)
+    try:
+        entries = os.listdir(root / MARKERS_DIR)
+    except FileNotFoundError:
+        return 0
+    count = sum(map(is_marker, entries))
+    for name in entries:
+        if len(name) == 2 and os.path.isdir(shard := os.path.join(root, MARKERS_DIR, name)):
+            count += sum(map(is_marker, os.listdir(shard)))
+    return count
+
+
+def _earlier_layout(root: Path) -> bool:
+    """True when a video folder of OUT/work/ without a marker under OUT/markers/ holds an earlier
+    version's dataset marker (only the full pass reads those; a failed video's folder has none).
+    Without OUT/work/ (``--intermediates drop``) this is one failed ``scandir``."""
+    from tasks.outputs.stage_io import marked_videos
+    from tasks.stages import dataset_stage
+
+    legacy = dataset_stage().name + ".done.json"
+    try:
+        with os.scandir(root / "work") as found:
+            folders = [e for e in found if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return False
+    if not folders:
+        return False
+    marked = marked_videos(root)
+    return any(e.name not in marked and os.path.exists(os.path.join(e.path, legacy)) for e in folders)

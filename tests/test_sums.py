@@ -1,0 +1,269 @@
+"""A run's running sums of partial statistics (tasks.run.sums): exact, merged once per video whatever is
+delivered twice, never used when a merge was lost, and a few tens of bytes per video in Redis.
+
+Real Redis throughout (its Lua does the merge); the end-to-end test runs real `celery worker`
+processes over real videos and compares with the full pass over the real files' markers.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import yaml
+
+from tests.conftest import run_script
+
+RTOL = 1e-12
+
+
+def random_partial(rng: np.random.Generator, scale: float) -> dict:
+    """A video's partial of a 3d run from random samples (sizes and magnitudes vary per video)."""
+    from tasks.run.stats import Moments, VideoStats
+
+    def m(n: int, dim: int, shift: float) -> Moments:
+        return Moments.from_samples(rng.normal(shift, scale, size=(n, dim)))
+
+    n = int(rng.integers(0, 400))
+    return VideoStats(
+        "3d", m(n, 3, 0.1), m(n, 1, 2.0), m(n // 4, 9, 0.5), m(n // 2, 3, 0.0), m(n // 2, 6, 0.0)
+    ).to_dict()
+
+
+def entry(partial: dict, size: int = 1000, mtime_ns: int = 1) -> bytes:
+    from tasks.run import partials
+
+    return partials.HEADER.pack(size, mtime_ns, b"3d") + partials.encode(partial, "3d")
+
+
+def assert_close(got, want) -> None:
+    """Two normalization_stats mappings agree: equal counts, every float within RTOL."""
+    assert got.keys() == want.keys()
+    for k in want:
+        if isinstance(want[k], (list, float)):
+            np.testing.assert_allclose(got[k], want[k], rtol=RTOL, atol=0, err_msg=k)
+        else:
+            assert got[k] == want[k], k
+
+
+def test_merging_in_any_order_with_duplicates_gives_one_pass(redis_url, app_on_test_redis):
+    from tasks.run import sums
+    from tasks.run.stats import VideoStats, normalization_stats
+
+    _conf, r = app_on_test_redis
+    rng = np.random.default_rng(7)
+    parts = {f"v{i:04d}": random_partial(rng, scale=10.0 ** rng.integers(-3, 4)) for i in range(300)}
+    shards = sums.shard_count(len(parts))
+    order = list(parts)
+    rng.shuffle(order)
+    results = [sums.merge(r, "run1", shards, vid, entry(parts[vid]), 3600) for vid in order]
+    assert results == [1] * len(parts)
+    again = [sums.merge(r, "run1", shards, vid, entry(parts[vid]), 3600) for vid in order[:50]]
+    assert again == [0] * 50  # redelivered: nothing added
+    total, count = sums.pooled(sums.read(r, "run1"), "3d")
+    assert count == len(parts)
+    one_pass = VideoStats.pool([parts[v] for v in sorted(parts)], "3d")
+    assert total.displacement.count == one_pass.displacement.count
+    assert_close(normalization_stats(total), normalization_stats(one_pass))
+
+
+def test_concurrent_deliveries_of_one_video_merge_it_once(redis_url, app_on_test_redis):
+    from tasks.run import sums
+
+    _conf, r = app_on_test_redis
+    part = random_partial(np.random.default_rng(1), 1.0)
+    outcomes: list[int] = []
+    threads = [
+        threading.Thread(target=lambda: outcomes.append(sums.merge(r, "run1", 1, "v0", entry(part), 60)))
+        for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == [0] * 7 + [1]
+    assert sums.pooled(sums.read(r, "run1"), "3d")[1] == 1
+
+
+def test_a_video_merged_again_with_another_file_turns_the_sums_off(redis_url, app_on_test_redis):
+    from tasks.run import sums
+
+    _conf, r = app_on_test_redis
+    rng = np.random.default_rng(2)
+    assert sums.merge(r, "run1", 1, "v0", entry(random_partial(rng, 1.0), mtime_ns=1), 60) == 1
+    assert sums.merge(r, "run1", 1, "v0", entry(random_partial(rng, 1.0), mtime_ns=2), 60) == 2
+    assert sums.pooled(sums.read(r, "run1"), "3d") is None  # the end pools every video instead
+
+
+def test_the_marks_take_a_few_tens_of_bytes_per_video(redis_url, app_on_test_redis):
+    """The memory shape, measured with MEMORY USAGE: the sums stay one small hash whatever the run's size,
+    and the merged marks stay in the listpack encoding (not one hash-table entry per video)."""
+    from tasks.run import sums
+
+    _conf, r = app_on_test_redis
+    part = entry(random_partial(np.random.default_rng(3), 1.0))
+
+    def footprint(run_id: str, videos: int) -> tuple[int, int]:
+        shards = sums.shard_count(videos)
+        for i in range(videos):
+            sums.merge(r, run_id, shards, f"clip_{i:07d}-0123456789", part, 3600)
+        marks = [k for k in sums.shard_keys(run_id, shards) if r.exists(k)]
+        assert {r.object("encoding", k) for k in marks} == {"listpack"}
+        return r.memory_usage(sums.sums_key(run_id), samples=0), sum(r.memory_usage(k, samples=0) for k in marks)
+
+    small_sums, _ = footprint("small", 100)
+    big_sums, big_marks = footprint("big", 4000)
+    assert big_sums == small_sums < 1024  # one row and one count, whatever the number of videos
+    assert big_marks / 4000 < 64, big_marks / 4000  # the partials hash held ~520 B per video
+    from tasks.run import completion
+
+    pipe = r.pipeline()
+    completion.let_go(pipe, "big", 1, 4000)
+    pipe.execute()
+    assert not any(r.exists(k) for k in sums.shard_keys("big", sums.shard_count(4000)))
+
+
+def test_segments_are_read_newest_last_and_a_damaged_tail_is_skipped(tmp_path):
+    from tasks.run import partials
+
+    rng = np.random.default_rng(4)
+    a, b = entry(random_partial(rng, 1.0), mtime_ns=1), entry(random_partial(rng, 1.0), mtime_ns=2)
+    partials.save(tmp_path, {"v0": a, "v1": a})
+    partials.append(tmp_path, "v1", b)  # remade since the file was written
+    partials.append(tmp_path, "v2", b)
+    (segment,) = partials.segments(tmp_path)
+    with segment[0].open("ab") as f:
+        f.write(partials.RECORD.pack(len(b), 2) + b[:10])  # a process killed mid-write
+    assert partials.read_file(tmp_path) == {"v0": a, "v1": b, "v2": b}
+    folded = partials.segments(tmp_path)
+    partials.save(tmp_path, partials.read_file(tmp_path), folded)
+    assert partials.segments(tmp_path) == [] and partials.read_file(tmp_path) == {"v0": a, "v1": b, "v2": b}
+
+
+def test_a_run_ends_with_its_sums_equal_to_the_full_pass(video_factory, workers, pipeline_env, tmp_path, monkeypatch):
+    """Real workers and videos: the run's end uses its sums (no video's partial read), and they give the
+    statistics of the full pass over the markers to 1e-12; a duplicate, a lost merge and a flushed Redis
+    leave the file as the full pass writes it."""
+    raw = video_factory(4)
+    workers.start("cpu")
+    workers.start("gpu0")
+    out = tmp_path / "out"
+    done = run_script("enqueue_dataset.py", str(raw), "--out", str(out), env=pipeline_env, timeout_s=400)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert summary["statistics_from"] == "running sums" and summary["statistics_videos"] == 4
+    from_sums = yaml.safe_load((out / "normalization_stats.yaml").read_text())
+
+    monkeypatch.setenv("REDIS_URL", pipeline_env["REDIS_URL"])
+    from tasks import configure
+    from tasks.run import aggregate, partials, sums
+    from worker_config.settings import load_settings
+
+    configure(load_settings())
+    r = redis.Redis.from_url(pipeline_env["REDIS_URL"], decode_responses=True)
+    run_id = summary["run_id"]
+    assert aggregate.write_statistics(out, "3d", None) == 4  # the full pass: every marker
+    full = yaml.safe_load((out / "normalization_stats.yaml").read_text())
+    assert_close(from_sums, full)
+    kept = partials.read_file(out)  # the segments the workers appended: one entry per video
+    assert sorted(kept) == sorted(p.stem for p in out.glob("*.hdf5"))
+
+    # The run's sums again, merged in another order with every video delivered twice.
+    shards = sums.shard_count(4)
+    for vid in [*reversed(sorted(kept)), *sorted(kept)]:
+        sums.merge(r, "again", shards, vid, kept[vid], 60)
+    assert aggregate.write_statistics_from(out, "3d", r, None, "again") == (4, "running sums")
+    assert_close(yaml.safe_load((out / "normalization_stats.yaml").read_text()), full)
+
+    # The h5 stage's hook, delivered twice per video (the second finds its output made and reports the
+    # marker's statistics, as a redelivery does): each video merged once, its entry appended again.
+    from tasks.job import Job
+    from tasks.outputs.stage_io import dataset_file
+    from tasks.pipeline.hooks import StageCall
+    from tasks.pipeline.keep_partials import KeepPartials
+    from tasks.stages import dataset_stage
+
+    hook = KeepPartials()
+    for vid in [*sorted(kept), *sorted(kept)]:
+        job = Job(run_id="hooked", video_id=vid, output_root=str(out))
+        report = json.loads(dataset_file(out, vid)[1].read_text())["report"]
+        hook.after_success(StageCall(task=None, stage_name=dataset_stage().name, given=job, job=job, report=report))
+    assert sums.pooled(sums.read(r, "hooked"), "3d")[1] == 4
+    assert aggregate.write_statistics_from(out, "3d", r, None, "hooked") == (4, "running sums")
+    assert_close(yaml.safe_load((out / "normalization_stats.yaml").read_text()), full)
+
+    # A worker killed between the marker and the merge: the sums hold 3 of 4 videos; the end pools all.
+    for vid in sorted(kept)[1:]:
+        sums.merge(r, "lost", shards, vid, kept[vid], 60)
+    assert aggregate.write_statistics_from(out, "3d", r, None, "lost") == (4, "every video")
+    assert yaml.safe_load((out / "normalization_stats.yaml").read_text()) == full
+    # Redis flushed before the end: the same.
+    r.flushdb()
+    assert aggregate.write_statistics_from(out, "3d", r, None, run_id) == (4, "every video")
+    assert yaml.safe_load((out / "normalization_stats.yaml").read_text()) == full
+
+
+@pytest.mark.parametrize("videos", [1, 64, 65, 1_000_000, 100_000_000])
+def test_shards_hold_about_64_videos(videos):
+    from tasks.run import sums
+
+    shards = sums.shard_count(videos)
+    assert shards & (shards - 1) == 0 and shards <= sums.MAX_SHARDS
+    assert videos / shards <= sums.PER_SHARD or shards == sums.MAX_SHARDS
+
+
+def test_the_sums_key_is_named_once():
+    from tasks import keys
+    from tasks.run import sums
+
+    assert sums.sums_key("r").endswith(keys.RUN_SUMS_SUFFIX)
+    assert Path(sums.shard_key("r", b"\0" * 8, 4)).name.startswith(keys.RUN_PREFIX + "r" + keys.RUN_MERGED_SUFFIX)
+
+
+def test_the_markers_are_counted_as_marked_videos_lists_them(tmp_path):
+    from tasks.outputs.stage_io import MARKER_SUFFIX, marked_videos, marker_shard
+    from tasks.run import partials, sums
+
+    for vid in ("a", "b", "c"):
+        shard = tmp_path / "markers" / marker_shard(vid)
+        shard.mkdir(parents=True, exist_ok=True)
+        (shard / (vid + MARKER_SUFFIX)).write_text("{}")
+    (tmp_path / "markers" / ("old" + MARKER_SUFFIX)).write_text("{}")  # an earlier version's place
+    (tmp_path / "markers" / marker_shard("a") / "a.hdf5.done.json.tmp123").write_text("")  # a write under way
+    partials.append(tmp_path, "a", entry(random_partial(np.random.default_rng(5), 1.0)))
+    assert sums.count_markers(tmp_path) == len(marked_videos(tmp_path)) == 4
+
+
+def test_outcomes_are_kept_small_and_read_back_whole(redis_url, app_on_test_redis):
+    """An outcome deflated against the run's first one reads back as it was (stage times to the ms),
+    takes a fraction of its JSON, and one deflated against another dictionary is refused, not misread."""
+    from tasks.run import outcomes
+
+    _conf, r = app_on_test_redis
+    report = {"provenance": {"backends": {"depth": "synthetic"}, "settings_sha256": "ab" * 32}, "quality": {"x": 1}}
+
+    def outcome(i: int) -> dict:
+        timings = {
+            s: {"start": 1e9 + i + k, "end": 1e9 + i + k + 0.5, "worker": "w1", "skipped": False}
+            for k, s in enumerate("abcde")
+        }
+        return {"video_id": f"v{i}", "video": f"v{i}.mp4", "timings": timings, "report": report}
+
+    packed = [outcomes.encode(r, "run1", outcome(i), 60) for i in range(20)]
+    for i, value in enumerate(packed):
+        r.hset("ff:run:run1:finished", f"v{i}", value)
+    assert sorted(outcomes.read(r, "run1", batch=7)) == sorted((f"v{i}", outcome(i)) for i in range(20))
+    assert max(len(v) for v in packed[1:]) < len(json.dumps(outcome(1))) / 3
+    import zlib
+
+    foreign = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, b"another dictionary")
+    with pytest.raises(ValueError):  # deflated against a dictionary the run does not hold: refused
+        outcomes.decode(outcomes.PACKED + b"12345678" + foreign.compress(b"{}") + foreign.flush(), {})
+    # Redis flushed mid-run: this process's dictionary is set again with the next outcome, so it reads.
+    r.flushdb()
+    r.hset("ff:run:run1:finished", "v20", outcomes.encode(r, "run1", outcome(20), 60))
+    assert list(outcomes.read(r, "run1")) == [("v20", outcome(20))]
