@@ -35,6 +35,13 @@ def _start_private_redis() -> str:
     Two test sessions on one machine never share a database, and no Redis needs to be running
     beforehand. $FRAMEFLEET_TEST_REDIS (redis://host:port) points the tests at another server.
     """
+    url, stop = start_redis_server()
+    atexit.register(stop)
+    return url
+
+
+def start_redis_server() -> tuple[str, Callable[[], None]]:
+    """Start a redis-server on a free port: its URL and the function that stops it (and removes its folder)."""
     if shutil.which("redis-server") is None:
         raise RuntimeError(
             "the tests start their own redis-server and none is installed: "
@@ -64,8 +71,7 @@ def _start_private_redis() -> str:
                 proc.wait(timeout=10)
                 shutil.rmtree(folder, ignore_errors=True)
 
-            atexit.register(stop)
-            return f"redis://127.0.0.1:{port}"
+            return f"redis://127.0.0.1:{port}", stop
         proc.kill()
     raise RuntimeError(f"the tests' private redis-server did not start; see {folder}/redis.log")
 

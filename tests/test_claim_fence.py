@@ -3,6 +3,7 @@ and the stage task's own code path, ``execute`` with the ``Claim`` hook, on a re
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -162,3 +163,31 @@ def test_a_run_that_keeps_its_claim_publishes_through_the_same_path(late_writer)
     w = late_writer
     w.run(lambda: None)
     assert read_done(Path(w.job.output_root), w.job.video_id, "preprocess") is not None
+
+
+def test_a_run_that_cannot_confirm_its_claim_is_sent_again_10_s_later(app_on_test_redis):
+    """The README's promise: output discarded, the stage run again 10 s later (then 20, 40: the stage's backoff)."""
+    from celery.exceptions import Retry
+
+    from tasks.pipeline import STAGE_TASKS
+    from tasks.pipeline.retries import Retries
+
+    conf, r = app_on_test_redis
+    claims.HELD.clear()
+    assert claims.acquire(r, KEY, "gpu0@hostB task-1", ttl_s=30) is None
+    unreachable = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1)
+    with pytest.raises(ClaimUnconfirmed) as caught:
+        claims.confirm(unreachable, KEY, 30)
+    task = STAGE_TASKS["h5"]
+    job = Job("run-1", "clip_00", video="clip_00.mp4", output_root="/data/out", chain=("preprocess", "h5"))
+    for tries, countdown_s in ((0, 10), (1, 20)):
+        task.push_request(id=f"task-{tries}", retries=tries, args=(job.to_dict(),), kwargs={}, called_directly=False)
+        try:
+            with pytest.raises(Retry) as retried:
+                Retries().after_failure(StageCall(task, "h5", job, job), caught.value)
+        finally:
+            task.pop_request()
+        assert retried.value.when == countdown_s
+    sent = [json.loads(raw) for raw in r.lrange(conf.cpu_queue, 0, -1)]
+    assert [m["headers"]["retries"] for m in sent] == [2, 1]  # the second retry is the newest, at the left
+    claims.HELD.clear()

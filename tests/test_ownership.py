@@ -17,7 +17,7 @@ from tasks.observe import stall
 from tasks.run import cancel
 from tasks.workers import registry
 from tasks.workers.heartbeat import Heartbeat
-from tests.conftest import send_task, wait_until
+from tests.conftest import send_task, start_redis_server, wait_until
 from worker_config.settings import Settings
 
 TTL_S = 1.0
@@ -378,6 +378,33 @@ def test_the_reaper_requeues_nothing_while_redis_is_younger_than_a_lease_ttl(red
     assert not leases.settled(r, r, young)
     assert leases.reap(app, r, r, young) == [] and r.llen("gpu0") == 0 and r.hexists(leases.UNACKED, tag)
     app.close()
+
+
+def test_the_reaper_waits_until_the_workers_redis_too_has_been_up_a_ttl(redis_url, r):
+    """The workers' Redis, another server than the broker, came back from its snapshot: the workers' states
+    expired while it was down and their last-seen times are old, so a live holder looks long gone until its
+    next heartbeat. The broker has been up for ages; the reaper still waits for the younger server."""
+    _settled(r)
+    url, stop = start_redis_server()
+    try:
+        fresh = redis.Redis.from_url(url, decode_responses=True)
+        app = _app(redis_url)
+        tag, task_id = _deliver(app, redis_url)
+        leases.grant(r, tag, task_id, "gpu0@h", REAP_TTL_S)
+        leases.HELD.clear()
+        r.delete(leases.LEASE_PREFIX + tag)  # lapsed while the workers' Redis was away
+        _age(r, tag, 10 * leases.redis_uptime_s(r))
+        fresh.hset(registry.SEEN_KEY, "gpu0@h", str(time.time() - 10 * leases.redis_uptime_s(r)))
+        # A TTL as long as the broker has been up: it has, the server started since has not.
+        assert leases.reap(app, r, fresh, leases.redis_uptime_s(r)) == [] and r.llen("gpu0") == 0
+        assert r.hexists(leases.UNACKED, tag)
+        # Once the workers' Redis has been up a TTL the same message goes back: the gate held it, nothing else.
+        wait_until(lambda: leases.redis_uptime_s(fresh) >= 1, 10, "the second redis-server up a second")
+        r.delete(leases.REAPER_LOCK)
+        assert leases.reap(app, r, fresh, 1) == [tag] and r.llen("gpu0") == 1
+        app.close()
+    finally:
+        stop()
 
 
 def test_the_reaper_requeues_only_what_no_live_worker_holds(redis_url, r):
