@@ -7,12 +7,12 @@ import time
 import pytest
 import redis
 
-from tasks.delivery import queues
+from tasks.delivery import queues, routing
 from tasks.delivery.rebalance import rebalance
-from tasks.delivery.routing import forget_registry, route_task
+from tasks.delivery.routing import forget_registry, refresh_registry, route_task
 from tasks.pipeline import STAGE_TASKS
 from tasks.workers import registry
-from tests.conftest import TEST_DB, wait_until
+from tests.conftest import TEST_DB, send_task, wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -23,7 +23,7 @@ def fresh_registry_reads():
     forget_registry()
 
 
-def register(r, name: str, gpu: int, busy: bool = False) -> None:
+def register(r, name: str, gpu: int, busy: bool = False, **state) -> None:
     registry.publish(
         r,
         {
@@ -34,6 +34,7 @@ def register(r, name: str, gpu: int, busy: bool = False) -> None:
             "stages": ["depth", "tracks", "hands"],
             "busy": busy,
             "updated": time.time(),
+            **state,
         },
         ttl_s=30,
     )
@@ -111,7 +112,6 @@ def test_routing_and_the_rebalancer_read_queue_lengths_on_the_broker_when_it_is_
     monkeypatch.setenv("REDIS_URL", redis_url)
     monkeypatch.setenv("FRAMEFLEET_BROKER_URL", broker_url)
     from tasks import configure
-    from tests.conftest import send_task
     from worker_config.settings import load_settings
 
     conf = load_settings()
@@ -134,3 +134,109 @@ def test_routing_and_the_rebalancer_read_queue_lengths_on_the_broker_when_it_is_
         broker.flushdb()
         monkeypatch.delenv("FRAMEFLEET_BROKER_URL")
         configure(load_settings())
+
+
+def test_a_job_sent_as_a_keyword_is_routed_as_one_sent_positionally(app_on_test_redis):
+    _, r = app_on_test_redis
+    register(r, "gpu0@a", 0)
+    register(r, "gpu1@a", 1)
+    assert route_task("framefleet.depth", (), {"job": job(gpus=[1])}, {})["queue"] == "gpu1"
+    assert route_task("framefleet.hands", (), {"job": job(failed={"stage": "depth"})}, {})["queue"] == "cpu"
+    chain = ["preprocess", "depth", "h5"]
+    assert route_task("framefleet.depth", (), {"job": job(chain=chain)}, {})["priority"] == 1  # h5 after it
+
+
+def test_priority_comes_from_the_videos_chain_else_from_the_enabled_stages(app_on_test_redis):
+    conf, r = app_on_test_redis
+    register(r, "gpu0@a", 0)
+    assert route_task("framefleet.depth", (job(chain=["preprocess", "depth", "h5"]),), {}, {}) == {
+        "queue": "gpu0",
+        "priority": 1,
+    }
+    enabled = queues.stage_priority("depth", conf.enabled_stages())
+    assert enabled != 1 and route_task("framefleet.depth", (job(),), {}, {})["priority"] == enabled
+    # Not a stage: the cpu queue, no priority; not a framefleet task: Celery's own routing.
+    assert route_task("framefleet.aggregate", ({"run_id": "r"},), {}, {}) == {"queue": conf.cpu_queue}
+    assert route_task("celery.chord_unlock", (), {}, {}) is None
+
+
+def test_a_gpu_stage_goes_to_the_workers_with_the_runs_settings_for_it(app_on_test_redis):
+    _, r = app_on_test_redis
+    register(r, "gpu0@a", 0, settings={"depth": {"sha256": "aaa"}})
+    register(r, "gpu1@a", 1, busy=True, settings={"depth": {"sha256": "bbb"}})
+    assert route_task("framefleet.depth", (job(settings={"depth": "bbb"}),), {}, {})["queue"] == "gpu1"  # busy
+    assert route_task("framefleet.depth", (job(settings={"depth": "aaa"}),), {}, {})["queue"] == "gpu0"
+    # No live worker has the run's settings: the least loaded host of the stage, which sends it on.
+    assert route_task("framefleet.depth", (job(settings={"depth": "ccc"}),), {}, {})["queue"] == "gpu0"
+    assert route_task("framefleet.depth", (job(settings={"tracks": "bbb"}),), {}, {})["queue"] == "gpu0"
+
+
+def test_a_video_stays_on_its_gpu_on_a_tie_and_leaves_the_one_it_ran_out_of_memory_on(app_on_test_redis):
+    _, r = app_on_test_redis
+    register(r, "gpu0@a", 0)
+    register(r, "gpu1@a", 1)
+    assert route_task("framefleet.tracks", (job(gpu=1),), {}, {})["queue"] == "gpu1"
+    assert route_task("framefleet.tracks", (job(avoid_gpu=0),), {}, {})["queue"] == "gpu1"
+    assert route_task("framefleet.tracks", (job(gpu=0, avoid_gpu=0),), {}, {})["queue"] == "gpu1"
+
+
+def test_without_redis_a_gpu_stage_waits_on_its_last_gpu_or_the_first_it_may_use(monkeypatch):
+    """No load readings (Redis away): the video's previous GPU, else the lowest it may use, else GPU 0."""
+    from tasks import configure
+    from worker_config.settings import load_settings
+
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens there
+    configure(load_settings())
+    try:
+        assert route_task("framefleet.depth", (job(gpu=3, gpus=[2, 3]),), {}, {})["queue"] == "gpu3"
+        assert route_task("framefleet.depth", (job(gpus=[2, 3]),), {}, {})["queue"] == "gpu2"
+        assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu0"
+    finally:
+        monkeypatch.undo()
+        configure(load_settings())
+
+
+def test_routing_counts_the_waiting_tasks_on_the_broker_not_on_the_registrys_redis(redis_url, monkeypatch):
+    """broker_url names another database; decoys on the registry's database must not count."""
+    broker_url = redis_url.rsplit("/", 1)[0] + f"/{TEST_DB + 1}"
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("FRAMEFLEET_BROKER_URL", broker_url)
+    from tasks import configure
+    from worker_config.settings import load_settings
+
+    configure(load_settings())
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    broker = redis.Redis.from_url(broker_url, decode_responses=True)
+    broker.flushdb()
+    try:
+        register(r, "gpu0@a", 0)
+        register(r, "gpu1@a", 1)
+        broker.lpush("gpu0", "x", "y")  # two waiting on gpu0, in the broker's database
+        r.lpush("gpu1", "decoy", "decoy", "decoy")  # a list of that name in the registry's database
+        assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu1"
+    finally:
+        broker.flushdb()
+        monkeypatch.undo()
+        configure(load_settings())
+
+
+def test_the_router_uses_the_heartbeats_read_of_the_registry_while_it_is_fresh(app_on_test_redis):
+    """A worker's heartbeat reads the registry for the router (refresh_registry): no read of its own per send."""
+    conf, r = app_on_test_redis
+    register(r, "gpu0@a", 0, busy=True)
+    refresh_registry(r, conf.redis_url, 600)
+    register(r, "gpu1@a", 1)  # idle, but registered after the heartbeat's read
+    assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu0"
+    forget_registry()
+    assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu1"
+
+
+def test_the_router_reuses_its_own_read_of_the_registry_for_registry_reuse_s(app_on_test_redis, monkeypatch):
+    _, r = app_on_test_redis
+    monkeypatch.setattr(routing, "REGISTRY_REUSE_S", 600.0)
+    register(r, "gpu0@a", 0, busy=True)
+    assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu0"  # reads the registry
+    register(r, "gpu1@a", 1)
+    assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu0"  # the same read
+    forget_registry()
+    assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu1"
