@@ -109,6 +109,31 @@ def transform_2d(tracks: np.ndarray, x: int, y: int, side: int, size: int) -> np
     return c * (size / side) / size
 
 
+def window_3d(pts: np.ndarray, K: np.ndarray, size: int, depth_min: float, depth_max: float) -> tuple:
+    """L446-471 and L682-688: (query (N, 3), displacements (L, N, 3)) of one window's points (L, P, 3)."""
+    n = pts.shape[0]
+    uvd = np.zeros((n, pts.shape[1], 3), dtype=np.float32)  # L446-453
+    for t in range(n):
+        uvd[t, :, 0], uvd[t, :, 1], uvd[t, :, 2] = project(pts[t], K, size)
+    with np.errstate(invalid="ignore"):
+        ok = (uvd[:, :, 0] >= 0) & (uvd[:, :, 0] <= 1) & (uvd[:, :, 1] >= 0) & (uvd[:, :, 1] <= 1)
+        ok &= uvd[:, :, 2] > 0
+    uvd = uvd[:, ok.all(axis=0), :]
+    query, disp = uvd[0], uvd - uvd[0:1]
+    query[:, 2] = clip_depth(query[:, 2], depth_min, depth_max)  # L682-688, after disp
+    return query, disp
+
+
+def window_2d(tracks: np.ndarray, x: int, y: int, side: int, size: int) -> tuple | None:
+    """L597-627: (query (N, 2), displacements (L, N, 2)) of one window's pixel tracks (L, P, 2), None for no group."""
+    steps = [transform_2d(tracks[ts], x, y, side, size) for ts in range(tracks.shape[0])]
+    m = min(s.shape[0] for s in steps)
+    if m == 0:
+        return None  # L613-616
+    stacked = np.stack([s[:m] for s in steps], axis=0).astype(np.float32)
+    return stacked[0].astype(np.float32), (stacked - stacked[0:1]).astype(np.float32)
+
+
 def process_video(
     frame_files: list[Path],
     track_data: dict[str, Any],
@@ -140,14 +165,11 @@ def process_video(
         for t in range(T):
             if t not in window_map:
                 continue
-            steps = [transform_2d(window_map[t][ts], x, y, side, size) for ts in range(n)]
-            m = min(s.shape[0] for s in steps)
-            if m == 0:
+            window = window_2d(window_map[t], x, y, side, size)
+            if window is None:
                 continue  # L613-616: no group
-            stacked = np.stack([s[:m] for s in steps], axis=0).astype(np.float32)
-            out[f"root/tracks/frame_{t:04d}/query_coords"] = stacked[0].astype(np.float32)
-            out[f"root/tracks/frame_{t:04d}/displacements"] = (stacked - stacked[0:1]).astype(np.float32)
-            pools["disp"].append(stacked - stacked[0:1])
+            out[f"root/tracks/frame_{t:04d}/query_coords"], out[f"root/tracks/frame_{t:04d}/displacements"] = window
+            pools["disp"].append(window[1])
     else:  # L632-695
         K = transform_intrinsics(track_data["intrinsics"], x, y, side, size)
         depth = []
@@ -163,15 +185,7 @@ def process_video(
             if tr[0].shape[0] < n:
                 continue
             pts, poses = tr[0][:n], poses[:n]
-            uvd = np.zeros((n, pts.shape[1], 3), dtype=np.float32)  # L446-453
-            for t in range(n):
-                uvd[t, :, 0], uvd[t, :, 1], uvd[t, :, 2] = project(pts[t], K, size)
-            with np.errstate(invalid="ignore"):
-                ok = (uvd[:, :, 0] >= 0) & (uvd[:, :, 0] <= 1) & (uvd[:, :, 1] >= 0) & (uvd[:, :, 1] <= 1)
-                ok &= uvd[:, :, 2] > 0
-            uvd = uvd[:, ok.all(axis=0), :]
-            query, disp = uvd[0], uvd - uvd[0:1]
-            query[:, 2] = clip_depth(query[:, 2], depth_min, depth_max)  # L682-688, after disp
+            query, disp = window_3d(pts, K, size, depth_min, depth_max)
             p9 = np.zeros((n, 9), dtype=np.float32)  # L92-97
             for t in range(n):
                 p9[t] = np.concatenate([six_d(poses[t, :3, :3]), poses[t, :3, 3]])
