@@ -144,7 +144,8 @@ def matrix_to_quat(R: np.ndarray) -> np.ndarray:
 
 def quat_to_matrix(q: np.ndarray) -> np.ndarray:
     """Return the rotation matrix (3, 3) of a quaternion (w, x, y, z)."""
-    w, x, y, z = np.asarray(q, dtype=np.float64) / np.linalg.norm(q)
+    q = np.asarray(q, dtype=np.float64)  # before the norm too: a float32 norm would round the result to float32
+    w, x, y, z = q / np.linalg.norm(q)
     return np.array(
         [
             [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
