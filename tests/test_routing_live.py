@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import pytest
 import redis
 
+from tasks import keys
 from tasks.delivery import queues, routing
 from tasks.delivery.rebalance import rebalance
-from tasks.delivery.routing import forget_registry, refresh_registry, route_task
+from tasks.delivery.routing import forget_registry, handoff_queue, refresh_registry, route_task
+from tasks.job import Job
 from tasks.pipeline import STAGE_TASKS
 from tasks.workers import registry
 from tests.conftest import TEST_DB, send_task, wait_until
+from worker_config.settings_match import settings_queue
 
 
 @pytest.fixture(autouse=True)
@@ -21,6 +25,10 @@ def fresh_registry_reads():
     forget_registry()
     yield
     forget_registry()
+
+
+# Settings hashes as enqueue makes them (sha256 hex): a settings queue names the first characters.
+SHA = {name: hashlib.sha256(name.encode()).hexdigest() for name in ("aaa", "bbb", "ccc", "a1", "b2", "abc")}
 
 
 def register(r, name: str, gpu: int, busy: bool = False, **state) -> None:
@@ -162,13 +170,16 @@ def test_priority_comes_from_the_videos_chain_else_from_the_enabled_stages(app_o
 
 def test_a_gpu_stage_goes_to_the_workers_with_the_runs_settings_for_it(app_on_test_redis):
     _, r = app_on_test_redis
-    register(r, "gpu0@a", 0, settings={"depth": {"sha256": "aaa"}})
-    register(r, "gpu1@a", 1, busy=True, settings={"depth": {"sha256": "bbb"}})
-    assert route_task("framefleet.depth", (job(settings={"depth": "bbb"}),), {}, {})["queue"] == "gpu1"  # busy
-    assert route_task("framefleet.depth", (job(settings={"depth": "aaa"}),), {}, {})["queue"] == "gpu0"
-    # No live worker has the run's settings: the least loaded host of the stage, which sends it on.
-    assert route_task("framefleet.depth", (job(settings={"depth": "ccc"}),), {}, {})["queue"] == "gpu0"
-    assert route_task("framefleet.depth", (job(settings={"tracks": "bbb"}),), {}, {})["queue"] == "gpu0"
+    register(r, "gpu0@a", 0, settings={"depth": {"sha256": SHA["aaa"]}})
+    register(r, "gpu1@a", 1, busy=True, settings={"depth": {"sha256": SHA["bbb"]}})
+    assert route_task("framefleet.depth", (job(settings={"depth": SHA["bbb"]}),), {}, {})["queue"] == "gpu1"  # busy
+    assert route_task("framefleet.depth", (job(settings={"depth": SHA["aaa"]}),), {}, {})["queue"] == "gpu0"
+    # No live worker has the run's settings: the settings queue beside the least loaded host's, where it
+    # waits for a worker with them (the stall report and the autoscaler read it).
+    assert route_task("framefleet.depth", (job(settings={"depth": SHA["ccc"]}),), {}, {})["queue"] == settings_queue(
+        "gpu0", "depth", SHA["ccc"]
+    )
+    assert route_task("framefleet.depth", (job(settings={"tracks": SHA["bbb"]}),), {}, {})["queue"] == "gpu0"
 
 
 def test_a_video_stays_on_its_gpu_on_a_tie_and_leaves_the_one_it_ran_out_of_memory_on(app_on_test_redis):
@@ -191,6 +202,11 @@ def test_without_redis_a_gpu_stage_waits_on_its_last_gpu_or_the_first_it_may_use
         assert route_task("framefleet.depth", (job(gpu=3, gpus=[2, 3]),), {}, {})["queue"] == "gpu3"
         assert route_task("framefleet.depth", (job(gpus=[2, 3]),), {}, {})["queue"] == "gpu2"
         assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu0"
+        # Nor can it look for a settings queue: the queue itself, and a worker's hand-off still names one.
+        assert route_task("framefleet.h5", (job(settings={"h5": SHA["abc"]}),), {}, {})["queue"] == "cpu"
+        assert handoff_queue("depth", Job("r", "v", gpu=3, settings={"depth": SHA["abc"]})) == settings_queue(
+            "gpu3", "depth", SHA["abc"]
+        )
     finally:
         monkeypatch.undo()
         configure(load_settings())
@@ -226,9 +242,15 @@ def test_the_router_uses_the_heartbeats_read_of_the_registry_while_it_is_fresh(a
     register(r, "gpu0@a", 0, busy=True)
     refresh_registry(r, conf.redis_url, 600)
     register(r, "gpu1@a", 1)  # idle, but registered after the heartbeat's read
+    register(r, "cpu@a", None, queues=[conf.cpu_queue], gpu_queues=[], stages=["h5"], settings={})
     assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu0"
+    # The settings-queue check reads the same: no cpu worker (without the run's settings) in it yet.
+    assert route_task("framefleet.h5", (job(settings={"h5": SHA["abc"]}),), {}, {})["queue"] == conf.cpu_queue
     forget_registry()
     assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu1"
+    assert route_task("framefleet.h5", (job(settings={"h5": SHA["abc"]}),), {}, {})["queue"] == settings_queue(
+        conf.cpu_queue, "h5", SHA["abc"]
+    )
 
 
 def test_the_router_reuses_its_own_read_of_the_registry_for_registry_reuse_s(app_on_test_redis, monkeypatch):
@@ -240,3 +262,40 @@ def test_the_router_reuses_its_own_read_of_the_registry_for_registry_reuse_s(app
     assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu0"  # the same read
     forget_registry()
     assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu1"
+
+
+def test_a_stage_whose_queue_has_workers_without_the_runs_settings_goes_to_its_settings_queue(app_on_test_redis):
+    """Beside the queue routing picks, listed in ff:settings-queues for the stall report, sweep and autoscaler."""
+    conf, r = app_on_test_redis
+    register(
+        r, "cpu@a", None, queues=[conf.cpu_queue], gpu_queues=[], stages=["h5"], settings={"h5": {"sha256": SHA["a1"]}}
+    )
+    assert route_task("framefleet.h5", (job(settings={"h5": SHA["a1"]}),), {}, {})["queue"] == conf.cpu_queue
+    assert route_task("framefleet.h5", (job(settings={"h5": SHA["b2"]}),), {}, {})["queue"] == settings_queue(
+        conf.cpu_queue, "h5", SHA["b2"]
+    )
+    assert r.smembers(keys.SETTINGS_QUEUES) == {settings_queue(conf.cpu_queue, "h5", SHA["b2"])}  # only the one used
+
+
+def test_a_worker_without_the_runs_settings_hands_the_task_to_the_settings_queue(app_on_test_redis):
+    conf, r = app_on_test_redis
+    register(r, "gpu0@a", 0, settings={"depth": {"sha256": SHA["bbb"]}})
+    handed = Job("r", "v", settings={"depth": SHA["bbb"], "h5": SHA["ccc"]})
+    # Every worker of gpu0 has them by the registry, yet the task reached one that has not: beside gpu0.
+    assert handoff_queue("depth", handed) == settings_queue("gpu0", "depth", SHA["bbb"])
+    assert handoff_queue("h5", handed) == settings_queue(conf.cpu_queue, "h5", SHA["ccc"])  # no cpu worker yet
+    # gpu1's worker has other settings and is the only one left: routing itself names the settings queue.
+    register(r, "gpu1@a", 1, settings={"depth": {"sha256": SHA["aaa"]}})
+    registry.remove(r, "gpu0@a")
+    forget_registry()
+    assert route_task("framefleet.depth", (job(settings={"depth": SHA["bbb"]}),), {}, {})["queue"] == settings_queue(
+        "gpu1", "depth", SHA["bbb"]
+    )
+    assert handoff_queue("depth", Job("r", "v", settings={"depth": SHA["bbb"]})) == settings_queue(
+        "gpu1", "depth", SHA["bbb"]
+    )
+    assert r.smembers(keys.SETTINGS_QUEUES) == {
+        settings_queue("gpu0", "depth", SHA["bbb"]),
+        settings_queue(conf.cpu_queue, "h5", SHA["ccc"]),
+        settings_queue("gpu1", "depth", SHA["bbb"]),
+    }
