@@ -184,3 +184,79 @@ def test_write_stats_yaml_gives_the_mode_of_a_plain_write(tmp_path) -> None:
             os.umask(old)
         mode = (tmp_path / "normalization_stats.yaml").stat().st_mode & 0o777
         assert mode == (tmp_path / "plain.txt").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_float32_samples_are_pooled_in_float64() -> None:
+    """The h5 stage hands over float32 windows; their moments are float64 (CONTRACTS.md), not float32 sums."""
+    x = np.random.default_rng(4).normal(3.0, 2.0, size=(5000, 3)).astype(np.float32)
+    m, m64 = Moments.from_samples(x), Moments.from_samples(x.astype(np.float64))
+    assert m.mean.dtype == m.m2.dtype == np.float64
+    np.testing.assert_array_equal(m.mean, m64.mean)
+    np.testing.assert_array_equal(m.m2, m64.m2)
+
+
+def test_bad_partials_and_samples_are_refused_naming_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match=r"\(n, d\) or \(n,\), got shape \(2, 2, 2\)"):
+        Moments.from_samples(np.zeros((2, 2, 2)))
+    with pytest.raises(ValueError, match=r"one of \['2d', '3d'\], got '4d'"):
+        VideoStats.empty("4d")
+    part = VideoStats.empty("3d").to_dict()
+    part["displacement"] = {"count": 1, "mean": [0.0, 0.0], "m2": [0.0, 0.0]}
+    with pytest.raises(ValueError, match="displacement of a 3d partial must have 3 features, got 2"):
+        to_row(part, "3d")
+    part["displacement"] = {"count": 1, "mean": [0.0, 0.0, 0.0], "m2": [0.0, 0.0]}  # M2 one short
+    with pytest.raises(ValueError, match="displacement of a 3d partial must have 3 features"):
+        to_row(part, "3d")
+    # 3d, y2r's default track type, where none is named
+    assert VideoStats.empty().track_type == VideoStats.pool([]).track_type == "3d"
+
+
+def test_a_2d_partial_round_trips_as_2d() -> None:
+    stats = VideoStats("2d", Moments.from_samples(np.arange(6.0).reshape(3, 2)))
+    back = VideoStats.from_dict(json.loads(json.dumps(stats.to_dict())))
+    assert back.track_type == "2d" and normalization_stats(back)["track_dim"] == 2
+    _ = back + VideoStats.empty("2d")  # adds to its own kind
+
+
+def y2r_pools(rng: np.random.Generator, hand_rows: list[int]) -> list[dict[str, list[np.ndarray]]]:
+    """Per video, what y2r's writer pools (tests/y2r_oracle.py): displacement windows, depths, poses, hands."""
+    return [
+        {
+            "disp": [rng.normal(0.0, 0.05, (10, 7, 3)) for _ in range(2)],
+            "depth": [rng.uniform(0.1, 2.5, 40)],
+            "pose": [rng.normal(size=(10, 9)) for _ in range(2)],
+            "hand_uvd": [rng.normal(size=(n, 3))],
+            "hand_rot": [rng.normal(size=(n, 6))],
+        }
+        for n in hand_rows
+    ]
+
+
+def partial_of(pools: dict[str, list[np.ndarray]]) -> dict:
+    dims = {"disp": 3, "depth": 1, "pose": 9, "hand_uvd": 3, "hand_rot": 6}
+    m = {k: Moments.from_samples(np.concatenate([p.reshape(-1, dims[k]) for p in v])) for k, v in pools.items()}
+    return VideoStats("3d", m["disp"], m["depth"], m["pose"], m["hand_uvd"], m["hand_rot"]).to_dict()
+
+
+@pytest.mark.parametrize("hand_rows", [[10, 10, 10, 10], [1, 0, 0, 0]], ids=["hands", "one hand sample"])
+def test_normalization_stats_of_pooled_videos_equal_y2rs_over_all_their_samples(hand_rows: list[int]) -> None:
+    from tests import y2r_oracle
+
+    videos = y2r_pools(np.random.default_rng(sum(hand_rows)), hand_rows)
+    ours = normalization_stats(pool_rows(np.stack([to_row(partial_of(v), "3d") for v in videos]), "3d"))
+    theirs = y2r_oracle.float64_stats({k: [a for v in videos for a in v[k]] for k in videos[0]}, "3d")
+    assert set(ours) == set(theirs) | {"imagenet_mean", "imagenet_std"}
+    for key, want in theirs.items():
+        if isinstance(want, str | int):
+            assert ours[key] == want, key
+        else:
+            np.testing.assert_allclose(ours[key], want, rtol=1e-12, atol=1e-15, err_msg=key)
+
+
+def test_write_stats_yaml_writes_each_header_line_as_a_comment(tmp_path) -> None:
+    path = tmp_path / "normalization_stats.yaml"
+    stats = normalization_stats(VideoStats.empty("2d"))
+    write_stats_yaml(path, stats, ["run r1 of 3 videos", "framefleet 1.0"])
+    text = path.read_text()
+    assert text.startswith("# run r1 of 3 videos\n# framefleet 1.0\ndisplacement_mean:\n")
+    assert yaml.safe_load(text) == stats
