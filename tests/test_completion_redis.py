@@ -1,0 +1,123 @@
+"""A run's end in Redis, in-process: the steps tests/test_completion.py reaches through real workers, run here
+against the test's Redis (real Celery messages on it), each checked on its own."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+from kombu.exceptions import OperationalError
+
+from tasks import keys
+from tasks.delivery import queues
+from tasks.job import Job
+from tasks.run import cancel, completion, runs, sums
+from tasks.run.dataset import build_jobs
+from tests.test_completion import configure_for, waiting
+
+
+def new_run(r: redis.Redis, tmp_path, run_id: str, videos: int, **record) -> tuple[list[Job], dict]:
+    entries = [{"video_id": f"v{i}", "path": f"v{i}.mp4"} for i in range(videos)]
+    jobs, run = build_jobs(entries, tmp_path, tmp_path / "out", run_id)
+    record = {**run, "callback_id": f"callback-{run_id}", **record}
+    runs.publish(r, record, 3600)
+    return jobs, record
+
+
+def test_the_default_window_is_four_videos_per_live_worker_and_never_under_32() -> None:
+    assert [completion.auto_window(n) for n in (0, 1, 8, 9, 100)] == [32, 32, 32, 36, 400]
+
+
+def test_held_videos_beyond_a_thousand_keep_their_place_in_the_sending_order(redis_url, monkeypatch, tmp_path):
+    """Held in HSETs of 1,000 fields: the k-th held video is pending video k, whichever HSET wrote it."""
+    configure_for(monkeypatch, redis_url)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    jobs, _ = new_run(r, tmp_path, "big", 2500)
+    completion.hold(r, "big", jobs, 3600)
+    assert completion.pending_count(r, "big") == 2500
+    pending = completion.key("big", keys.RUN_PENDING_SUFFIX)
+    for k in (0, 999, 1000, 2001, 2499):
+        assert Job.peek(json.loads(r.hget(pending, str(k)))).video_id == f"v{k}"
+    assert completion.send_pending(r, "big", 1000, 3600)
+    sent = [Job.peek(cancel.decode(raw)[2][0]).video_id for _key, raw in queues.waiting(r, "cpu")]
+    assert sent == ["v1000"] and not r.hexists(pending, "1000")
+
+
+def test_the_statistics_callback_carries_what_it_needs_of_the_runs_record(redis_url, monkeypatch, tmp_path):
+    configure_for(monkeypatch, redis_url)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    _, record = new_run(r, tmp_path, "cb", 2, already_complete=1)
+    assert completion.start_statistics(r, record, 3600)
+    raw = [m for _key, m in queues.waiting(r, "cpu")]
+    assert [cancel.decode(m)[:2] for m in raw] == [("framefleet.aggregate", "callback-cb")]
+    assert cancel.decode(raw[0])[2] == [
+        {
+            "run_id": "cb",
+            "output_root": record["output_root"],
+            "started": record["started"],
+            "videos": 2,
+            "already_complete": 1,
+        }
+    ]
+    assert record["output_root"] and record["started"]  # the values compared are real ones
+
+
+def test_a_callback_the_broker_refused_can_be_sent_by_the_tasks_retry(redis_url, monkeypatch, tmp_path):
+    """The broker refuses the message (here its queue's key holds a string, as an out-of-memory Redis or a
+    read-only replica refuses a write): the flag goes, so the last task's retry sends the callback, once."""
+    configure_for(monkeypatch, redis_url)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    _, record = new_run(r, tmp_path, "refused", 1)
+    r.set("cpu", "not a queue")
+    with pytest.raises(OperationalError, match="WRONGTYPE"):  # kombu's, as a worker's send raises it
+        completion.start_statistics(r, record, 3600, sender="task-a")
+    assert r.hget(runs.redis_key("refused"), keys.RUN_AGGREGATED_FIELD) is None
+    r.delete("cpu")
+    assert completion.start_statistics(r, record, 3600, sender="task-a")
+    assert completion.start_statistics(r, record, 3600, sender="task-a") is False
+    assert waiting(r) == [("framefleet.aggregate", "callback-refused")]
+    assert r.hget(runs.redis_key("refused"), keys.RUN_AGGREGATED_FIELD) == "sent callback-refused"
+
+
+def test_a_retired_run_is_finished_in_redis_and_lets_its_per_video_keys_go(redis_url, monkeypatch, tmp_path):
+    configure_for(monkeypatch, redis_url)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    jobs, record = new_run(r, tmp_path, "old", 200)  # 200 videos: their merged marks span 4 shards
+    completion.hold(r, "old", jobs[100:], 3600)
+    completion.note_sent(r, jobs[:2], 3600)
+    for job in jobs[:2]:
+        completion.video_ended(r, job, 3600)
+    marks = sums.shard_keys("old", sums.shard_count(200))
+    assert len(marks) == 4
+    for key in marks:
+        r.hset(key, "mark", "stamp")
+    run_key = runs.redis_key("old")
+    now_gone = [completion.key("old", s) for s in (keys.RUN_DONE_SUFFIX, keys.RUN_ATTEMPTS_SUFFIX)]
+    for key in now_gone:
+        r.hset(key, "task-1", 1)
+    r.hset(keys.SWEEP_PREFIX + "old", "v5", time.time())
+    r.rpush(keys.LEGACY_STAGE_LOG, "span")
+    kept = [completion.key("old", s) for s in (keys.RUN_STAGES_SUFFIX, keys.RUN_SUMS_SUFFIX)]
+    kept += [keys.REQUEUES_PREFIX + "old", keys.RESENT_PREFIX + "old"]
+    for key in kept:
+        r.rpush(key, "x") if not key.endswith(keys.RUN_SUMS_SUFFIX) else r.hset(key, "3d", "x")
+    kept += [completion.key("old", s) for s in (keys.RUN_FINISHED_SUFFIX, keys.RUN_OUTCOME_DICT_SUFFIX)]
+    kept += [completion.key("old", keys.RUN_ORDER_SUFFIX)]
+    r.hset(run_key, keys.RUN_AGGREGATED_FIELD, "sent callback-old")
+
+    before = time.time()
+    completion.retire(r, "old", 3600)
+    after = time.time()
+
+    assert r.hget(run_key, keys.RUN_ENDED_FIELD) and not r.hexists(run_key, keys.RUN_AGGREGATED_FIELD)
+    finished = runs.lookup(r, "old")
+    assert finished == {**record, "status": "finished", "finished": finished["finished"]}
+    assert before - 0.001 <= finished["finished"] <= after + 0.001
+    gone = [*now_gone, *marks, keys.SWEEP_PREFIX + "old", keys.LEGACY_STAGE_LOG]
+    gone += [completion.key("old", s) for s in (keys.RUN_PENDING_SUFFIX, keys.RUN_SENT_SUFFIX)]
+    assert [key for key in gone if r.exists(key)] == []
+    assert {key: 3500 < r.ttl(key) <= 3600 for key in kept} == dict.fromkeys(kept, True)
+    completion.video_ended(r, jobs[2], 3600)  # a task of the run delivered after its end counts nothing
+    assert len(completion.outcomes(r, "old")) == 2
