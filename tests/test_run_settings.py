@@ -251,3 +251,16 @@ def test_cpu_tasks_other_workers_cannot_serve_go_straight_to_the_one_that_can(
     (record,) = [json.loads(p.read_text()) for p in (out / "runs").glob("*.json")]
     advertised = workers.state("cpuhalf")["settings"]["preprocess"]["sha256"]
     assert record["stage_settings"]["stages"]["preprocess"]["sha256"] == advertised
+
+
+def test_wilors_call_sizes_are_local_and_its_detection_settings_are_not(tmp_path):
+    def hands_sha(params: str) -> str:
+        config = tmp_path / "hands.yaml"
+        config.write_text(f"stages:\n  hands: {{backend: wilor, params: {{{params}}}}}\n")
+        return stage_entry(load_settings(config), "hands")["sha256"]
+
+    plain = hands_sha("repo_dir: /opt/WiLoR")
+    # How many frames a detector call and crops a WiLoR call take: the same hands, so any worker serves the run.
+    assert hands_sha("repo_dir: /opt/WiLoR, detection_batch: 8, batch_size: 64") == plain
+    assert hands_sha("repo_dir: /srv/WiLoR, detection_batch: 150") == plain
+    assert hands_sha("repo_dir: /opt/WiLoR, detection_confidence: 0.5") != plain

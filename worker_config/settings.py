@@ -392,6 +392,7 @@ LOCAL_PARAM_NAMES = (
     "weights_dir",
     "repo_dir",
     "batch_size",
+    "detection_batch",
     "hold_mib",
     "activation_mib",
     "matmuls_per_frame",

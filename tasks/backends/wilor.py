@@ -6,6 +6,10 @@ detection on every frame and the best box per side (546-559), one crop per detec
 pixel from WiLoR's camera, its depth from the depth stage plus ``wrist_depth_offset``,
 back-projected with the video's K (643-742). The velocity gate, gap filling and the
 median of the betas are the hands stage's (y2r's 759-829).
+
+One difference in the call, not in the boxes: y2r gives the detector every frame of the video in
+one call (process_wilor.py:548), which ultralytics runs as one batch, so its memory grows with the
+video; here it gets ``detection_batch`` frames a call (``detect_in_chunks``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,13 @@ MANO_FIX = (
 )
 # WiLoR's default crop padding (process_wilor.py:541: "don't change").
 RESCALE_FACTOR = 2.0
+# Frames per detector call. With a YOLOv8x detector, the hands stage on 150 frames of 512x384 (letterboxed
+# to 480x640) peaked at 15,572 MiB allocated on an H200, weights included (bench/RESULTS.md): about
+# 0.1 GiB a frame. 32 frames keep the detector near 3 GiB, under the WiLoR network's own peak at y2r's
+# batch_size 256 (6,656 MiB on an H100), so the stage's peak is set by batch_size, not by the video's
+# length. WiLoR's demo gives the detector one image a call (demo.py:47), y2r the whole video
+# (process_wilor.py:548); 32 keeps a batch of work per call (the pace at 32 is not measured yet).
+DETECTION_BATCH = 32
 SIDES = ("left", "right")
 
 
@@ -51,10 +62,13 @@ class WilorHands(HandsBackend):
     checkout's ``pretrained_models/``). ``detection_confidence`` 0-1; ``wrist_depth_offset``
     metres added to the depth at the wrist pixel (the joint lies under the skin); ``hand_frame``
     "y2r" (default) writes y2r's rotations and joints, "camera" the camera-frame geometry
-    (``convert_wilor.place_hand``).
+    (``convert_wilor.place_hand``). ``batch_size`` crops per WiLoR call and ``detection_batch``
+    frames per detector call bound the activation memory (the second instead of the video's
+    length); neither changes the outputs, and both shrink by ``chunk_scale`` after an out-of-memory
+    retry.
     """
 
-    local_params = ("repo_dir", "weights_dir", "batch_size")
+    local_params = ("repo_dir", "weights_dir", "batch_size", "detection_batch")
 
     name = "wilor"
 
@@ -63,6 +77,7 @@ class WilorHands(HandsBackend):
         repo_dir: str | None = None,
         weights_dir: str | None = None,
         batch_size: int = 256,
+        detection_batch: int = DETECTION_BATCH,
         detection_confidence: float = 0.75,
         wrist_depth_offset: float = 0.02,
         hand_frame: str = "y2r",
@@ -71,17 +86,19 @@ class WilorHands(HandsBackend):
         check_params(
             type(self),
             unknown,
-            "repo_dir, weights_dir, batch_size, detection_confidence, wrist_depth_offset, hand_frame",
+            "repo_dir, weights_dir, batch_size, detection_batch, detection_confidence, wrist_depth_offset, hand_frame",
         )
         if hand_frame not in HAND_FRAMES:
             raise ValueError(f"hand_frame must be one of {HAND_FRAMES}, got {hand_frame!r}")
         self.hand_frame = hand_frame
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        for key, value in (("batch_size", batch_size), ("detection_batch", detection_batch)):
+            if value < 1:
+                raise ValueError(f"{key} must be >= 1, got {value}")
         super().__init__()
         self.repo_dir = repo_dir
         self.weights_dir = weights_dir
         self.batch_size = int(batch_size)
+        self.detection_batch = int(detection_batch)
         self.detection_confidence = float(detection_confidence)
         self.wrist_depth_offset = float(wrist_depth_offset)
         self._api: dict[str, Any] = {}
@@ -147,12 +164,12 @@ class WilorHands(HandsBackend):
         on_cuda = str(self.device).startswith("cuda")
         if on_cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
-        results = self._api["detector"](frames_bgr, conf=self.detection_confidence, verbose=False)
         picks = []  # (frame, side, box (4,), is_right)
-        for t, result in enumerate(results):
-            boxes = result.boxes
-            xyxy = boxes.xyxy.cpu().numpy().reshape(-1, 4)
-            conf, cls = boxes.conf.cpu().numpy().reshape(-1), boxes.cls.cpu().numpy().reshape(-1)
+        detector = self._api["detector"]
+        frames_per_call = scaled(self.detection_batch, self.chunk_scale)
+        for t, (xyxy, conf, cls) in enumerate(
+            detect_in_chunks(detector, frames_bgr, frames_per_call, self.detection_confidence)
+        ):
             for side, idx in best_per_side(conf, cls).items():
                 if idx is not None:
                     picks.append((t, side, xyxy[idx], float(cls[idx])))
@@ -195,8 +212,9 @@ class WilorHands(HandsBackend):
     def _run_batches(self, items: list[dict[str, Any]], progress: Progress | None, T: int) -> Iterator[dict[str, Any]]:
         """Run WiLoR on the crops ``batch_size`` at a time; yield one dict of NumPy outputs per crop."""
         torch, model = self._api["torch"], self._api["model"]
-        for start in range(0, len(items), self.batch_size):
-            chunk = items[start : start + self.batch_size]
+        size = scaled(self.batch_size, self.chunk_scale)
+        for start in range(0, len(items), size):
+            chunk = items[start : start + size]
             # process_wilor.py:601-607: arrays stacked, scalars made a tensor.
             batch = {
                 key: torch.from_numpy(np.stack([it[key] for it in chunk]))
@@ -222,6 +240,38 @@ class WilorHands(HandsBackend):
                 }
             if progress is not None:
                 progress(min(T, round(T * (start + len(chunk)) / len(items))), T)
+
+
+def scaled(size: int, chunk_scale: float) -> int:
+    """``size`` items a call at ``chunk_scale`` of the activation memory (halved after each OOM), at least one."""
+    return max(1, int(size * chunk_scale))
+
+
+def detect_in_chunks(
+    detector: Any, frames_bgr: list[np.ndarray], frames_per_call: int, confidence: float
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Yield per frame the detector's boxes (n, 4) xyxy pixels, confidences (n,) and classes (n,), as NumPy.
+
+    ``frames_per_call`` frames go to the detector a call, so its activations are bounded by that
+    and not by the video's length. The boxes are those of one call on every frame (y2r's,
+    process_wilor.py:548): ultralytics 8.1.34 runs a list of images as one batch
+    (data/loaders.py:428-433) whose letterbox depends only on whether the batch's shapes agree
+    (engine/predictor.py:154-156; a video's frames share one shape, so every chunk is padded as the
+    whole video is), and the network, NMS and box scaling are per image (utils/ops.py:236,
+    models/yolo/detect/predict.py:38-40). NMS's time limit, 2 s + 0.05 s per image of the call
+    (utils/ops.py:224), is no tighter per image for a chunk. On a GPU, cuDNN may choose other kernels
+    for another batch size and round a score differently in its last bits, as a video of another
+    length does in y2r's one call. Each chunk's results go to the host before the next call.
+    """
+    for start in range(0, len(frames_bgr), frames_per_call):
+        chunk = frames_bgr[start : start + frames_per_call]
+        for result in detector(chunk, conf=confidence, verbose=False):
+            boxes = result.boxes
+            yield (
+                boxes.xyxy.cpu().numpy().reshape(-1, 4),
+                boxes.conf.cpu().numpy().reshape(-1),
+                boxes.cls.cpu().numpy().reshape(-1),
+            )
 
 
 def headless_rendering() -> None:

@@ -19,6 +19,7 @@ import pytest
 from tasks.backends.convert_wilor import backproject
 from tests.backends.standin_env import ROOT, lay_out_upstream, real_gpu_settings, real_gpu_yaml_on, standin_python
 from tests.conftest import run_script, settings_env, task_result, wait_until
+from tests.standins.site.ultralytics import right_hand_x
 
 
 @pytest.fixture(scope="session")
@@ -70,13 +71,15 @@ def test_dataset_from_the_adapters_and_standins_verifies(video_factory, workers,
     )
 
     hands = np.load(work / "hands.npz")
+    frames = np.load(work / "preprocess.npz")["frames"]
     K = depth["intrinsics"][0]
     valid = np.flatnonzero(hands["right_valid"])
     position = hands["right_wrist_pose"][:, :3, 3]
     raw, matched = {}, []
     for t in valid:
-        # The stand-in's crop camera puts the wrist at the box centre; its depth plus 2 cm, back-projected.
-        cx = 0.62 * 512 + 15 * math.sin(t / 3.0)
+        # The detector stand-in's box follows the frame's bytes; the crop camera puts the wrist at the box
+        # centre; its depth plus 2 cm, back-projected.
+        cx = right_hand_x(frames[t])
         u, v = int(cx), int(0.52 * 384)
         raw[t] = backproject(u, v, float(depth["depths"][t, v, u].astype(np.float32)) + 0.02, K)
         if np.allclose(position[t], raw[t], atol=1e-5):
