@@ -59,6 +59,15 @@ out["wilor_angle"] = float(torch.atan2(R[1, 0], R[0, 0]))
 narrow = dict(batch, img=torch.zeros(1, 3, 256, 192))
 out["wilor_narrow_crop"] = error(lambda: model(narrow))
 
+# --- ultralytics (WiLoR's detector) ---
+from ultralytics import YOLO
+yolo = YOLO(str(base / "WiLoR" / "pretrained_models" / "detector.pt"))
+images = [np.full((48, 64, 3), v, np.uint8) for v in (10, 90, 200)]
+alone = [yolo(im, conf=0.3)[0].boxes.data.tolist() for im in images]
+together = [r.boxes.data.tolist() for r in yolo(images[::-1], conf=0.3)][::-1]
+out["yolo_per_image"] = alone == together and len({json.dumps(a) for a in alone}) == 3
+out["yolo_batches"] = yolo.batch_sizes
+
 # --- TAPIP3D (checkout stand-in) ---
 os.chdir(base / "TAPIP3D")
 sys.path.insert(0, str(base / "TAPIP3D"))
@@ -189,6 +198,14 @@ def test_wilor_crops_are_square_and_the_model_slices_them(probe):
 def test_wilor_keypoints_come_rotated_by_the_global_orient(probe):
     # wilor.py:143-150: the keypoints are MANO's joints, which MANO rotated by the global orient.
     assert probe["wilor_keypoints_rotated"] is True and abs(probe["wilor_angle"]) > 0.1
+
+
+def test_yolo_detects_each_image_alone_and_runs_a_list_as_one_batch(probe):
+    # ultralytics 8.1.34: a list is one batch (data/loaders.py:428-433), a lone array a list of one
+    # (loaders.py:406-407); letterbox, network, NMS and scaling give each image its own boxes
+    # (engine/predictor.py:154-156, utils/ops.py:236, models/yolo/detect/predict.py:38-40).
+    assert probe["yolo_per_image"] is True
+    assert probe["yolo_batches"] == [1, 1, 1, 3]
 
 
 def test_wilor_checkpoint_loads_as_pytorch_lightning_2_6_does(probe):
