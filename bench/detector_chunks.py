@@ -59,8 +59,9 @@ def main() -> None:
     if args.nms_s_per_image is not None:
         import functools
 
-        from ultralytics.utils import ops  # the predictor calls ops.non_max_suppression (models/yolo/detect/predict.py:25)
+        from ultralytics.utils import ops
 
+        # The predictor calls it through the module (models/yolo/detect/predict.py:25).
         ops.non_max_suppression = functools.partial(ops.non_max_suppression, max_time_img=args.nms_s_per_image)
     frames = PreprocessStage(target_fps=10.0).run({"video_path": str(real_data() / args.clip)})["frames"]
     frames_bgr = [np.ascontiguousarray(f[..., ::-1]) for f in frames[: args.frames]]
