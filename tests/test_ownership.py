@@ -117,6 +117,33 @@ def test_claim_renewal_reads_a_snapshot_while_the_task_thread_changes_the_held_s
     assert len(claims.HELD) == 6 and all(r.get(key) for key in list(claims.HELD)[:3])
 
 
+class _TaskEndsBeforeTheReassert:
+    """A Redis client on which the task ends (``forget``, then its ``release``) just before the renewal
+    thread's re-assert reaches Redis: the interleaving a renewal's snapshot of HELD allows."""
+
+    def __init__(self, r: redis.Redis, hostname: str, task_id: str) -> None:
+        self.r, self.hostname, self.task_id, self.ended = r, hostname, task_id, False
+
+    def eval(self, script, *args):
+        if script == leases._REASSERT and not self.ended:
+            self.ended = True
+            pipe = self.r.pipeline()
+            leases.release(pipe, leases.forget(self.task_id), self.hostname, self.task_id)
+            pipe.execute()
+        return self.r.eval(script, *args)
+
+    def __getattr__(self, name: str):
+        return getattr(self.r, name)
+
+
+def test_a_renewal_racing_the_task_end_leaves_no_lease_or_owner_record(r):
+    lease, owner = leases.LEASE_PREFIX + "tag1", leases.OWNER_PREFIX + "tag1"
+    assert leases.grant(r, "tag1", "t1", "gpu0@h", TTL_S) is None
+    assert r.exists(lease, owner) == 2
+    assert leases.renew(_TaskEndsBeforeTheReassert(r, "gpu0@h", "t1"), "gpu0@h", TTL_S) == 0
+    assert r.exists(lease, owner) == 0  # the re-assert re-created them after the release; the renewal removes them
+
+
 def test_a_task_of_a_cancelled_run_stops_at_its_claim_and_takes_none(r):
     key = claims.claim_key("/out", "v1", "depth")
     flag = cancel.flag_key("run1")

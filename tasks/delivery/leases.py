@@ -175,16 +175,23 @@ def renew(r: redis.Redis, hostname: str, ttl_s: float) -> int:
         held = list(HELD.items())  # the task thread adds and removes entries meanwhile
     renewed = 0
     for tag, h in held:
-        if not reassert(r, tag, owner_value(hostname, h.task_id), ttl_s):
+        owner = owner_value(hostname, h.task_id)
+        if not reassert(r, tag, owner, ttl_s):
             continue  # another worker holds this message's lease (a duplicate delivery of it)
-        renewed += 1
         # Redis restarted without that entry, or a duplicate delivery's ack removed it (kombu reuses
         # the tag on restore): put it back so the message survives if this worker dies now. Under the
         # lock, so a task that has just ended (and whose ack may follow at once) is not brought back.
         with _lock:
-            if tag in HELD and h.entry is not None and r.hsetnx(UNACKED, tag, h.entry):
+            still_held = tag in HELD
+            if still_held and h.entry is not None and r.hsetnx(UNACKED, tag, h.entry):
                 r.zadd(UNACKED_INDEX, {tag: time.time()}, nx=True)
                 log.warning("restored the unacked entry of message %s (task %s), held by this worker", tag, h.task_id)
+        if not still_held:
+            # The task ended since the snapshot, and its release may have run before the re-assert
+            # above re-created the lease and owner record: remove them again (only if still ours).
+            r.eval(_RELEASE, 2, LEASE_PREFIX + tag, OWNER_PREFIX + tag, owner)
+            continue
+        renewed += 1
     return renewed
 
 
