@@ -43,7 +43,7 @@ def _walk(folder: str, prefix: str) -> Iterator[Found]:
         try:
             if entry.is_dir(follow_symlinks=False):
                 yield from _walk(entry.path, f"{prefix}{name}/")
-            elif os.path.splitext(name)[1].lower() in VIDEO_SUFFIXES and entry.is_file():
+            elif (dot := name.rfind(".")) > 0 and name[dot:].lower() in VIDEO_SUFFIXES and entry.is_file():
                 yield Found(prefix + name, entry.stat().st_size)
         except FileNotFoundError:  # removed while the folder was walked
             continue

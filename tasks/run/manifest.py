@@ -108,8 +108,11 @@ class Writer:
         """Add ``entry`` (the next in manifest order) over the earlier entry of the same root and path."""
         line = json.dumps(entry)
         old = self.earlier
+        if old.line is None:  # past the earlier entries (or none: a new folder)
+            self._write(line)
+            return
         # The same video with the same fields, as every video of a --continue is: the earlier line as it is.
-        if old.line is not None and old.line.startswith(line[:-1]) and old.line[len(line) - 1 : len(line)] in ",}":
+        if old.line.startswith(line[:-1]) and old.line[len(line) - 1 : len(line)] in ",}":
             self._write(old.line)
             old.advance()
             return
