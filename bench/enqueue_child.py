@@ -4,8 +4,9 @@
     python bench/enqueue_child.py --code ROOT RAW OUT [--window 64] [--resume]
 
 Prints one JSON line: seconds to the first chain sent and to the call's return (every video sent or
-held), the videos sent and found complete, the process's memory before the call and at its peak
-(VmRSS, VmHWM), and the file ``tasks`` was imported from. No worker runs: "sent" is the first
+held), the CPU seconds the call used (about its wall time on an idle machine, less Redis's share),
+the videos sent and found complete, the process's memory before the call and at its peak (VmRSS,
+VmHWM), and the folder ``tasks`` was imported from. No worker runs: "sent" is the first
 chain's message written to Redis, the moment a waiting worker could take it.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -52,15 +54,19 @@ def main() -> int:
     canvas._chain.apply_async = timed  # type: ignore[method-assign]
     conf = settings()
     rss_before = status_kib("VmRSS")
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_before = before.ru_utime + before.ru_stime
     start = time.perf_counter()
     record = enqueue(conf, args.raw, args.out, window=args.window, resume=args.resume)
     end = time.perf_counter()
+    used = resource.getrusage(resource.RUSAGE_SELF)
     print(
         json.dumps(
             {
                 "run_id": record["run_id"],
                 "first_sent_s": (first[0] - start) if first else None,
                 "all_recorded_s": end - start,
+                "cpu_s": used.ru_utime + used.ru_stime - cpu_before,
                 "videos": record["videos"],
                 "already_complete": record["already_complete"],
                 "rss_before_mib": rss_before / 1024,

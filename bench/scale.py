@@ -574,7 +574,7 @@ def finished_run(n: int, work: Path, tiny: Path) -> Path:
     out = work / f"finished-{n}"
     if (out / ".complete").exists():
         return out
-    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)  # (its manifest: as this version writes it, with its roots in its head)
     out.mkdir(parents=True)
     vid = sorted(p.stem for p in tiny.glob("*.hdf5"))[0]
     h5, marker = dataset_file(tiny, vid)
@@ -599,7 +599,8 @@ def finished_run(n: int, work: Path, tiny: Path) -> Path:
     partials.save(out, kept)
     del kept
     entries.sort(key=manifest.sort_key)
-    head = {"dataset_root": str(sharded_videos(n, work).resolve()), "last_run": "bench", "order": manifest.ORDER}
+    root = str(sharded_videos(n, work).resolve())
+    head = {"dataset_root": root, "last_run": "bench", "order": manifest.ORDER, "roots": [root]}
     lineage.write(out, {**head, "provenance": []}, entries)
     shutil.copy2(out / "manifest.json", out / "manifest.pristine")
     (out / ".complete").touch()
@@ -766,7 +767,8 @@ def stream_main(args: argparse.Namespace) -> int:
                     results["enqueue"].append(e)
                     print(
                         f"enqueue {n} ({e['code']}): first chain sent {e['first_sent_s']:.2f} s, every video sent "
-                        f"or held {e['all_recorded_s']:.2f} s; peak RSS {e['peak_rss_mib']:.0f} MiB "
+                        f"or held {e['all_recorded_s']:.2f} s ({e['cpu_s']:.2f} CPU s); "
+                        f"peak RSS {e['peak_rss_mib']:.0f} MiB "
                         f"({e['rss_before_mib']:.0f} before); Redis +{e['redis_used_bytes'] / 2**20:.1f} MiB, "
                         f"pending {e['pending_bytes'] / 2**20:.2f} MiB "
                         f"({e['pending_bytes'] / max(1, n - args.window):.1f} B per held video); "
@@ -777,7 +779,8 @@ def stream_main(args: argparse.Namespace) -> int:
                 for c in stream_continue_phase(n, args.work, url, codes, tiny):
                     results["continue"].append(c)
                     print(
-                        f"--continue over {n} complete ({c['code']}): {c['all_recorded_s']:.2f} s, "
+                        f"--continue over {n} complete ({c['code']}): {c['all_recorded_s']:.2f} s "
+                        f"({c['cpu_s']:.2f} CPU s), "
                         f"{c['already_complete']} complete, {c['videos']} sent; peak RSS {c['peak_rss_mib']:.0f} MiB "
                         f"({c['rss_before_mib']:.0f} before); manifest {c['manifest_bytes'] / 2**20:.1f} MiB",
                         flush=True,

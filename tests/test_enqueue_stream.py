@@ -183,7 +183,7 @@ def test_a_manifest_is_merged_in_one_pass_keeping_what_runs_recorded(tmp_path):
     assert next(e for e in after["videos"] if e["video_id"] == done)["status"] == "done"
     assert manifest.head(out) == {k: v for k, v in after.items() if k != "videos"}
     assert after["last_run"] == "run-2" and after["roots"] == [str(raw.resolve())]
-    assert not list(out.glob(".manifest.json.*"))
+    assert not list((out / "runs").glob(".manifest.json.*"))
 
 
 KILLED_MID_WALK = """
@@ -221,7 +221,7 @@ def test_an_enqueuer_killed_mid_walk_loses_nothing_on_continue(video_factory, wo
     assert killed.returncode == -9, killed.stdout + killed.stderr
     record = json.loads(next((out / "runs").glob("*.json")).read_text())
     assert record["videos"] is None  # its size was never recorded: this run cannot end by itself
-    assert not (out / "manifest.json").exists()  # only its part, beside it, which the next run removes
+    assert not (out / "manifest.json").exists()  # only its part, in OUT/runs/, which the next run removes
     wait_until(lambda: len(list(out.glob("*.hdf5"))) == 1, 300, "the one video sent before the kill")
     again = run_script("enqueue_dataset.py", str(raw), "--out", str(out), "--continue", env=pipeline_env)
     assert again.returncode == 0, again.stdout + again.stderr
@@ -230,7 +230,7 @@ def test_an_enqueuer_killed_mid_walk_loses_nothing_on_continue(video_factory, wo
     assert len(list(out.glob("*.hdf5"))) == 4 and summary["statistics_videos"] == 4
     manifest = json.loads((out / "manifest.json").read_text())
     assert sorted(e["path"] for e in manifest["videos"]) == sorted(p.name for p in raw.iterdir())
-    assert not list(out.glob(".manifest.json.*"))
+    assert not list((out / "runs").glob(".manifest.json.*"))
     assert task_result(pipeline_env["REDIS_URL"], record["callback_id"]) is None  # the killed run never ended
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"], decode_responses=True)
     assert r.hlen(f"ff:run:{record['run_id']}:finished") == 1

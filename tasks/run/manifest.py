@@ -3,7 +3,8 @@
 A manifest this version writes says ``"order": "parts"``: its videos are sorted by (root, path parts),
 the order in which tasks.run.listing walks a folder, so a run merges the earlier entries with the
 videos it lists in one pass over each, holding neither in memory. The new file is written beside the
-old one and replaces it at the end (an enqueuer that dies mid-way leaves the earlier manifest). A
+old one (in OUT/runs/) and replaces it at the end (an enqueuer that dies mid-way leaves the earlier
+manifest, and its part, which the next run removes). A
 manifest of an earlier version (another order, or indented JSON) is read whole once and sorted.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 MANIFEST = "manifest.json"
 ORDER = "parts"
 TAIL = ', "videos": ['  # what ends the head's line (tasks.run.lineage.write writes the same)
+PARTS = "runs"  # the folder the new manifest is written in before it replaces the old (tasks.run.runs.FOLDER)
 
 
 def sort_key(entry: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
@@ -92,9 +94,13 @@ class Writer:
     def __init__(self, out_dir: Path, head: dict[str, Any]) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / MANIFEST
-        for stale in out_dir.glob(f".{MANIFEST}.*.tmp"):  # an enqueuer's that died mid-way
+        # Written in OUT/runs/ (a file per run), not OUT (a file per video: a million to list for the
+        # part an enqueuer killed mid-way left), and moved into place: one file system, one rename.
+        parts = out_dir / PARTS
+        parts.mkdir(exist_ok=True)
+        for stale in parts.glob(f".{MANIFEST}.*.tmp"):
             stale.unlink(missing_ok=True)
-        self.tmp = out_dir / f".{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp"
+        self.tmp = parts / f".{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp"
         self.earlier = _Earlier(out_dir)
         self.fh = open(self.tmp, "w", encoding="utf-8")
         self.fh.write(json.dumps({**{k: v for k, v in head.items() if k != "videos"}, "order": ORDER})[:-1] + TAIL)

@@ -101,7 +101,8 @@ class Holder:
         first, total = self.held, self.base + len(self.chunk)
         if total == first:
             return
-        fields = dict(self.ready)
+        fields: dict[str | bytes, bytes | float | int | str] = {}
+        fields.update(self.ready)
         if self.chunk:  # rewritten whole as it grows
             fields[f"c{self.base // CHUNK}"] = encode(self.chunk)
         fields[HELD_FIELD] = str(total)
