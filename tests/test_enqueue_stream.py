@@ -132,15 +132,15 @@ def test_a_video_due_before_it_was_held_is_sent_by_the_enqueuer(app_on_test_redi
     """Workers faster than the walk: the k-th finish found no pending video k-1; the enqueuer sends it."""
     conf, r = app_on_test_redis
     from tasks import keys
-    from tasks.run import pending
+    from tasks.run import completion, pending
     from tasks.run.dataset import build_jobs
 
     jobs, _ = build_jobs([{"video_id": f"v{i}", "path": f"v{i}.mp4"} for i in range(10)], tmp_path, tmp_path, "run2")
     finished = keys.RUN_PREFIX + "run2" + keys.RUN_FINISHED_SUFFIX
     r.hset(finished, mapping={"w0": "{}", "w1": "{}", "w2": "{}"})  # three window videos ended already
     for index in range(3):
-        assert not pending.send_pending(r, "run2", index, 3600)  # their finishing tasks found nothing held
-    holder = pending.Holder(r, "run2", pending.shared_part(jobs[0]), 3600)
+        assert not completion.send_pending(r, "run2", index, 3600)  # their finishing tasks found nothing held
+    holder = completion.holder_of(r, "run2", pending.shared_part(jobs[0]), 3600)
     for job in jobs:
         holder.add(job)
     assert holder.close() == 10

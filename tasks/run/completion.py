@@ -40,6 +40,7 @@ from tasks import keys
 from tasks.celery_app import TASK_PREFIX, app
 from tasks.job import Job
 from tasks.run import pending, runs
+from tasks.run.dataset import video_chain
 
 log = logging.getLogger("framefleet.completion")
 WINDOW_PER_WORKER = 4  # videos in flight per live worker: each worker's next task is already waiting
@@ -96,7 +97,17 @@ def auto_window(live_workers: int) -> int:
 
 def hold(r: redis.Redis, run_id: str, jobs: list[Job], ttl_s: int) -> None:
     """Keep ``jobs`` (the videos beyond the window, in sending order) for finishing tasks to send."""
-    pending.hold(r, run_id, jobs, ttl_s)
+    if not jobs:
+        return
+    holder = holder_of(r, run_id, pending.shared_part(jobs[0]), ttl_s)
+    for job in jobs:
+        holder.add(job)
+    holder.close()
+
+
+def holder_of(r: redis.Redis, run_id: str, shared: dict[str, Any], ttl_s: int) -> pending.Holder:
+    """What holds a run's videos beyond its window as they are found (tasks.run.pending.Holder)."""
+    return pending.Holder(r, run_id, shared, ttl_s, send=lambda index: send_pending(r, run_id, index, ttl_s))
 
 
 def drop_pending(r: redis.Redis, run_id: str) -> int:
@@ -144,8 +155,15 @@ def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None)
 
 
 def send_pending(r: redis.Redis, run_id: str, index: int, ttl_s: int) -> bool:
-    """Send pending job ``index`` if it was not sent yet; return whether it was sent now."""
-    return pending.send_pending(r, run_id, index, ttl_s)
+    """Send pending job ``index`` if it is held and was not sent yet; return whether it was sent now."""
+    job = pending.take(r, run_id, index)
+    if job is None:
+        return False
+    note_sent(r, [job], ttl_s)
+    video_chain(job).apply_async()
+    pending.mark_sent(r, run_id, index, ttl_s)  # after the send: a crash in between sends it twice, never zero times
+    log.info("sent %s of run %s (pending video %d)", job.video_id, run_id, index)
+    return True
 
 
 def listed(r: redis.Redis, record: dict[str, Any], ttl_s: int) -> bool:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import json
-import logging
 import time
 import zlib
 from collections.abc import Callable
@@ -30,7 +29,6 @@ import redis
 from tasks import keys
 from tasks.job import Job
 
-log = logging.getLogger("framefleet.pending")
 CHUNK = 256  # videos per chunk: a multiple of 8 (a chunk's bits are whole bytes of the bitmap)
 FLUSH_CHUNKS = 16  # whole chunks written in one round trip (4,096 videos)
 FLUSH_S = 0.5  # what is buffered is written at least this often while the folder is walked slowly
@@ -68,15 +66,15 @@ def decode(chunk: str | bytes) -> list[list[str]]:
 class Holder:
     """Adds a run's pending videos in sending order, a chunk at a time (``add``, then ``close``).
 
-    ``shared``: the part every job of the run shares (``shared_part``). ``send(index)`` is called for
-    each held video whose turn came before it was held (see the module).
+    ``shared``: the part every job of the run shares (``shared_part``). ``send(index)`` sends pending
+    video ``index`` (tasks.run.completion.send_pending); it is called for each held video whose turn
+    came before it was held (see the module).
     """
 
     def __init__(
-        self, r: redis.Redis, run_id: str, shared: dict[str, Any], ttl_s: int, send: Callable[[int], Any] | None = None
+        self, r: redis.Redis, run_id: str, shared: dict[str, Any], ttl_s: int, send: Callable[[int], Any]
     ) -> None:
-        self.r, self.run_id, self.ttl_s, self.shared = r, run_id, ttl_s, shared
-        self.send = send or (lambda index: send_pending(r, run_id, index, ttl_s))
+        self.r, self.run_id, self.ttl_s, self.shared, self.send = r, run_id, ttl_s, shared, send
         self.held = 0  # videos written to Redis
         self.ready: dict[str, str] = {}  # whole chunks not written yet, by field
         self.base = 0  # the index of the first video of the chunk being filled
@@ -125,16 +123,6 @@ class Holder:
         return self.held
 
 
-def hold(r: redis.Redis, run_id: str, jobs: list[Job], ttl_s: int) -> None:
-    """Keep ``jobs`` (the videos beyond the window, in sending order) for finishing tasks to send."""
-    if not jobs:
-        return
-    holder = Holder(r, run_id, shared_part(jobs[0]), ttl_s)
-    for job in jobs:
-        holder.add(job)
-    holder.close()
-
-
 def take(r: redis.Redis, run_id: str, index: int) -> Job | None:
     """Pending video ``index``'s job, or None when it was sent, dropped, or is not held yet."""
     pipe = r.pipeline(transaction=False)
@@ -163,21 +151,6 @@ def mark_sent(r: redis.Redis, run_id: str, index: int, ttl_s: int) -> None:
     in_chunk = min(CHUNK, int(held or 0) - chunk * CHUNK)
     if in_chunk > 0 and int(sent_in_chunk) >= in_chunk and (chunk + 1) * CHUNK <= int(held or 0):
         r.hdel(hash_key(run_id), f"c{chunk}")  # whole and all sent: no reader needs it again
-
-
-def send_pending(r: redis.Redis, run_id: str, index: int, ttl_s: int) -> bool:
-    """Send pending video ``index`` if it is held and not sent yet; return whether it was sent now."""
-    from tasks.run.completion import note_sent
-    from tasks.run.dataset import video_chain
-
-    job = take(r, run_id, index)
-    if job is None:
-        return False
-    note_sent(r, [job], ttl_s)
-    video_chain(job).apply_async()
-    mark_sent(r, run_id, index, ttl_s)  # after the send: a crash in between sends it twice, never zero times
-    log.info("sent %s of run %s (pending video %d)", job.video_id, run_id, index)
-    return True
 
 
 def drop(r: redis.Redis, run_id: str) -> int:

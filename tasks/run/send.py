@@ -21,7 +21,7 @@ class RunSender:
 
     def __init__(self, r: redis.Redis, shared: Job, window: int, ttl_s: int) -> None:
         self.r, self.shared, self.window, self.ttl_s = r, shared, window, ttl_s
-        self.holder = pending.Holder(r, shared.run_id, pending.shared_part(shared), ttl_s)
+        self.holder = completion.holder_of(r, shared.run_id, pending.shared_part(shared), ttl_s)
         self.count = 0
 
     def add(self, entry: dict[str, Any]) -> None:
