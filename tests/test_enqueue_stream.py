@@ -84,6 +84,34 @@ def test_the_first_chain_is_sent_before_the_walk_ends(app_on_test_redis, tmp_pat
     assert len(waiting(r)) == 4 and cli.completion.pending_count(r, record["run_id"]) == 596
 
 
+def test_a_run_cancelled_while_its_folder_is_walked_holds_nothing_and_stays_cancelled(
+    app_on_test_redis, tmp_path, monkeypatch
+):
+    conf, r = app_on_test_redis
+    from tasks.cli import cancel as cancel_cli
+    from tasks.cli import enqueue as cli
+    from tasks.run import runs
+    from tasks.run.dataset import first_video
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for i in range(700):
+        (raw / f"v{i:04d}.mp4").touch()
+    out = tmp_path / "out"
+
+    def cancelled_at_300(folder: Path):
+        for n, found in enumerate(first_video(folder)):
+            if n == 300:
+                assert cancel_cli.main([str(runs.latest(out)["run_id"])]) == 0  # framefleet cancel RUN
+            yield found
+
+    monkeypatch.setattr(cli, "first_video", cancelled_at_300)
+    record = cli.enqueue(conf, raw, out, window=4)
+    assert cli.completion.pending_count(r, record["run_id"]) == 0  # none held to be sent later
+    assert not r.exists(f"ff:run:{record['run_id']}:pending")
+    assert runs.read(out, record["run_id"])["status"] == "cancelled"  # not "running" again once walked
+
+
 def test_a_held_video_costs_a_few_bytes_and_comes_back_as_the_same_job(app_on_test_redis, tmp_path):
     conf, r = app_on_test_redis
     from tasks.cli.enqueue import enqueue
