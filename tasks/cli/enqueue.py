@@ -80,10 +80,11 @@ def enqueue(
     Redis (tasks.run.send, tasks.run.pending), the manifest written as it goes (tasks.run.manifest); return
     its record (run_id, callback_id, videos, window, ...) once every video is sent or held.
 
-    Memory stays flat whatever the folder's size (one folder's names at a time), but with a metadata file
-    (y2r's numeric clip ids index the list of every video) or, for ``resume``, the partials of OUT's
-    complete videos (tasks.run.partials). Killed mid-way, the run never ends by itself (its size is not
-    recorded) and the earlier manifest stays; what was sent finishes, and ``resume`` sends the rest.
+    Memory stays flat whatever the folder's size (one folder's names at a time), except with a metadata
+    file (y2r's numeric clip ids index the list of every video: the folder is listed first) and, for
+    ``resume``, each complete output's recorded size and time (tasks.run.dataset.Completed). Killed
+    mid-way, the run never ends by itself (its size is not recorded) and the earlier manifest stays;
+    what was sent finishes, and ``resume`` sends the rest.
 
     ``window`` None: the settings' ``enqueue_window``, or when that is 0, 4 per live worker (at least 32).
     ``mixed``: add to a folder made with other backends or settings on purpose (else SettingsChanged).
@@ -152,6 +153,9 @@ def enqueue(
         sender = RunSender(r, shared, width, conf.result_expires_s)
         complete, stopped = 0, False
         for n, found in enumerate(stream, 1):
+            if n % CANCEL_CHECK_EVERY == 0 and cancel.is_cancelled(r, run_id):
+                stopped = True  # `framefleet cancel` dropped what was held: hold no more
+                break
             entry = listing.entry(found)
             if held is not None and entry["video_id"] not in held:
                 continue
@@ -159,9 +163,6 @@ def enqueue(
                 complete += 1
                 continue
             sender.add(entry)
-            if n % CANCEL_CHECK_EVERY == 0 and cancel.is_cancelled(r, run_id):
-                stopped = True  # `framefleet cancel` dropped what was held: hold no more
-                break
         sender.close()
     except BaseException:
         listing.abort()  # the earlier manifest stays; what was sent runs, and --continue sends the rest
