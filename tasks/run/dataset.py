@@ -206,8 +206,8 @@ class Completed:
     A file whose size and modification time are those its marker recorded is taken as complete
     without reading it; one touched since (same size, other time) is hashed. (verify_dataset.py
     reads every file in full.) A video whose marker exists and whose file has the size and time of its
-    entry in tasks.run.partials (its file in OUT, and with ``r`` Redis's copy of a live run) is complete
-    without reading its marker. What is read once, when made: the markers' names and each entry's size
+    entry in tasks.run.partials (its file and segments in OUT, and with ``r`` an earlier version's Redis
+    copy) is complete without reading its marker. What is read once, when made: the markers' names and each entry's size
     and time (not its row: about 0.2 KB a video in memory, not the file's 0.4 KB and more).
     """
 
@@ -217,7 +217,7 @@ class Completed:
 
         self.root = out_dir.resolve()
         self.recorded = recorded_outputs(self.root)
-        for vid, entry in partials.read(r, self.root).items():  # a live run's copy, newer than the file
+        for vid, entry in partials.read(r, self.root).items():  # an earlier version's Redis copy, if it lives
             size, mtime_ns, _kind = partials.HEADER.unpack_from(entry)
             self.recorded[vid] = (size, mtime_ns)
         self.marked = marked_videos(self.root) if self.recorded else set()
@@ -240,21 +240,29 @@ class Completed:
 
 
 def recorded_outputs(out_root: Path) -> dict[str, tuple[int, int]]:
-    """(bytes, modification time in ns) of each video's dataset file as OUT/markers/partials.bin recorded it
-    (tasks.run.partials), read through a memory map without copying the rows; {} without the file, and
-    only the entries before a damaged part."""
+    """(bytes, modification time in ns) of each video's dataset file as OUT/markers/partials.bin and the
+    segments beside it recorded it (tasks.run.partials; the newer over the older), read through a memory
+    map without copying the rows; {} without any, and of a damaged file only the entries before the damage."""
+    from tasks.run import partials
+
+    found: dict[str, tuple[int, int]] = {}
+    for path in [partials.file_path(out_root), *(p for p, _size in partials.segments(out_root))]:
+        _recorded_in(path, found)
+    return found
+
+
+def _recorded_in(path: Path, found: dict[str, tuple[int, int]]) -> None:
     from tasks.run import partials
 
     try:
-        with open(partials.file_path(out_root), "rb") as fh:
+        with open(path, "rb") as fh:
             data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):  # missing, or empty (ValueError: an empty file cannot be mapped)
-        return {}
-    found: dict[str, tuple[int, int]] = {}
+        return
     record, header = partials.RECORD, partials.HEADER
     with data:
         if data[: len(partials.MAGIC)] != partials.MAGIC:
-            return {}
+            return
         at, end = len(partials.MAGIC), len(data)
         try:
             while at + record.size <= end:
@@ -266,7 +274,6 @@ def recorded_outputs(out_root: Path) -> dict[str, tuple[int, int]]:
                 at += size + name
         except (struct.error, UnicodeDecodeError):
             pass  # what follows is damaged: those videos' markers are read
-    return found
 
 
 def incomplete(entries: list[dict[str, Any]], out_dir: Path, r: Any = None) -> list[dict[str, Any]]:
