@@ -540,6 +540,117 @@ def sums_baseline(
     return figures
 
 
+def sharded_videos(n: int, work: Path) -> Path:
+    """``n`` empty .mp4 files in 256 sub-folders (``s00/v0000000.mp4`` …), made once: the enqueuer only lists
+    and stats them."""
+    raw = work / f"sharded-{n}"
+    if not (raw / ".complete").exists():
+        shutil.rmtree(raw, ignore_errors=True)
+        for shard in range(256):
+            (raw / f"s{shard:02x}").mkdir(parents=True)
+        for i in range(n):
+            os.close(os.open(f"{raw}/s{i % 256:02x}/v{i:07d}.mp4", os.O_CREAT | os.O_WRONLY, 0o644))
+        (raw / ".complete").touch()
+    return raw
+
+
+def sharded_path(i: int) -> str:
+    return f"s{i % 256:02x}/v{i:07d}.mp4"
+
+
+def finished_run(n: int, work: Path, tiny: Path) -> Path:
+    """An output folder in which the ``n`` videos of ``sharded_videos(n)`` are complete, as a finished run leaves it.
+
+    Each video has a sparse HDF5 file of the real file's size (no data blocks; its content is never read
+    when its size and modification time are those recorded), the real marker of one video of ``tiny``
+    in its shard, its entry in OUT/markers/partials.bin (the real partial), and a manifest entry with the
+    status, quality and provenance a finished run records. A pristine copy of the manifest is kept
+    beside it (``manifest.pristine``): every enqueue rewrites the manifest.
+    """
+    from tasks.outputs.stage_io import dataset_file
+    from tasks.run import lineage, manifest, partials
+    from tasks.run.dataset import video_id_of
+
+    out = work / f"finished-{n}"
+    if (out / ".complete").exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)  # (its manifest: as this version writes it, with its roots in its head)
+    out.mkdir(parents=True)
+    vid = sorted(p.stem for p in tiny.glob("*.hdf5"))[0]
+    h5, marker = dataset_file(tiny, vid)
+    text, size = marker.read_text(), h5.stat().st_size
+    stats = json.loads(text)["report"]["stats"]
+    row = partials.encode(stats, "3d")
+    mtime_ns = 1_700_000_000_000_000_000
+    done = next(e for e in json.loads((tiny / "manifest.json").read_text())["videos"] if e["video_id"] == vid)
+    recorded = {k: done[k] for k in ("status", "quality", "provenance") if k in done}
+    entries, kept = [], {}
+    for i in range(n):
+        path = sharded_path(i)
+        name = video_id_of(path)
+        with open(out / f"{name}.hdf5", "wb") as fh:
+            fh.truncate(size)
+        os.utime(out / f"{name}.hdf5", ns=(mtime_ns, mtime_ns))
+        where = dataset_file(out, name)[1]
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.write_text(text)
+        kept[name] = partials.HEADER.pack(size, mtime_ns, b"3d") + row
+        entries.append({"video_id": name, "path": path, "bytes": 0, "text": "", "noun": "", **recorded})
+    partials.save(out, kept)
+    del kept
+    entries.sort(key=manifest.sort_key)
+    root = str(sharded_videos(n, work).resolve())
+    head = {"dataset_root": root, "last_run": "bench", "order": manifest.ORDER, "roots": [root]}
+    lineage.write(out, {**head, "provenance": []}, entries)
+    shutil.copy2(out / "manifest.json", out / "manifest.pristine")
+    (out / ".complete").touch()
+    return out
+
+
+def child_enqueue(code: Path, raw: Path, out: Path, url: str, window: int, resume: bool) -> dict[str, Any]:
+    """``bench/enqueue_child.py`` over ``code``'s tree: its JSON, with what Redis holds after it."""
+    import redis
+
+    r = redis.Redis.from_url(url)
+    r.flushall()
+    base = r.info("memory")["used_memory"]
+    cmd = [sys.executable, str(ROOT / "bench" / "enqueue_child.py"), "--code", str(code), str(raw), str(out)]
+    cmd += ["--window", str(window)] + (["--resume"] if resume else [])
+    done = subprocess.run(cmd, env={**os.environ, "REDIS_URL": url}, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"enqueue_child.py failed: {done.stdout[-2000:]} {done.stderr[-3000:]}")
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    figures["redis_used_bytes"] = r.info("memory")["used_memory"] - base
+    run_keys = list(r.scan_iter(match=f"ff:run:{figures['run_id']}:pending*"))
+    figures["pending_bytes"] = sum(r.memory_usage(k, samples=0) or 0 for k in run_keys)
+    figures["manifest_bytes"] = (out / "manifest.json").stat().st_size
+    return figures
+
+
+def stream_enqueue_phase(n: int, work: Path, url: str, codes: dict[str, Path], window: int) -> list[dict[str, Any]]:
+    """Enqueue ``n`` sharded empty videos into a fresh output folder with each tree of ``codes``, no worker."""
+    raw = sharded_videos(n, work)
+    found = []
+    for label, code in codes.items():
+        out = work / f"enq-{label}-{n}"
+        shutil.rmtree(out, ignore_errors=True)
+        figures = child_enqueue(code, raw, out, url, window, resume=False)
+        found.append({"code": label, "videos_listed": n, **figures})
+        shutil.rmtree(out, ignore_errors=True)
+    return found
+
+
+def stream_continue_phase(n: int, work: Path, url: str, codes: dict[str, Path], tiny: Path) -> list[dict[str, Any]]:
+    """``--continue`` over ``n`` complete videos (``finished_run``) with each tree of ``codes``, Redis flushed."""
+    raw, out = sharded_videos(n, work), finished_run(n, work, tiny)
+    found = []
+    for label, code in codes.items():
+        shutil.copy2(out / "manifest.pristine", out / "manifest.json")
+        figures = child_enqueue(code, raw, out, url, 64, resume=True)
+        found.append({"code": label, "videos_listed": n, **figures})
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--videos", default="10000,50000", help="complete videos for the callback and --continue")
@@ -549,10 +660,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/ff-scale"))
     parser.add_argument("--end-videos", type=int, default=20)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--skip", default="", help="phases to skip: enqueue,end,callback,continue,sums")
+    parser.add_argument(
+        "--skip",
+        default="",
+        help="phases to skip: enqueue,end,callback,continue,sums (with --stream-videos: enqueue,continue)",
+    )
     parser.add_argument("--sums-videos", default="10000,100000,1000000", help="videos of a run for the sums phase")
     parser.add_argument("--sums-baseline", default="10000,100000", help="of those, the ones also measured as before")
+    parser.add_argument(
+        "--stream-videos", default="", help="videos for the streaming enqueue and --continue curves, e.g. 10000,100000"
+    )
+    parser.add_argument("--baseline-code", type=Path, help="a tree of the code to compare with (git archive COMMIT)")
+    parser.add_argument("--baseline-videos", default="10000,100000", help="the sizes also run with --baseline-code")
     args = parser.parse_args(argv)
+    if args.stream_videos:
+        return stream_main(args)
     counts = [int(v) for v in args.videos.split(",")]
     args.work.mkdir(parents=True, exist_ok=True)
     skip = set(args.skip.split(","))
@@ -620,6 +742,49 @@ def main(argv: list[str] | None = None) -> int:
                 c = sums_phase(n, args.work, url, out, str(n) in args.sums_baseline.split(","))
                 results["sums"].append(c)
                 print(f"sums over {n} videos: {json.dumps(c, default=str)}", flush=True)
+    results["load_after"] = os.getloadavg()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+def stream_main(args: argparse.Namespace) -> int:
+    """The curves of issue 25's items 2 and 3: enqueue and --continue over 10k … 1M videos, now and before."""
+    results: dict[str, Any] = {"load_before": os.getloadavg(), "enqueue": [], "continue": []}
+    skip = set(args.skip.split(","))
+    args.work.mkdir(parents=True, exist_ok=True)
+    with private_redis() as url:
+        os.environ["REDIS_URL"] = url
+        tiny = args.work / "tiny-out"
+        if "continue" not in skip and not (tiny / "run_summary.json").exists():
+            end_state(3, args.work)
+        for n in (int(v) for v in args.stream_videos.split(",")):
+            codes = {"now": ROOT}
+            if args.baseline_code and str(n) in args.baseline_videos.split(","):
+                codes = {"before": args.baseline_code, **codes}
+            if "enqueue" not in skip:
+                for e in stream_enqueue_phase(n, args.work, url, codes, args.window):
+                    results["enqueue"].append(e)
+                    print(
+                        f"enqueue {n} ({e['code']}): first chain sent {e['first_sent_s']:.2f} s, every video sent "
+                        f"or held {e['all_recorded_s']:.2f} s ({e['cpu_s']:.2f} CPU s); "
+                        f"peak RSS {e['peak_rss_mib']:.0f} MiB "
+                        f"({e['rss_before_mib']:.0f} before); Redis +{e['redis_used_bytes'] / 2**20:.1f} MiB, "
+                        f"pending {e['pending_bytes'] / 2**20:.2f} MiB "
+                        f"({e['pending_bytes'] / max(1, n - args.window):.1f} B per held video); "
+                        f"manifest {e['manifest_bytes'] / 2**20:.1f} MiB",
+                        flush=True,
+                    )
+            if "continue" not in skip:
+                for c in stream_continue_phase(n, args.work, url, codes, tiny):
+                    results["continue"].append(c)
+                    print(
+                        f"--continue over {n} complete ({c['code']}): {c['all_recorded_s']:.2f} s "
+                        f"({c['cpu_s']:.2f} CPU s), "
+                        f"{c['already_complete']} complete, {c['videos']} sent; peak RSS {c['peak_rss_mib']:.0f} MiB "
+                        f"({c['rss_before_mib']:.0f} before); manifest {c['manifest_bytes'] / 2**20:.1f} MiB",
+                        flush=True,
+                    )
     results["load_after"] = os.getloadavg()
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))

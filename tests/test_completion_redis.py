@@ -3,7 +3,6 @@ against the test's Redis (real Celery messages on it), each checked on its own."
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -31,18 +30,22 @@ def test_the_default_window_is_four_videos_per_live_worker_and_never_under_32() 
 
 
 def test_held_videos_beyond_a_thousand_keep_their_place_in_the_sending_order(redis_url, monkeypatch, tmp_path):
-    """Held in HSETs of 1,000 fields: the k-th held video is pending video k, whichever HSET wrote it."""
+    """Held in chunks of 256, written 16 chunks at a time: the k-th held video is pending video k,
+    whichever chunk and write holds it."""
+    from tasks.run import pending
+
     configure_for(monkeypatch, redis_url)
     r = redis.Redis.from_url(redis_url, decode_responses=True)
-    jobs, _ = new_run(r, tmp_path, "big", 2500)
+    jobs, _ = new_run(r, tmp_path, "big", 5000)
     completion.hold(r, "big", jobs, 3600)
-    assert completion.pending_count(r, "big") == 2500
-    pending = completion.key("big", keys.RUN_PENDING_SUFFIX)
-    for k in (0, 999, 1000, 2001, 2499):
-        assert Job.peek(json.loads(r.hget(pending, str(k)))).video_id == f"v{k}"
+    assert completion.pending_count(r, "big") == 5000
+    for k in (0, 255, 256, 4095, 4096, 4999):
+        assert pending.take(r, "big", k) == jobs[k], k
+    assert pending.take(r, "big", 5000) is None
     assert completion.send_pending(r, "big", 1000, 3600)
     sent = [Job.peek(cancel.decode(raw)[2][0]).video_id for _key, raw in queues.waiting(r, "cpu")]
-    assert sent == ["v1000"] and not r.hexists(pending, "1000")
+    assert sent == ["v1000"] and pending.take(r, "big", 1000) is None
+    assert not completion.send_pending(r, "big", 1000, 3600) and completion.pending_count(r, "big") == 4999
 
 
 def test_the_statistics_callback_carries_what_it_needs_of_the_runs_record(redis_url, monkeypatch, tmp_path):

@@ -19,17 +19,17 @@ import redis
 from tasks.cli import common
 from tasks.observe import stall
 from tasks.redis_client import get_redis
-from tasks.run import cancel, completion, runs
+from tasks.run import cancel, completion, runs, sums
 from tasks.workers import registry
 
 
-def _let_go(r: redis.Redis, out: Path, run_id: str, keep_s: int, videos: int) -> None:
+def _let_go(r: redis.Redis, out: Path, run_id: str, keep_s: int, shards: int) -> None:
     """Keep the cancelled run's stage log in OUT/runs/ and let its per-video Redis keys go (no callback
     will read them; its tasks stop at the flag). Says so when it cannot; the keys then expire with their TTLs."""
     try:
         runs.save_stage_log(r, out, run_id)
         pipe = r.pipeline()
-        completion.let_go(pipe, run_id, keep_s, videos)
+        completion.let_go(pipe, run_id, keep_s, shards=shards)
         pipe.execute()
     except (OSError, redis.RedisError) as exc:
         print(f"framefleet: the run's Redis keys were left to expire ({exc})", file=sys.stderr)
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     cancel.tell_flower(app, removed)
     running = [w["hostname"] for w in registry.live_workers(r) if (w.get("current") or {}).get("run") == run_id]
     runs.update(out, run_id, status="cancelled", cancelled=time.time(), waiting_revoked=len(removed), unsent=unsent)
-    _let_go(r, out, run_id, conf.finished_run_keep_s, int(record.get("videos") or 0))
+    _let_go(r, out, run_id, conf.finished_run_keep_s, sums.shards_of(runs.lookup(r, run_id) or record))
     print(
         f"run {run_id} cancelled: {common.plural(len(removed), 'waiting task')} revoked"
         + (f", {common.plural(unsent, 'video')} not sent yet dropped" if unsent else "")

@@ -25,6 +25,7 @@ Ctrl-C stops watching, not the run: `framefleet status --watch RUN` follows it a
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from collections.abc import Callable
@@ -39,20 +40,23 @@ from tasks.observe import stall
 from tasks.outputs import intermediates
 from tasks.outputs.storage import write_text_atomic
 from tasks.redis_client import get_redis
-from tasks.run import cancel, completion, lineage, quarantine, runs, settings_check
+from tasks.run import cancel, completion, lineage, quarantine, runs, settings_check, sums
 from tasks.run.dataset import (
+    Completed,
     DatasetError,
-    build_jobs,
+    ManifestRun,
     check_folders,
-    find_videos,
-    incomplete,
+    first_video,
     new_run_id,
-    video_chain,
-    write_manifest,
+    run_job,
+    video_id_of,
 )
-from tasks.run.metadata import MetadataError, texts_for
+from tasks.run.metadata import DEFAULT_NAME, MetadataError, texts_for
+from tasks.run.send import RunSender
 from tasks.workers import registry
 from worker_config.settings import Settings, resolved_dict
+
+CANCEL_CHECK_EVERY = 4096  # videos walked between two looks at the run's cancel flag
 
 
 def enqueue(
@@ -72,8 +76,15 @@ def enqueue(
     mixed: bool = False,
     wait_for_workers: bool = False,
 ) -> dict[str, Any]:
-    """Send the run: its first ``window`` videos' chains, the others kept in Redis (tasks.run.completion);
-    return its record (run_id, callback_id, videos, window, ...).
+    """Send the run as its folder is walked: its first ``window`` videos' chains at once, the others held in
+    Redis (tasks.run.send, tasks.run.pending), the manifest written as it goes (tasks.run.manifest); return
+    its record (run_id, callback_id, videos, window, ...) once every video is sent or held.
+
+    Memory stays flat whatever the folder's size (one folder's names at a time), except with a metadata
+    file (y2r's numeric clip ids index the list of every video: the folder is listed first) and, for
+    ``resume``, each complete output's recorded size and time (tasks.run.dataset.Completed). Killed
+    mid-way, the run never ends by itself (its size is not recorded) and the earlier manifest stays;
+    what was sent finishes, and ``resume`` sends the rest.
 
     ``window`` None: the settings' ``enqueue_window``, or when that is 0, 4 per live worker (at least 32).
     ``mixed``: add to a folder made with other backends or settings on purpose (else SettingsChanged).
@@ -82,8 +93,7 @@ def enqueue(
     ``settings_warnings`` say what differs.
     Raises DatasetError (SettingsChanged and WorkersDiffer among them) or MetadataError.
     """
-    every_video = find_videos(raw_dir)
-    videos = every_video[: limit or None]
+    stream = first_video(raw_dir)  # a missing or empty folder is refused before anything else
     check_folders(raw_dir, out_dir, resume or retry_quarantined, force, add)
     if not force:
         for line in lineage.check_same(out_dir, conf, mixed):
@@ -91,56 +101,80 @@ def enqueue(
     r = get_redis(conf.redis_url)
     ran_with = settings_check.run_settings(conf)
     differ = settings_check.check(r, conf, ran_with, wait_for_workers)
-    # y2r's numeric clip ids count every video, so the limit applies after reading the file.
-    texts = texts_for(raw_dir, every_video, metadata, require_text, selected=videos)
-    run_id = new_run_id()
-    made_with = lineage.current_set(conf, run_id)
-    entries = write_manifest(raw_dir, out_dir, videos, run_id, texts, made_with, redo=force and not limit)
+    texts: dict[str, Any] = {}
+    if metadata is not None or require_text or (raw_dir / DEFAULT_NAME).is_file():
+        # y2r's numeric clip ids index the sorted list of every video, and a missing text is refused before
+        # anything is sent: with a metadata file (itself a row per video) the folder is listed first.
+        every = list(stream)
+        paths = [raw_dir / v.path for v in every]
+        texts = texts_for(raw_dir, paths, metadata, require_text, selected=paths[: limit or None])
+        stream = iter(every)
+    if limit:
+        stream = itertools.islice(stream, limit)
+    held = None
     if retry_quarantined:
         held = quarantine.read(out_dir)
         if not held:
             raise DatasetError(f"no quarantined videos in {out_dir / quarantine.FILE}; nothing to retry")
-        entries, resume = [e for e in entries if e["video_id"] in held], True
-    write_text_atomic(out_dir / "settings.resolved.yaml", yaml.safe_dump(resolved_dict(conf), sort_keys=True))
-    todo = entries if force or not resume else incomplete(entries, out_dir, r)
-    jobs, run = build_jobs(
-        todo,
-        raw_dir,
-        out_dir,
-        run_id,
-        gpus=gpus,
-        force=force,
-        already_complete=len(entries) - len(todo),
-        intermediates=keep,
-    )
-    width = window or conf.enqueue_window or completion.auto_window(len(registry.live_workers(r)))
-    record = {
-        "run_id": run_id,
-        "videos": len(todo),
-        "already_complete": len(entries) - len(todo),
-        "gpus": gpus,
-        "started": run["started"],
-        "raw_dir": str(raw_dir.resolve()),
-        "output_root": str(out_dir.resolve()),
-        "intermediates": keep,
-        "window": width,
-        "status": "running",
-        **ran_with,  # each stage's settings and hash, that every stage task runs under
-        "settings_warnings": differ,
-    }
-    # The record exists before the first task can finish, so cancel and status find the run at once,
-    # and so do the tasks that count the run's videos; the held videos too, before any can be released.
-    record["callback_id"] = uuid()
-    runs.write(out_dir, record)
-    runs.publish(r, record, conf.result_expires_s)
-    completion.hold(r, run_id, jobs[width:], conf.result_expires_s)
-    if not jobs:  # nothing to run: the statistics are still rebuilt
-        completion.start_statistics(r, record, conf.result_expires_s)
-    for job in jobs[:width]:
-        # What tasks.run.sweep accounts for, just before each send: a video noted long before its send
-        # (a big window on a slow host) would be found nowhere, and sent twice.
-        completion.note_sent(r, [job], conf.result_expires_s)
-        video_chain(job).apply_async()
+        resume = True
+    run_id = new_run_id()
+    made_with = lineage.current_set(conf, run_id)
+    listing = ManifestRun(raw_dir, out_dir, run_id, texts, made_with, redo=force and not limit)
+    try:
+        if listing.others:  # --add beside other folders: a clash of paths is refused before anything is sent
+            for found in first_video(raw_dir):
+                listing.check(video_id_of(found.path), found.path)
+        write_text_atomic(out_dir / "settings.resolved.yaml", yaml.safe_dump(resolved_dict(conf), sort_keys=True))
+        check = Completed(out_dir, r) if resume and not force else None
+        shared = run_job(raw_dir, out_dir, run_id, gpus=gpus, force=force, intermediates=keep)
+        width = window or conf.enqueue_window or completion.auto_window(len(registry.live_workers(r)))
+        record = {
+            "run_id": run_id,
+            "videos": None,  # known once the folder is walked (tasks.run.completion.listed)
+            "already_complete": None,
+            "gpus": gpus,
+            "started": time.time(),
+            "raw_dir": str(raw_dir.resolve()),
+            "output_root": str(out_dir.resolve()),
+            "intermediates": keep,
+            "window": width,
+            "status": "running",
+            **ran_with,  # each stage's settings and hash, that every stage task runs under
+            "settings_warnings": differ,
+            # The running sums' merged marks are sharded by a count fixed now: a video may reach its h5 stage
+            # before the folder is walked and the run's size known (tasks.run.sums).
+            "shards": sums.shard_count(limit or len(held or {})) if limit or held else sums.MAX_SHARDS,
+        }
+        # The record exists before the first task can finish, so cancel and status find the run at once,
+        # and so do the tasks that count the run's videos.
+        record["callback_id"] = uuid()
+        runs.write(out_dir, record)
+        runs.publish(r, record, conf.result_expires_s)
+        sender = RunSender(r, shared, width, conf.result_expires_s)
+        complete, stopped = 0, False
+        for n, found in enumerate(stream, 1):
+            if n % CANCEL_CHECK_EVERY == 0 and cancel.is_cancelled(r, run_id):
+                stopped = True  # `framefleet cancel` dropped what was held: hold no more
+                break
+            entry = listing.entry(found)
+            if held is not None and entry["video_id"] not in held:
+                continue
+            if check is not None and check.done(entry["video_id"]):
+                complete += 1
+                continue
+            sender.add(entry)
+        sender.close()
+    except BaseException:
+        listing.abort()  # the earlier manifest stays; what was sent runs, and --continue sends the rest
+        raise
+    listing.commit()
+    record.update(videos=sender.count, already_complete=complete)
+    if stopped or cancel.is_cancelled(r, run_id):
+        completion.drop_pending(r, run_id)
+        runs.update(out_dir, run_id, videos=sender.count, already_complete=complete)
+    else:
+        runs.write(out_dir, record)
+        completion.listed(r, record, conf.result_expires_s)  # the run's size: the last video to finish ends it
     release_result_subscriptions()
     return record
 

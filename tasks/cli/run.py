@@ -249,17 +249,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     conf = _cli.settings_from(args)
     _cli.print_backends(conf)
     try:
-        from tasks.run.dataset import check_folders, find_videos
-        from tasks.run.metadata import texts_for
+        from tasks.run.dataset import check_folders, find_videos, first_video
+        from tasks.run.metadata import DEFAULT_NAME, texts_for
 
-        videos = find_videos(args.raw_dir)
+        first_video(args.raw_dir)  # a missing or empty folder: the folder is walked once, by the enqueue
         check_folders(args.raw_dir, args.out, args.resume, args.force, args.add)
         if not args.force:  # before any process starts, as the rest of these checks
             from tasks.run import lineage
 
             lineage.check_same(args.out, conf, args.mixed)
         # Before any process starts: a bad metadata file should cost no cluster start-up.
-        texts_for(args.raw_dir, videos, args.metadata, args.require_text, selected=videos[: args.limit or None])
+        if args.metadata is not None or args.require_text or (args.raw_dir / DEFAULT_NAME).is_file():
+            videos = find_videos(args.raw_dir)
+            texts_for(args.raw_dir, videos, args.metadata, args.require_text, selected=videos[: args.limit or None])
     except (DatasetError, MetadataError) as exc:
         return _cli.fail(str(exc))
 

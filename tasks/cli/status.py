@@ -139,7 +139,12 @@ def latest_run(
             left = max(0, total - done - failed)
             eta = "done" if not left else time.strftime("%H:%M:%S", time.gmtime(left / rate * 60))
         rows.append([stage, done, failed, f"{rate:.1f}/min", eta])
-    size = _cli.plural(total, "video") if total is not None else "size unknown (give --out OUT for it and the ETA)"
+    if total is not None:
+        size = _cli.plural(total, "video")
+    elif "videos" in record:  # a record of this version: its enqueuer has not finished walking the folder
+        size = "size not known yet (its enqueuer is walking the folder)"
+    else:
+        size = "size unknown (give --out OUT for it and the ETA)"
     began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
     which = f"in {record['output_root']}" if record.get("output_root") else f"latest of {r.zcard(keys.RUNS)} in Redis"
     ended = f", {record['status']}" if record.get("status") else ""

@@ -60,8 +60,11 @@ class Eta:
         return self.value
 
 
-def fraction_done(counts: dict[str, int], total: int, stages: list[str]) -> float:
-    """The share of the run's stage tasks that ended (a failed video counts all its stages as ended)."""
+def fraction_done(counts: dict[str, int], total: int | None, stages: list[str]) -> float:
+    """The share of the run's stage tasks that ended (a failed video counts all its stages as ended;
+    0 while the run's size is not known)."""
+    if total is None:
+        return 0.0
     if not total or not stages:
         return 1.0
     ended = sum(counts.get(f"{s}.done", 0) for s in stages) + counts.get("videos.failed", 0) * len(stages)
@@ -72,14 +75,15 @@ def clock(seconds: float | None) -> str:
     return "--:--:--" if seconds is None else time.strftime("%H:%M:%S", time.gmtime(round(seconds)))
 
 
-def render(counts: dict[str, int], total: int, elapsed_s: float, eta_s: float | None, stages: list[str]) -> str:
-    """The one-line progress display."""
+def render(counts: dict[str, int], total: int | None, elapsed_s: float, eta_s: float | None, stages: list[str]) -> str:
+    """The one-line progress display (``total`` None: the enqueuer is still walking the folder)."""
     finished = counts.get("videos.done", 0) + counts.get("videos.failed", 0)
     width = 24
-    filled = int(width * finished / total) if total else width
+    filled = 0 if total is None else int(width * finished / total) if total else width
     done = " ".join(f"{s} {counts.get(s + '.done', 0)}" for s in stages)
+    size = "? videos (the folder is being walked)" if total is None else plural(total, "video")
     return (
-        f"[{'#' * filled}{'.' * (width - filled)}] {finished}/{plural(total, 'video')} | {done} | "
+        f"[{'#' * filled}{'.' * (width - filled)}] {finished}/{size} | {done} | "
         f"failed {counts.get('videos.failed', 0)} | {elapsed_s:.0f} s elapsed, ETA {clock(eta_s)}"
     )
 
@@ -128,6 +132,8 @@ def wait_for(conf: Settings, record: dict[str, Any], poll_s: float = 0.5) -> dic
             if now_counts != counts:
                 counts, changed = now_counts, time.monotonic()
             elapsed = time.time() - record["started"]
+            if record.get("videos") is None:  # its enqueuer is still walking the folder
+                record = {**record, **(runs.lookup(r, run_id) or {})}
             left = eta.update(fraction_done(counts, record["videos"], list(stages)), elapsed, time.monotonic())
             line = render(counts, record["videos"], elapsed, left, list(stages))
             for entry in requeues.read(r, run_id, seen_requeues):

@@ -63,5 +63,5 @@ class KeepPartials(StageHook):
             if len(self._shards) > 64:
                 self._shards.clear()
             # Without its record (an expired run): one shard per run, correct at any size, larger past 128 videos.
-            self._shards[run_id] = sums.shard_count(int(record["videos"])) if record else 1
+            self._shards[run_id] = sums.shards_of(record)
         return self._shards[run_id]

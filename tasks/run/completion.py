@@ -5,8 +5,10 @@ Why not a chord (DESIGN.md, "a run"): a chord of N chains must be sent whole bef
 Redis), and its callback message carries every chain's last result (35 MiB at 50,000 videos).
 Instead:
 
-- the enqueuer sends the first ``window`` chains and keeps the other videos' jobs in a Redis hash
-  (``ff:run:<id>:pending``, about 0.6 KB each), so the run never depends on the enqueuer staying up;
+- the enqueuer sends the first ``window`` chains as it walks the folder and keeps the other videos' jobs in
+  Redis (tasks.run.pending: the shared fields once, about 20 B per video), so the run never depends on the
+  enqueuer once it has walked the folder; its size is recorded then (``listed``), and until then no
+  count ends the run;
 - the task that ends a video's chain (its last stage, with the video's result or its failure record)
   records the video in ``ff:run:<id>:finished``, one field per video id, so a redelivered task
   counts its video once; the k-th video to finish sends pending job k-1, keeping ``window`` videos
@@ -37,7 +39,7 @@ import redis
 from tasks import keys
 from tasks.celery_app import TASK_PREFIX, app
 from tasks.job import Job
-from tasks.run import runs
+from tasks.run import pending, runs
 from tasks.run.dataset import video_chain
 
 log = logging.getLogger("framefleet.completion")
@@ -97,27 +99,24 @@ def hold(r: redis.Redis, run_id: str, jobs: list[Job], ttl_s: int) -> None:
     """Keep ``jobs`` (the videos beyond the window, in sending order) for finishing tasks to send."""
     if not jobs:
         return
-    pending = key(run_id, keys.RUN_PENDING_SUFFIX)
-    pipe = r.pipeline(transaction=False)
-    for start in range(0, len(jobs), 1000):  # one HSET of 1,000 fields at a time: no huge command
-        pipe.hset(
-            pending, mapping={str(i): json.dumps(j.to_dict()) for i, j in enumerate(jobs[start : start + 1000], start)}
-        )
-    pipe.expire(pending, ttl_s)
-    pipe.execute()
+    holder = holder_of(r, run_id, pending.shared_part(jobs[0]), ttl_s)
+    for job in jobs:
+        holder.add(job)
+    holder.close()
+
+
+def holder_of(r: redis.Redis, run_id: str, shared: dict[str, Any], ttl_s: int) -> pending.Holder:
+    """What holds a run's videos beyond its window as they are found (tasks.run.pending.Holder)."""
+    return pending.Holder(r, run_id, shared, ttl_s, send=lambda index: send_pending(r, run_id, index, ttl_s))
 
 
 def drop_pending(r: redis.Redis, run_id: str) -> int:
     """Forget the run's unsent videos (``framefleet cancel``); return how many there were."""
-    pending = key(run_id, keys.RUN_PENDING_SUFFIX)
-    pipe = r.pipeline()
-    pipe.hlen(pending)
-    pipe.delete(pending)
-    return int(pipe.execute()[0])
+    return pending.drop(r, run_id)
 
 
 def pending_count(r: redis.Redis, run_id: str) -> int:
-    return int(r.hlen(key(run_id, keys.RUN_PENDING_SUFFIX)))
+    return pending.count(r, run_id)
 
 
 def outcomes(r: redis.Redis, run_id: str) -> list[dict[str, Any]]:
@@ -151,22 +150,34 @@ def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None)
     if record is None:
         log.error("run %s has no record in Redis (expired or flushed): its statistics are not started", run_id)
         return
-    if int(count) >= int(record["videos"]):
+    if record.get("videos") is not None and int(count) >= int(record["videos"]):  # None: still listing
         start_statistics(r, record, ttl_s, sender)
 
 
 def send_pending(r: redis.Redis, run_id: str, index: int, ttl_s: int) -> bool:
-    """Send pending job ``index`` if it was not sent yet; return whether it was sent now."""
-    pending = key(run_id, keys.RUN_PENDING_SUFFIX)
-    raw = r.hget(pending, str(index))
-    if raw is None:
+    """Send pending job ``index`` if it is held and was not sent yet; return whether it was sent now."""
+    job = pending.take(r, run_id, index)
+    if job is None:
         return False
-    job = Job.from_dict(json.loads(raw))
     note_sent(r, [job], ttl_s)
     video_chain(job).apply_async()
-    r.hdel(pending, str(index))  # after the send: a crash in between sends it twice, never zero times
+    pending.mark_sent(r, run_id, index, ttl_s)  # after the send: a crash in between sends it twice, never zero times
     log.info("sent %s of run %s (pending video %d)", job.video_id, run_id, index)
     return True
+
+
+def listed(r: redis.Redis, record: dict[str, Any], ttl_s: int) -> bool:
+    """Record the run's size once the enqueuer has walked its folder (``record["videos"]``); send the
+    statistics callback if every video has finished already. Return whether it was sent now.
+
+    Until then the run's record says ``videos: None`` and no finishing task can end the run. The size is
+    published before the count is read, and a finishing task counts before it reads the size: whichever
+    comes second sees both, and ``start_statistics`` sends once.
+    """
+    runs.publish(r, record, ttl_s)
+    if int(r.hlen(key(record["run_id"], keys.RUN_FINISHED_SUFFIX))) >= int(record["videos"]):
+        return start_statistics(r, record, ttl_s)
+    return False
 
 
 def start_statistics(r: redis.Redis, record: dict[str, Any], ttl_s: int, sender: str | None = None) -> bool:
@@ -226,20 +237,28 @@ def retire(r: redis.Redis, run_id: str, keep_s: int) -> None:
         finished = {**record, "status": "finished", "finished": round(time.time(), 3)}
         pipe.hset(run_key, keys.RUN_RECORD_FIELD, json.dumps(finished, separators=(",", ":")))
     pipe.delete(keys.LEGACY_STAGE_LOG)  # an earlier version's global stage log (no TTL): its runs have snapshots
-    let_go(pipe, run_id, keep_s, int(record["videos"]) if record else 0)
+    from tasks.run import sums
+
+    let_go(pipe, run_id, keep_s, shards=sums.shards_of(record))
     pipe.execute()
 
 
-def let_go(pipe: Any, run_id: str, keep_s: int, videos: int = 0) -> None:
+def let_go(pipe: Any, run_id: str, keep_s: int, videos: int = 0, shards: int | None = None) -> None:
     """Queue on ``pipe`` the end of the run's per-video keys: done marks, attempts, unsent and sent jobs,
-    the sweep's misses and the merged marks of a run of ``videos`` now; outcomes, order, stage log,
-    running sums, requeues and resends ``keep_s`` seconds from now (also for a cancelled run, whose
-    tasks stop at its flag and which the sweep leaves alone)."""
+    the sweep's misses and the merged marks (over ``shards``, or those of a run of ``videos``) now;
+    outcomes, order, stage log, running sums, requeues and resends ``keep_s`` seconds from now (also
+    for a cancelled run, whose tasks stop at its flag and which the sweep leaves alone)."""
     from tasks.run import sums
 
-    gone = (keys.RUN_DONE_SUFFIX, keys.RUN_ATTEMPTS_SUFFIX, keys.RUN_PENDING_SUFFIX, keys.RUN_SENT_SUFFIX)
+    gone = (
+        keys.RUN_DONE_SUFFIX,
+        keys.RUN_ATTEMPTS_SUFFIX,
+        keys.RUN_PENDING_SUFFIX,
+        keys.RUN_PENDING_SENT_SUFFIX,
+        keys.RUN_SENT_SUFFIX,
+    )
     pipe.delete(*(key(run_id, s) for s in gone), keys.SWEEP_PREFIX + run_id)
-    marks = sums.shard_keys(run_id, sums.shard_count(videos))
+    marks = sums.shard_keys(run_id, shards or sums.shard_count(videos))
     for start in range(0, len(marks), 1000):  # by name, never a scan: at most MAX_SHARDS keys
         pipe.delete(*marks[start : start + 1000])
     kept = (keys.RUN_FINISHED_SUFFIX, keys.RUN_OUTCOME_DICT_SUFFIX, keys.RUN_ORDER_SUFFIX, keys.RUN_STAGES_SUFFIX)

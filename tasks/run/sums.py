@@ -105,6 +105,17 @@ def shard_count(videos: int) -> int:
     return min(MAX_SHARDS, 1 << max(0, math.ceil(math.log2(max(1, videos) / PER_SHARD))))
 
 
+def shards_of(record: dict[str, Any] | None) -> int:
+    """The merged-marks shards of the run whose record this is: the count its enqueuer fixed before the
+    first video was sent (``shards``: its size is known only once its folder is walked), else the count
+    for its size; 1 without a record (correct at any size)."""
+    if record is None:
+        return 1
+    if record.get("shards"):
+        return int(record["shards"])
+    return shard_count(int(record.get("videos") or 0))
+
+
 def mark_of(video_id: str) -> bytes:
     """The 8 bytes a video is known by in the merged marks (a digest: the id itself would take 3× the memory)."""
     return hashlib.blake2b(video_id.encode(), digest_size=8).digest()

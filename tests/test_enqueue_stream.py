@@ -1,0 +1,264 @@
+"""The enqueue as a stream: the walk's order, the first chain before the walk ends, the held videos'
+compact form and their hand-off, the run's size recorded last, and an enqueuer killed mid-walk.
+
+Real Redis throughout; real `celery worker` processes and real videos where a run must finish.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.conftest import ROOT, run_script, task_result, wait_until
+from tests.test_completion import waiting
+
+
+def names(tmp_path: Path) -> Path:
+    """A folder whose names sort differently as strings and as path parts, with non-videos beside."""
+    raw = tmp_path / "raw"
+    for rel in (
+        "a.mp4",
+        "a/z.mp4",
+        "a-b/c.MP4",
+        "a.b/c.mov",
+        "b/.hidden.mkv",
+        "b/c/d/e.webm",
+        "b/c.avi",
+        "b/notes.txt",
+        "b/.mp4",
+        "Z.mp4",
+        "10.mp4",
+        "9.mp4",
+    ):
+        (raw / rel).parent.mkdir(parents=True, exist_ok=True)
+        (raw / rel).write_bytes(b"x" * len(rel))
+    (raw / "b" / "folder.mp4").mkdir()  # a folder named like a video is walked, not taken
+    (raw / "b" / "folder.mp4" / "in.mp4").touch()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "outside.mp4").touch()
+    (raw / "linked").symlink_to(tmp_path / "elsewhere")  # a link to a folder is not followed (as rglob)
+    return raw
+
+
+def test_the_walk_yields_every_video_in_sorted_path_order_with_its_size(tmp_path):
+    from tasks.run.listing import walk_videos
+
+    raw = names(tmp_path)
+    old_way = sorted(
+        (p for p in raw.rglob("*") if p.is_file() and p.suffix.lower() in {".mp4", ".mov", ".mkv", ".webm", ".avi"}),
+        key=lambda p: p.parts,
+    )
+    walked = list(walk_videos(raw))
+    assert [f.path for f in walked] == [p.relative_to(raw).as_posix() for p in old_way]
+    assert [f.bytes for f in walked] == [p.stat().st_size for p in old_way]
+    assert "a/z.mp4" in [f.path for f in walked] and "linked/outside.mp4" not in [f.path for f in walked]
+
+
+def test_the_first_chain_is_sent_before_the_walk_ends(app_on_test_redis, tmp_path, monkeypatch):
+    conf, r = app_on_test_redis
+    from tasks.cli import enqueue as cli
+    from tasks.run.dataset import first_video
+
+    raw = tmp_path / "raw"
+    for shard in range(3):
+        (raw / f"s{shard}").mkdir(parents=True)
+        for i in range(200):
+            (raw / f"s{shard}" / f"v{i:04d}.mp4").touch()
+    seen: list[int] = []  # messages waiting each time the walk gives a video
+
+    def watched(folder: Path):
+        for found in first_video(folder):
+            seen.append(len(waiting(r)))
+            yield found
+
+    monkeypatch.setattr(cli, "first_video", watched)
+    record = cli.enqueue(conf, raw, tmp_path / "out", window=4)
+    assert record["videos"] == len(seen) == 600
+    assert seen[4] == 4  # the window's four chains wait while the walk is at its fifth video of 600
+    assert len(waiting(r)) == 4 and cli.completion.pending_count(r, record["run_id"]) == 596
+
+
+def test_a_run_cancelled_while_its_folder_is_walked_holds_nothing_and_stays_cancelled(
+    app_on_test_redis, tmp_path, monkeypatch
+):
+    conf, r = app_on_test_redis
+    from tasks.cli import cancel as cancel_cli
+    from tasks.cli import enqueue as cli
+    from tasks.run import runs
+    from tasks.run.dataset import first_video
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for i in range(700):
+        (raw / f"v{i:04d}.mp4").touch()
+    out = tmp_path / "out"
+
+    def cancelled_at_300(folder: Path):
+        for n, found in enumerate(first_video(folder)):
+            if n == 300:
+                assert cancel_cli.main([str(runs.latest(out)["run_id"])]) == 0  # framefleet cancel RUN
+            yield found
+
+    monkeypatch.setattr(cli, "first_video", cancelled_at_300)
+    record = cli.enqueue(conf, raw, out, window=4)
+    assert cli.completion.pending_count(r, record["run_id"]) == 0  # none held to be sent later
+    assert not r.exists(f"ff:run:{record['run_id']}:pending")
+    assert runs.read(out, record["run_id"])["status"] == "cancelled"  # not "running" again once walked
+
+
+def test_a_held_video_costs_a_few_bytes_and_comes_back_as_the_same_job(app_on_test_redis, tmp_path):
+    conf, r = app_on_test_redis
+    from tasks.cli.enqueue import enqueue
+    from tasks.run import pending
+    from tasks.run.dataset import build_jobs, find_videos, video_id
+
+    raw = tmp_path / "raw"
+    for shard in range(16):
+        (raw / f"camera_{shard:02d}").mkdir(parents=True)
+        for i in range(250):
+            (raw / f"camera_{shard:02d}" / f"episode_{i:05d}_take1.mp4").touch()
+    record = enqueue(conf, raw, tmp_path / "out", window=8)
+    run_id, held = record["run_id"], record["videos"] - 8
+    stored = r.memory_usage(pending.hash_key(run_id), samples=0) + (
+        r.memory_usage(pending.bits_key(run_id), samples=0) or 0
+    )
+    assert stored / held < 40, f"{stored / held:.1f} B per held video"  # a job JSON in a field: ~440 B
+    videos = find_videos(raw)
+    entries = [{"video_id": video_id(v.relative_to(raw)), "path": v.relative_to(raw).as_posix()} for v in videos]
+    jobs, _ = build_jobs(entries, raw, tmp_path / "out", run_id, intermediates=record["intermediates"])
+    for index in (0, 255, 256, 2000, held - 1):
+        assert pending.take(r, run_id, index) == jobs[8 + index], index
+    assert pending.take(r, run_id, held) is None
+
+
+def test_held_videos_are_sent_once_each_in_order_and_their_chunks_go(app_on_test_redis, tmp_path):
+    conf, r = app_on_test_redis
+    from tasks.run import completion, pending
+    from tasks.run.dataset import build_jobs
+
+    entries = [{"video_id": f"v{i}", "path": f"v{i}.mp4", "text": "t" if i == 300 else ""} for i in range(600)]
+    jobs, _ = build_jobs(entries, tmp_path, tmp_path / "out", "run1")
+    completion.hold(r, "run1", jobs, 3600)
+    assert completion.pending_count(r, "run1") == 600 and r.hexists(pending.hash_key("run1"), "c0")
+    for index in range(600):
+        assert completion.send_pending(r, "run1", index, 3600)
+        assert not completion.send_pending(r, "run1", index, 3600)  # a redelivered finishing task: no second send
+    sent = [json.loads(raw)["video_id"] for raw in r.hvals(completion.sent_key("run1"))]
+    assert sorted(sent) == sorted(e["video_id"] for e in entries) and len(waiting(r)) == 600
+    assert completion.pending_count(r, "run1") == 0
+    assert not r.hexists(pending.hash_key("run1"), "c0") and not r.hexists(pending.hash_key("run1"), "c1")
+    assert completion.drop_pending(r, "run1") == 0
+
+
+def test_a_video_due_before_it_was_held_is_sent_by_the_enqueuer(app_on_test_redis, tmp_path):
+    """Workers faster than the walk: the k-th finish found no pending video k-1; the enqueuer sends it."""
+    conf, r = app_on_test_redis
+    from tasks import keys
+    from tasks.run import completion, pending
+    from tasks.run.dataset import build_jobs
+
+    jobs, _ = build_jobs([{"video_id": f"v{i}", "path": f"v{i}.mp4"} for i in range(10)], tmp_path, tmp_path, "run2")
+    finished = keys.RUN_PREFIX + "run2" + keys.RUN_FINISHED_SUFFIX
+    r.hset(finished, mapping={"w0": "{}", "w1": "{}", "w2": "{}"})  # three window videos ended already
+    for index in range(3):
+        assert not completion.send_pending(r, "run2", index, 3600)  # their finishing tasks found nothing held
+    holder = completion.holder_of(r, "run2", pending.shared_part(jobs[0]), 3600)
+    for job in jobs:
+        holder.add(job)
+    assert holder.close() == 10
+    assert sorted(json.loads(raw)["video_id"] for raw in r.hvals("ff:run:run2:sent")) == ["v0", "v1", "v2"]
+    assert pending.count(r, "run2") == 7
+
+
+def test_a_run_ends_only_once_its_size_is_known(app_on_test_redis, tmp_path):
+    conf, r = app_on_test_redis
+    from tasks.run import completion, runs
+    from tasks.run.dataset import build_jobs
+
+    jobs, run = build_jobs([{"video_id": "v0", "path": "v0.mp4"}], tmp_path, tmp_path / "out", "run3")
+    record = {**run, "videos": None, "callback_id": "callback-3"}  # still walking the folder
+    runs.publish(r, record, 3600)
+    completion.video_ended(r, jobs[0], 3600)
+    assert waiting(r) == []  # one video finished of a run whose size is not known: no end
+    assert completion.listed(r, {**record, "videos": 1}, 3600)  # the walk ended: 1 video, 1 finished
+    assert waiting(r) == [("framefleet.aggregate", "callback-3")]
+    completion.video_ended(r, jobs[0], 3600)
+    assert not completion.listed(r, {**record, "videos": 1}, 3600) and len(waiting(r)) == 1
+
+
+def test_a_manifest_is_merged_in_one_pass_keeping_what_runs_recorded(tmp_path):
+    from tasks.run import lineage, manifest
+    from tasks.run.dataset import write_manifest
+    from tasks.run.listing import walk_videos
+
+    raw, out = names(tmp_path), tmp_path / "out"
+    videos = [raw / f.path for f in walk_videos(raw)]
+    write_manifest(raw, out, videos[::2], "run-1")
+    first = json.loads((out / "manifest.json").read_text())
+    done = first["videos"][0]["video_id"]
+    first["videos"][0].update(status="done", quality={"q": 1})
+    lineage.write(out, first, first["videos"])  # what the statistics callback records
+    entries = write_manifest(raw, out, videos, "run-2")
+    assert [e["path"] for e in entries] == [v.relative_to(raw).as_posix() for v in videos]
+    after = json.loads((out / "manifest.json").read_text())
+    assert [e["path"] for e in after["videos"]] == [e["path"] for e in entries]  # each video once, in order
+    assert next(e for e in after["videos"] if e["video_id"] == done)["status"] == "done"
+    assert manifest.head(out) == {k: v for k, v in after.items() if k != "videos"}
+    assert after["last_run"] == "run-2" and after["roots"] == [str(raw.resolve())]
+    assert not list((out / "runs").glob(".manifest.json.*"))
+
+
+KILLED_MID_WALK = """
+import os, signal, sys
+sys.argv = ["framefleet", *sys.argv[1:]]
+from tasks.cli import enqueue as cli
+walk = cli.first_video
+def dies_after_two(folder):
+    for n, found in enumerate(walk(folder)):
+        if n == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield found
+cli.first_video = dies_after_two
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.timeout(900)
+def test_an_enqueuer_killed_mid_walk_loses_nothing_on_continue(video_factory, workers, pipeline_env, tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for clip in sorted(video_factory(4).iterdir()):
+        shutil.copy(clip, raw / clip.name)
+    workers.start("cpu")
+    workers.start("gpu0")
+    out = tmp_path / "out"
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_MID_WALK, str(raw), "--out", str(out), "--window", "1", "--no-wait"],
+        cwd=ROOT,
+        env=pipeline_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    record = json.loads(next((out / "runs").glob("*.json")).read_text())
+    assert record["videos"] is None  # its size was never recorded: this run cannot end by itself
+    assert not (out / "manifest.json").exists()  # only its part, in OUT/runs/, which the next run removes
+    wait_until(lambda: len(list(out.glob("*.hdf5"))) == 1, 300, "the one video sent before the kill")
+    again = run_script("enqueue_dataset.py", str(raw), "--out", str(out), "--continue", env=pipeline_env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert summary["already_complete"] == 1 and summary["videos"] == summary["done"] == 3
+    assert len(list(out.glob("*.hdf5"))) == 4 and summary["statistics_videos"] == 4
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert sorted(e["path"] for e in manifest["videos"]) == sorted(p.name for p in raw.iterdir())
+    assert not list((out / "runs").glob(".manifest.json.*"))
+    assert task_result(pipeline_env["REDIS_URL"], record["callback_id"]) is None  # the killed run never ended
+    r = redis.Redis.from_url(pipeline_env["REDIS_URL"], decode_responses=True)
+    assert r.hlen(f"ff:run:{record['run_id']}:finished") == 1
