@@ -14,6 +14,7 @@ Exit status 0, also without a GPU or without Redis; 2 on bad arguments or settin
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import socket
 import sys
@@ -161,16 +162,18 @@ def parse_stage_peak(text: str) -> tuple[str, float]:
 
 
 def monitor(probe: GpuProbe, conf: Settings, seconds: float | None, interval_s: float) -> None:
+    """A reading at 0, interval_s, 2 * interval_s, ... up to ``seconds``: the k-th is due at k * interval_s
+    from the start, so a slow reading delays the next one but never drops one."""
     started = time.monotonic()
     clear = sys.stdout.isatty()
-    while True:
+    for k in itertools.count():
+        due = k * interval_s
+        if seconds is not None and due > seconds:
+            return
+        time.sleep(max(0.0, started + due - time.monotonic()))
         frame = render_info(probe.gpus(), probe.processes(), read_cluster(conf))
         stamp = time.strftime("%H:%M:%S")
         print(("\033[H\033[J" if clear else "") + f"-- {stamp} --\n{frame}", flush=True)
-        elapsed = time.monotonic() - started
-        if seconds is not None and elapsed + interval_s > seconds:
-            return
-        time.sleep(interval_s)
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
