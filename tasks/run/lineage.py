@@ -16,9 +16,10 @@ from typing import Any
 
 from tasks.errors import DatasetError
 from tasks.outputs.storage import write_text_atomic
+from tasks.run import manifest as manifests
+from tasks.run.manifest import MANIFEST as MANIFEST  # the lineage is kept in the manifest
+from tasks.run.manifest import read as read
 from worker_config.settings import Settings, resolved_stages
-
-MANIFEST = "manifest.json"
 
 
 class SettingsChanged(DatasetError):
@@ -57,19 +58,9 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return found
 
 
-def read(out_dir: Path) -> dict[str, Any]:
-    """The manifest of ``out_dir``, or {} when there is none."""
-    try:
-        return dict(json.loads((out_dir / MANIFEST).read_text()))
-    except (OSError, ValueError):
-        return {}
-
-
 def check_same(out_dir: Path, conf: Settings, mixed: bool) -> list[str]:
     """Refuse (SettingsChanged) to add to ``out_dir`` with backends or settings other than those it was made
     with, unless ``mixed``; return warnings (a folder from a version that recorded no provenance)."""
-    from tasks.run import manifest as manifests
-
     manifest = manifests.head(out_dir)  # its first line: not a million videos' entries
     if not manifest:
         return []

@@ -28,6 +28,14 @@ def sort_key(entry: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
     return entry.get("root", ""), tuple(entry["path"].split("/"))
 
 
+def read(out_dir: Path) -> dict[str, Any]:
+    """The whole manifest of ``out_dir`` (every video's entry in memory), or {} when there is none."""
+    try:
+        return dict(json.loads((out_dir / MANIFEST).read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
 def head(out_dir: Path) -> dict[str, Any]:
     """The manifest's keys but its videos (one line read when this version wrote it); {} without one."""
     try:
@@ -37,9 +45,7 @@ def head(out_dir: Path) -> dict[str, Any]:
                 return dict(json.loads(first[: -len(TAIL)] + "}"))
     except (OSError, ValueError):
         return {}
-    from tasks.run import lineage
-
-    whole = lineage.read(out_dir)
+    whole = read(out_dir)
     whole.pop("videos", None)
     return whole
 
@@ -48,9 +54,7 @@ def lines(out_dir: Path) -> Iterator[str]:
     """Each video's entry as a line of JSON, in manifest order (see the module); none without a manifest."""
     path = out_dir / MANIFEST
     if head(out_dir).get("order") != ORDER:
-        from tasks.run import lineage
-
-        yield from (json.dumps(e) for e in sorted(lineage.read(out_dir).get("videos", []), key=sort_key))
+        yield from (json.dumps(e) for e in sorted(read(out_dir).get("videos", []), key=sort_key))
         return
     try:
         fh = open(path, encoding="utf-8")
