@@ -10,8 +10,10 @@
 # pydantic, ... as ../shared/device/prepare.sh lists them, less PyAV), installed into /tmp/site. EXTRA: package folders copied into /tmp/site as they are (utils3d at MoGe's
 # pinned commit, which is not on PyPI; pycg's Python files, without its 30 MB of render assets).
 # EIGEN: a tar.gz of Eigen 3.4's Eigen/ headers (Debian's libeigen3-dev), for building vipe_ext.
-# VIPE_EXT: a vipe_ext*.so (or .so.xz) built earlier on the same image (skips the ~2 min build); the
-# build's .so, stripped of debug sections and xz-compressed, is copied to $OUT when under 30 MB, for that. FRAMES (120) and WARMUP (20): frames per run;
+# VIPE_EXT: a vipe_ext*.so (or .so.xz) built earlier on the same image (skips the ~2 min build; default: the
+# first carry/vipe_ext*.so.xz or .so; one that does not import is built again); the build's .so, stripped
+# of debug sections and xz-compressed, is copied to $OUT when under 30 MB, for that. FRAMES (120) and
+# WARMUP (20): frames per run;
 # RUN_TIMEOUT_S (900) caps the load and the runs.
 set -u
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
@@ -45,12 +47,24 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 PYTHONPATH=$VIPE:$UP/microsoft+MoGe:$PYTHONPATH python3 bench/vipe_cache.py --vipe "$VIPE" \
   --moge "$UP/microsoft+MoGe" --cache /tmp/ff-vipe-cache > /tmp/ff-vipe-cache.json 2> "$OUT/vipe_cache.log" &
 writer=$!
-if [ -n "${VIPE_EXT:-}" ] && [ -f "$VIPE_EXT" ]; then
+# A vipe_ext build from an earlier run on the same image, when one is given or carried; built here otherwise.
+VIPE_EXT=${VIPE_EXT:-$(ls carry/vipe_ext*.so.xz carry/vipe_ext*.so 2>/dev/null | head -1)}
+prebuilt=0
+if [ -n "$VIPE_EXT" ] && [ -f "$VIPE_EXT" ]; then
   case "$VIPE_EXT" in
     *.xz) xz -dc "$VIPE_EXT" > "$VIPE/$(basename "$VIPE_EXT" .xz)" ;;
     *) cp "$VIPE_EXT" "$VIPE/" ;;
   esac
-else
+  # Built for one torch, CUDA and Python: one that does not import here is dropped and built again.
+  if (cd "$VIPE" && PYTHONPATH=$VIPE:$PYTHONPATH python3 -c "import torch, vipe_ext") > "$OUT/vipe_ext_prebuilt.log" 2>&1; then
+    prebuilt=1
+    echo "vipe_ext: the prebuilt $(basename "$VIPE_EXT")" | tee -a "$OUT/machine.txt"
+  else
+    echo "vipe_ext: the prebuilt $(basename "$VIPE_EXT") does not import here; building" | tee -a "$OUT/machine.txt"
+    rm -f "$VIPE"/vipe_ext*.so
+  fi
+fi
+if [ "$prebuilt" = 0 ]; then
   mkdir -p "$VIPE/csrc/include/eigen3"
   tar xzf "${EIGEN:?EIGEN: a tar.gz of Eigen 3.4 headers}" -C "$VIPE/csrc/include/eigen3" || exit 1
   start=$(date +%s)

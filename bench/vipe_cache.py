@@ -10,8 +10,10 @@ checkpoint is laid out: a bare state dict, ``{"model": ...}``, ``{"state_dict": 
 ``{"model_config", "model"}``, or a Hugging Face model folder, under ``DIR/torch/hub`` (torch
 hub's cache) and ``DIR/huggingface/hub`` (the HF hub's cache: ``models--<org>--<name>/
 snapshots/<commit>/`` and ``refs/main``). Same code, shapes, memory and compute as the trained
-weights; only the values differ (and GroundingDINO's class score, set to detect nothing: see
-``grounding_dino``). BERT's vocabulary is made here: bert-base-uncased's size
+weights; only the values differ (and a few last layers, set so that random weights give what the
+pipeline can go on with: GroundingDINO's class score detects nothing, see ``grounding_dino``; MoGe
+sees a tilted plane, see ``plane_point_map``; the Depth Anything heads give positive disparity,
+see ``positive_disparity``). BERT's vocabulary is made here: bert-base-uncased's size
 (30,522) with [CLS], [SEP] and "." at the ids GroundingDINO's code names (101, 102, 1012).
 Prints one JSON line: each file, its size and the seconds it took.
 """
@@ -77,7 +79,41 @@ def moge(path: Path, moge_src: Path) -> None:
 
     config = json.loads((moge_src / "configs" / "train" / "v1.json").read_text())["model"]
     model = MoGeModel(**config)
+    plane_point_map(model)
     torch.save({"model_config": config, "model": model.state_dict()}, path)
+
+
+def plane_point_map(model: Any, depth_m: float = 2.0, tilt: float = 0.5, focal: float = 1.0) -> None:
+    """Make a random MoGe v1 see a tilted plane: every pixel valid, depth 1.5-2.7 m, nearer at the bottom.
+
+    Random weights give no usable depth: ViPE's MoGe wrapper (vipe/priors/depth/moge.py:70-78) keeps
+    depth only where MoGe's mask logit passes 0.5 and clamps the rest to 0, and the random mask
+    passes nowhere, so the depth alignment had no valid target (alignment.py:39-51). The head's
+    output blocks (moge/model/v1.py:103-109: conv 3x3, ReLU, conv 1x1) see the view-plane uv as
+    their last two input channels (v1.py:133-136); here two hidden channels carry u + 1 and v + 1
+    and the last conv makes points ``(u / f, v / f, log z)`` with ``z = depth_m * exp(-tilt * v)``,
+    which the 'exp' remap (v1.py:258-261) turns into a pinhole point map of focal ``f`` (relative
+    to the half diagonal, as MoGe's). ``infer`` then finds its z shift as for a trained map
+    (v1.py:356-373); the mask's logit is 1 everywhere. The backbone and the rest stay random.
+    """
+    import math
+
+    import torch
+
+    points, mask = model.head.output_block  # dim_out=[3, 1] (v1.py:189)
+    hidden, last = points[0], points[-1]
+    u, v = hidden.in_channels - 2, hidden.in_channels - 1
+    with torch.no_grad():
+        for channel, source in ((0, u), (1, v)):
+            hidden.weight[channel].zero_()
+            hidden.weight[channel, source, 1, 1] = 1.0  # the 3x3 kernel's centre
+            hidden.bias[channel] = 1.0  # |u|, |v| < 1, so the ReLU passes u + 1 and v + 1
+        last.weight.zero_()
+        last.weight[0, 0], last.bias[0] = 1 / focal, -1 / focal
+        last.weight[1, 1], last.bias[1] = 1 / focal, -1 / focal
+        last.weight[2, 1], last.bias[2] = -tilt, math.log(depth_m) + tilt
+        mask[-1].weight.zero_()
+        mask[-1].bias.fill_(1.0)
 
 
 def geocalib(path: Path) -> None:
@@ -108,7 +144,24 @@ def video_depth_anything(path: Path, variant: str) -> None:
         pass
     finally:
         torch.hub.load_state_dict_from_url = original  # type: ignore[assignment]
+    positive_disparity(wrapper.model.head.scratch.output_conv2[2])
     torch.save(wrapper.model.state_dict(), path)
+
+
+def positive_disparity(last: Any, floor: float = 0.01) -> None:
+    """Make a Depth Anything head's last conv (1x1, 32 -> 1, after a ReLU) give at least ``floor`` everywhere.
+
+    Random, it gives 0 on most pixels (its ReLU output, dav2/dpt.py:137-148): on the clip,
+    Video-Depth-Anything's inverse depth passed ViPE's 1e-3 alignment threshold
+    (processors.py:337) on 1 % of a frame, at most 0.006. Its weights made non-negative on the
+    non-negative features, and its bias ``floor``, the output is ``floor`` plus a random,
+    image-dependent sum: positive, finite and varying, as the alignment's quantiles need.
+    """
+    import torch
+
+    with torch.no_grad():
+        last.weight.abs_()
+        last.bias.fill_(floor)
 
 
 class _Stop(Exception):
@@ -127,7 +180,9 @@ def prior_da(frozen: Path, conditioned: Path) -> None:
     from vipe.priors.depth.priorda.dav2 import model_configs
     from vipe.priors.depth.priorda.dav2.dpt import DepthAnythingV2
 
-    base = DepthAnythingV2(**model_configs["vitb"], encoder_cond_dim=-1).state_dict()
+    frozen_model = DepthAnythingV2(**model_configs["vitb"], encoder_cond_dim=-1)
+    positive_disparity(frozen_model.depth_head.scratch.output_conv2[2])  # the conditioned one starts from it
+    base = frozen_model.state_dict()
     torch.save(base, frozen)
     cond = DepthAnythingV2(**model_configs["vitb"], encoder_cond_dim=3)
     cond.init_state_dict(state_dict=base)
