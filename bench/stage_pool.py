@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from tasks.autoscaler.service import host_available_mib  # the autoscaler's own host-RAM reading
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -34,17 +36,6 @@ class Proc:
     jobs: list[str] = field(default_factory=list)
     done: list[str] = field(default_factory=list)
     code: int | None = None
-
-
-def host_available_mib() -> float:
-    """MemAvailable of /proc/meminfo in MiB (inf where there is none)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("inf")
 
 
 class DevicePeak:
