@@ -76,9 +76,11 @@ test: need-test-tools install
 # Every adapter through the real upstream model code (random weights, CPU): the sources come from
 # ../shared/upstream (or $$FRAMEFLEET_UPSTREAM_SRC), unpacked once under the temp folder. `make test`
 # runs its fast part (CoTracker3) too.
-# pyrender's offscreen renderer (WiLoR's) needs an EGL library: Mesa's on a CPU machine.
+# pyrender's offscreen renderer (WiLoR's) needs EGL (Mesa's on a CPU machine) and libOpenGL, which PyOpenGL loads.
 need-egl:
-	@ldconfig -p 2>/dev/null | grep -q 'libEGL_mesa.so.0 ' || $(MAKE) --no-print-directory system-packages PACKAGES="libegl1 libegl-mesa0"
+	@libs="$$(ldconfig -p 2>/dev/null)"; \
+	{ echo "$$libs" | grep -q 'libEGL_mesa.so.0 ' && echo "$$libs" | grep -q 'libOpenGL.so.0 '; } || \
+		$(MAKE) --no-print-directory system-packages PACKAGES="libegl1 libegl-mesa0 libopengl0"
 
 test-upstream: need-test-tools need-egl install-upstream
 	$(PY) -m pytest -q -m upstream tests/upstream
