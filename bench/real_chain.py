@@ -37,10 +37,8 @@ import argparse
 import json
 import os
 import shutil
-import site
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -59,27 +57,15 @@ PYRENDER_STANDIN = (
 
 def make_env(folder: Path, paths: list[Path], packages: list[Path], modules: dict[str, str]) -> Path:
     """A venv over this interpreter's packages, with ``paths`` added and ``packages``/``modules`` of its own first."""
-    shutil.rmtree(folder, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
-    python = folder / "bin" / "python"
-    purelib = Path(
-        subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    )
-    ours = [p for p in site.getsitepackages() if Path(p).is_dir()] or [sysconfig.get_paths()["purelib"]]
-    (purelib / "zz-framefleet-base.pth").write_text(
-        "".join(f"import site; site.addsitedir({str(p)!r})\n" for p in [*ours, *paths])
-    )
+    from tests.backends.standin_env import venv_over_this_python
+
+    purelib = venv_over_this_python(folder, paths)
     for package in packages:
         shutil.copytree(package, purelib / package.name, ignore=shutil.ignore_patterns("__pycache__"))
     for name, text in modules.items():
         (purelib / name).mkdir()
         (purelib / name / "__init__.py").write_text(text)
-    return python
+    return folder / "bin" / "python"
 
 
 def setup(base: Path, real: list[str], site_dir: Path | None) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -41,6 +42,29 @@ def _digest() -> str:
     return h.hexdigest()[:16]
 
 
+def venv_over_this_python(folder: Path, paths: Sequence[Path] = (), lines: Sequence[str] = ()) -> Path:
+    """Make ``folder`` a venv (anew) that sees this interpreter's packages, then ``paths``, then runs ``lines``
+    at start-up; return its purelib folder (packages copied there come first). Its python is folder/bin/python.
+    """
+    shutil.rmtree(folder, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    purelib = Path(
+        subprocess.run(
+            [str(folder / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    ours = [p for p in site.getsitepackages() if Path(p).is_dir()] or [sysconfig.get_paths()["purelib"]]
+    # addsitedir (not a bare path) so the project's editable install and its .pth files apply too.
+    (purelib / "zz-framefleet-project.pth").write_text(
+        "".join(f"import site; site.addsitedir({str(p)!r})\n" for p in [*ours, *paths])
+        + "".join(f"{line}\n" for line in lines)
+    )
+    return purelib
+
+
 def standin_python() -> Path:
     """Return the interpreter of the stand-ins' venv, building it once per version of the stand-ins."""
     folder = Path(tempfile.gettempdir()) / f"framefleet-standins-{_digest()}"
@@ -51,24 +75,14 @@ def standin_python() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (folder / ".ready").exists():
             return python
-        shutil.rmtree(folder, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
-        purelib = Path(
-            subprocess.run(
-                [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout.strip()
-        )
-        ours = [p for p in site.getsitepackages() if Path(p).is_dir()] or [sysconfig.get_paths()["purelib"]]
-        # addsitedir (not a bare path) so the project's editable install and its .pth files apply too.
-        (purelib / "zz-framefleet-project.pth").write_text(
-            "".join(f"import site; site.addsitedir({p!r})\n" for p in ours)
-            # The vipe stand-in refuses a CPU as ViPE does, except here, where the chain tests run it on one.
-            + "import os; os.environ.setdefault('FRAMEFLEET_STANDIN_VIPE_CPU', '1')\n"
-            # So does the sam3 stand-in, as SAM 3's video predictor does.
-            + "import os; os.environ.setdefault('FRAMEFLEET_STANDIN_SAM3_CPU', '1')\n"
+        purelib = venv_over_this_python(
+            folder,
+            lines=[
+                # The vipe stand-in refuses a CPU as ViPE does, except here, where the chain tests run it on one.
+                "import os; os.environ.setdefault('FRAMEFLEET_STANDIN_VIPE_CPU', '1')",
+                # So does the sam3 stand-in, as SAM 3's video predictor does.
+                "import os; os.environ.setdefault('FRAMEFLEET_STANDIN_SAM3_CPU', '1')",
+            ],
         )
         for package in (STANDINS / "site").iterdir():
             if package.is_dir():
