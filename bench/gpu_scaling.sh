@@ -12,6 +12,8 @@ OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 VIDEOS=${VIDEOS:-48}; MATMULS=${MATMULS:-16}; SIZE=${SIZE:-4096}; PER_GPU=${PER_GPU:-2}; CPUW=${CPUW:-8}
 PHASES=${PHASES:-abc}  # which of (a), (b), (c) to run: a longer (c) fits one call without (a) and (b)
 WARM=${WARM:-0}  # 1: (b) enqueues once the autoscaler's first worker is up (a running cluster), not at its start
+KS=${KS:-1 2 4}  # the GPU counts (c) runs, e.g. KS="1 4" for a long 4-GPU figure within one call
+RUN_S=${RUN_S:-300}  # each (c) run's time limit
 NGPU=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/gpus.csv"
 rm -rf /tmp/sc-*  # a warm machine keeps earlier runs
@@ -60,12 +62,12 @@ unset REDIS_URL
 cp /tmp/sc-b/run_summary.json "$OUT/b-summary.json"
 fi
 
-for k in 1 2 4; do
+for k in $KS; do
   [[ $PHASES == *c* && "$k" -le "$NGPU" ]] || continue
   echo "(c) $k GPU(s) $(date +%T)"
   sample > "$OUT/c$k-samples.csv" &
   smp=$!
-  timeout 300 python3 scripts/run_local.py /tmp/sc-raw --out "/tmp/sc-c$k" --gpus "$(seq -s, 0 $((k - 1)))" \
+  timeout "$RUN_S" python3 scripts/run_local.py /tmp/sc-raw --out "/tmp/sc-c$k" --gpus "$(seq -s, 0 $((k - 1)))" \
     --gpu-workers "$PER_GPU" --cpu-workers "$CPUW" > "$OUT/c$k-run_local.txt" 2>&1
   echo "run_local exit $?" >> "$OUT/c$k-run_local.txt"
   kill $smp
