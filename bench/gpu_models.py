@@ -40,11 +40,18 @@ class NvmlPeak:
     """Samples this process's GPU memory (NVML, MiB) and the device's used memory in a thread; keeps the peaks."""
 
     def __init__(self, index: int = 0, period_s: float = 0.02) -> None:
+        """``index``: CUDA's device index; under ``CUDA_VISIBLE_DEVICES`` its entry names the GPU NVML reads
+        (an NVML index, in PCI bus order: CUDA's on a host of identical GPUs, or a whole "GPU-…" UUID)."""
         import pynvml
 
         self.nvml = pynvml
         pynvml.nvmlInit()
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        visible = [e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if e.strip()]
+        entry = visible[index] if index < len(visible) else str(index)
+        if entry.startswith("GPU-"):
+            self.handle = pynvml.nvmlDeviceGetHandleByUUID(entry)
+        else:
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(int(entry))
         self.gpu_name = pynvml.nvmlDeviceGetName(self.handle)
         self.baseline_mib = pynvml.nvmlDeviceGetMemoryInfo(self.handle).used / 2**20
         self.process_mib = 0.0
