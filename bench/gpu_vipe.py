@@ -177,7 +177,7 @@ def main() -> None:
     parser.add_argument("--moge", type=Path, required=True, help="microsoft/MoGe's checkout")
     parser.add_argument("--clip", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--cache", type=Path, default=Path("/tmp/ff-vipe-cache"), help="ViPE's model cache")
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/ff-vipe/cache"), help="ViPE's model cache")
     parser.add_argument("--frames", type=int, default=120, help="frames of the timed run")
     parser.add_argument("--warmup", type=int, default=20, help="frames of an untimed first run (0: none)")
     parser.add_argument("--cache-written", type=Path, help="the JSON line vipe_cache.py printed (skips writing)")

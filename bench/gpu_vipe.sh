@@ -5,9 +5,9 @@
 # UPSTREAM_ARCHIVES holds hgupt3+vipe.tar.gz and microsoft+MoGe.tar.gz (../shared/upstream/README.md).
 # WHEELS: wheels the machine lacks, at deploy/envs/vipe.lock's versions (ViPE: hydra-core, omegaconf,
 # antlr4-python3-runtime, kornia, kornia-rs, gdown, beautifulsoup4, soupsieve, roma, pyquaternion, openexr,
-# rich and its three; transformers 4.48.3 with tokenizers 0.21.4 and huggingface-hub 0.36.2, since ViPE's
-# GroundingDINO calls BertModel.get_head_mask, which transformers 5 removed; requests and its four;
-# framefleet: celery, redis, pydantic, ... as ../shared/device/prepare.sh lists them, less PyAV).
+# rich and its three, ninja for the build; transformers 4.48.3 with tokenizers 0.21.4 and huggingface-hub
+# 0.36.2, since ViPE's GroundingDINO calls BertModel.get_head_mask, which transformers 5 removed; requests
+# and its four; framefleet: celery, redis, pydantic, ... as ../shared/device/prepare.sh lists them, less PyAV).
 # They go into a site folder of this run's own (WORK/site, first on PYTHONPATH), not the machine's
 # shared /tmp/site: other jobs on the host keep the image's transformers 5. EXTRA: package folders
 # copied into that site as they are (utils3d at MoGe's pinned commit, which is not on PyPI; pycg's
@@ -38,6 +38,7 @@ if [ -n "${WHEELS:-}" ]; then
 fi
 if [ -n "${EXTRA:-}" ]; then cp -r "$EXTRA"/* "$SITE"/; fi
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+export PATH=$PATH:$SITE/bin  # ninja for the build, where the image has none (its own comes first)
 say "unpacked and installed into $SITE"
 # rerun-sdk is imported by ViPE's SLAM modules but used only with slam.visualize (false here); a
 # module that fails on any use stands in when the real one is absent.
@@ -54,6 +55,7 @@ gpu=${CUDA_VISIBLE_DEVICES:-0}; gpu=${gpu%%,*}  # nvidia-smi ignores CUDA_VISIBL
 { nvidia-smi -i "$gpu" --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv
   python3 -c "import torch, transformers, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
   nvcc --version | tail -2
+  echo "ninja $(ninja --version 2>&1) at $(command -v ninja)"
   cat "$VIPE/.upstream-commit" "$UP/microsoft+MoGe/.upstream-commit" 2>/dev/null
 } | tee "$OUT/machine.txt"
 # The random-weights cache is written while vipe_ext compiles (it needs only the model classes).
