@@ -4,7 +4,7 @@ Fields are ``tasks.autoscaler.profiles`` keys, "<GPU name>|<stages>|<backend>|<r
 value is the NVML peak of one process running the real upstream model (random weights: same code,
 shapes and compute) through framefleet's backend at y2r's settings (configs/real-gpu.yaml):
 ``bench/gpu_models.sh`` and ``bench/gpu_conformance.sh``, tables and commands in bench/RESULTS.md ("The real
-models on an H100", "TAPIP3D and WiLoR through their upstream code on a GPU").
+models on an H100", "ViPE's `lyra` pipeline through the depth stage", "TAPIP3D and WiLoR through their upstream code on a GPU").
 NVML's figure is what the autoscaler learns (CUDA context and allocator cache included).
 """
 
@@ -15,6 +15,9 @@ SEED_PROFILES: dict[str, float] = {
     "NVIDIA H100 80GB HBM3|tracks2d|cotracker|512x384": 5644.0,
     # GroundingDINO-base on the key frame + SAM 2.1 hiera-large through a 120-frame video.
     "NVIDIA H100 80GB HBM3|masks|grounded_sam|512x384": 4640.0,
+    # ViPE's lyra pipeline (bench/gpu_vipe.sh, RESULTS.md "ViPE's `lyra` pipeline through the depth stage"):
+    # both SLAM passes, MoGe's keyframes, the alignment and Video-Depth-Anything over 60-90 frames.
+    "NVIDIA H100 80GB HBM3|depth|vipe|512x384": 13378.0,
     # bench/gpu_conformance.sh (RESULTS.md, "TAPIP3D and WiLoR through their upstream code on a GPU"):
     # TAPIP3D, one 10-frame window of 4096 queries (grid_size 64, no mask), pointops2 built there.
     "NVIDIA H200|tracks|tapip3d|512x384": 3010.0,
