@@ -9,25 +9,27 @@
 # pointops2 (TAPIP3D's CUDA extension) is compiled here for TORCH_CUDA_ARCH_LIST (default 9.0).
 # MODELS (default tapip3d,wilor); DETECTOR (default x): the random YOLOv8's scale; CHAIN=1 also runs a
 # dataset through real workers, stopped CHAIN_BY_S (default 320) seconds after the start (skipped with
-# less than a minute left).
+# less than a minute left). UPSTREAM_DIR, SITE_DIR, RUN_DIR (defaults /tmp/ff-upstream, /tmp/site,
+# /tmp/ff-conformance): where the checkouts, the wheels with pointops2, and the steps go.
 set -u
 start=$(date +%s)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
-UP=/tmp/ff-upstream; mkdir -p "$UP"
+UP=${UPSTREAM_DIR:-/tmp/ff-upstream}; mkdir -p "$UP"
+SITE=${SITE_DIR:-/tmp/site}
 for name in zbw001+TAPIP3D rolpotamias+WiLoR; do
   tar xzf "${UPSTREAM_ARCHIVES:-../shared/upstream}/$name.tar.gz" -C "$UP" || exit 1
 done
 if [ -n "${GL_DEBS:-}" ]; then for f in "$GL_DEBS"/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
 if [ -n "${WHEELS:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl >"$OUT/wheels.log" 2>&1 \
+  python3 -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl >"$OUT/wheels.log" 2>&1 \
     || { tail -20 "$OUT/wheels.log"; exit 1; }
   for sdist in "$WHEELS"/*.tar.gz "$WHEELS"/*.zip; do  # one at a time: a failure is reported, not fatal
     [ -e "$sdist" ] || continue
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site "$sdist" \
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE" "$sdist" \
       >>"$OUT/wheels.log" 2>&1 || echo "could not install $sdist (see wheels.log)"
   done
 fi
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # as framefleet's workers run
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   nvcc --version | tail -2
@@ -36,13 +38,13 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # as framefleet's worke
 t=$(date +%s)
 # deploy/envs/build.sh's way: pip, without build isolation, against this torch.
 (cd "$UP/zbw001+TAPIP3D/third_party/pointops2" && TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} \
-  python3 -m pip install -v --no-index --no-deps --no-build-isolation --target /tmp/site . >"$OUT/pointops2-build.log" 2>&1) \
+  python3 -m pip install -v --no-index --no-deps --no-build-isolation --target "$SITE" . >"$OUT/pointops2-build.log" 2>&1) \
   || { tail -40 "$OUT/pointops2-build.log"; exit 1; }
 echo "pointops2 built in $(( $(date +%s) - t )) s" | tee -a "$OUT/machine.txt"
 # pyrender's EGL context (WiLoR builds one at load) through NVIDIA's EGL vendor library, where the driver has one.
 vendor=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
 [ -f "$vendor" ] && export __EGL_VENDOR_LIBRARY_FILENAMES=${__EGL_VENDOR_LIBRARY_FILENAMES:-$vendor}
-RUN=/tmp/ff-conformance; rm -rf "$RUN"; mkdir -p "$RUN"  # each step's JSON and log land there as it ends
+RUN=${RUN_DIR:-/tmp/ff-conformance}; rm -rf "$RUN"; mkdir -p "$RUN"  # each step's JSON and log land there as it ends
 collect() {  # few files come back from some machines: the summaries, and every step's output in one archive
   cp "$RUN"/table.md "$RUN"/*-run.json "$RUN"/chain.json "$OUT"/ 2>/dev/null
   tar czf "$OUT/steps.tgz" -C "$RUN" . 2>/dev/null

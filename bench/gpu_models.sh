@@ -6,17 +6,20 @@
 # antlr4-python3-runtime, iopath; SAM 3 also ftfy, portalocker, pycocotools, decord, einops, timm and
 # setuptools<81 for its pkg_resources), installed into /tmp/site. MODELS (default cotracker,grounded_sam; or sam3, wilor);
 # PACK (default 2,4; empty: none): also run that many processes of each model at once on the GPU.
+# UPSTREAM_DIR, SITE_DIR, RUN_DIR (defaults /tmp/ff-upstream, /tmp/site, /tmp/ff-gpu-models): where the checkouts,
+# the wheels and the runs go (another bench running beside this one on the same machine gets its own).
 set -u
 export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
-UP=/tmp/ff-upstream; mkdir -p "$UP"
+UP=${UPSTREAM_DIR:-/tmp/ff-upstream}; mkdir -p "$UP"
+SITE=${SITE_DIR:-/tmp/site}
 for f in "${UPSTREAM_ARCHIVES:-../shared/upstream}"/*.tar.gz; do tar xzf "$f" -C "$UP"; done
 if [ -n "${WHEELS:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site "$WHEELS"/* || exit 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE" "$WHEELS"/* || exit 1
+  export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # as framefleet's workers run
-RUN=/tmp/ff-gpu-models; mkdir -p "$RUN"
+RUN=${RUN_DIR:-/tmp/ff-gpu-models}; mkdir -p "$RUN"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, transformers, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
 } | tee "$OUT/machine.txt"
