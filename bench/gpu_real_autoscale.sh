@@ -25,6 +25,7 @@ PHASES=${PHASES:-ABC}
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 DEV=$([ "$NGPU" -gt 0 ] && echo cuda:0 || echo cpu)
 BOUND_GPU=$([ "$NGPU" -gt 1 ] && echo 1 || echo 0)
+SMI_IDS=$([ "$NGPU" -gt 1 ] && echo 0,1 || echo 0)  # the GPUs this script uses, on a host with more
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$R/gpus.csv" 2>&1
 # The snapshots: $UPSTREAM_ARCHIVES, else shared/upstream beside the repository (tests/upstream/sources.py finds it).
 [ -n "${UPSTREAM_ARCHIVES:-}" ] && export FRAMEFLEET_UPSTREAM_SRC=$UPSTREAM_ARCHIVES
@@ -62,7 +63,7 @@ p and redis.Redis.from_url('$REDIS_URL').hset('ff:profiles', mapping=p)"
     python3 -m celery -A tasks worker -Q cpu -P solo -n "cpu$i-$tag@%h" -l WARNING > "$B/$tag-cpu$i.log" 2>&1 &
     cpus+=($!)
   done
-  nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 500 \
+  nvidia-smi -i "$SMI_IDS" --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 500 \
     > "$R/$tag-smi.csv" 2>/dev/null &
   smi=$!
   python3 -m tasks.autoscaler --gpus "$gpus" --tick-s 1 --cooldown-s 2 --max-workers-per-gpu "${MAXW:-4}" \
