@@ -3,8 +3,9 @@
 Fields are ``tasks.autoscaler.profiles`` keys, "<GPU name>|<stages>|<backend>|<resolution>". Each
 value is the NVML peak of one process running the real upstream model (random weights: same code,
 shapes and compute) through framefleet's backend at y2r's settings (configs/real-gpu.yaml):
-``bench/gpu_models.sh`` and ``bench/gpu_conformance.sh``, tables and commands in bench/RESULTS.md ("The real
-models on an H100", "ViPE's `lyra` pipeline through the depth stage", "TAPIP3D and WiLoR through their upstream code on a GPU").
+``bench/gpu_models.sh``, ``bench/gpu_vipe.sh`` and ``bench/gpu_conformance.sh``, tables and commands in
+bench/RESULTS.md ("The real models on an H100", "ViPE's `lyra` pipeline through the depth stage", "TAPIP3D and
+WiLoR through their upstream code on a GPU").
 NVML's figure is what the autoscaler learns (CUDA context and allocator cache included).
 """
 
