@@ -1,7 +1,7 @@
 """Write a folder of small, real, encoded videos to run framefleet on.
 
 Usage: framefleet sample OUT_DIR --videos N [--seed S]
-       [--seconds A-B] [--codec h264]
+       [--seconds A-B] [--codec h264] [--jobs J]
 
 Each video is H.264 in MP4 (yuv420p), a few seconds long, with its own
 resolution, frame rate and content: a sweeping brightness gradient, moving
@@ -13,9 +13,11 @@ synthetic depth backend (depth from luminance) never sees a flat frame.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -289,29 +291,37 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seconds", type=_seconds_range, default=(2.0, 4.0), help="duration range, A-B")
     parser.add_argument("--codec", choices=sorted(CODECS), default="h264")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=min(os.cpu_count() or 1, 16),
+        help="videos encoded at once (default: the cores, up to 16)",
+    )
     args = parser.parse_args(argv)
     if args.videos < 1:
         parser.error(f"--videos must be at least 1, got {args.videos}")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
     specs = plan_videos(args.videos, args.seed, args.seconds)
+    paths = [args.out_dir / f"video_{i:03d}.mp4" for i in range(len(specs))]
+    codec = CODECS[args.codec]
     started = time.monotonic()
-    for i, spec in enumerate(specs):
-        path = args.out_dir / f"video_{i:03d}.mp4"
-        make_video(
-            path,
-            spec.width,
-            spec.height,
-            spec.fps,
-            spec.seconds,
-            spec.seed,
-            CODECS[args.codec],
+    # Each video depends only on its spec, so encoding them side by side writes the same files.
+    with ProcessPoolExecutor(max_workers=min(args.jobs, len(specs))) as pool:
+        done = pool.map(
+            make_video,
+            paths,
+            *zip(*((s.width, s.height, s.fps, s.seconds, s.seed) for s in specs), strict=True),
+            [codec] * len(specs),
         )
-        print(
-            f"[{i + 1}/{len(specs)}] {path.name} {spec.width}x{spec.height} {spec.fps} fps "
-            f"{spec.seconds:.2f} s {round(spec.seconds * spec.fps)} frames",
-            flush=True,
-        )
+        for i, (path, spec) in enumerate(zip(done, specs, strict=True)):
+            print(
+                f"[{i + 1}/{len(specs)}] {path.name} {spec.width}x{spec.height} {spec.fps} fps "
+                f"{spec.seconds:.2f} s {round(spec.seconds * spec.fps)} frames",
+                flush=True,
+            )
     print(
         "these are drawn shapes, not footage: the real backends find no hands or scene in them. `make demo` "
         "runs them with FRAMEFLEET_DEFAULT_BACKENDS=synthetic (made-up outputs, for a demo of the machinery only)"
