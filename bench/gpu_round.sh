@@ -110,9 +110,20 @@ gpu2() {
   part detector "$(( $(left 35) < ${DETECTOR_S:-150} ? $(left 35) : ${DETECTOR_S:-150} ))" env CUDA_VISIBLE_DEVICES=2 \
     PYTHONPATH="$T/detector-site:${PYTHONPATH:-}" \
     bash -c 'python3 bench/detector_chunks.py --device cuda:0 --scale x > "$OUT/detector.json"'
+  # SAM 3's model builder imports decord (sam3/train/data/sam3_image_dataset.py:20), 13.6 MB: carried
+  # apart (DECORD_WHEELS, default .gpu/real2/whl) or installed into /tmp/site by an earlier call.
+  if ! python3 -c "import decord" 2>/dev/null; then
+    local decord=("${DECORD_WHEELS:-.gpu/real2/whl}"/decord*.whl)
+    if [ -f "${decord[0]}" ]; then
+      python3 -m pip install -q --no-index --no-deps --target "$T/detector-site" "${decord[@]}" >> "$T/detector-pip.log" 2>&1
+    else
+      skip sam3 "decord does not import and no wheel at DECORD_WHEELS (${DECORD_WHEELS:-.gpu/real2/whl}): SAM 3's builder imports it"
+      return
+    fi
+  fi
   part sam3 "$(left 35)" env CUDA_VISIBLE_DEVICES=2 MODELS=sam3 FRAMES=40 PACK= WHEELS="$WHEELS" \
     UPSTREAM_DIR="$T/sam3-upstream" SITE_DIR="$T/sam3-site" RUN_DIR="$T/sam3-runs" \
-    CLIP="$FRAMEFLEET_REAL_DATA/sheep.mp4" bash bench/gpu_models.sh
+    PYTHONPATH="$T/detector-site:${PYTHONPATH:-}" CLIP="$FRAMEFLEET_REAL_DATA/sheep.mp4" bash bench/gpu_models.sh
 }
 
 # GPU 3: TAPIP3D and WiLoR through their upstream code, then the chain (its own Redis db 7).
