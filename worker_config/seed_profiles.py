@@ -19,10 +19,18 @@ SEED_PROFILES: dict[str, float] = {
     # ViPE's lyra pipeline (bench/gpu_vipe.sh, RESULTS.md "ViPE's `lyra` pipeline through the depth stage"):
     # both SLAM passes, MoGe's keyframes, the alignment and Video-Depth-Anything over 60-90 frames.
     "NVIDIA H100 80GB HBM3|depth|vipe|512x384": 13378.0,
+    # SAM 3 (bench/gpu_models.sh MODELS=sam3, RESULTS.md "SAM 3 on a GPU"): a 40-frame video, detection on
+    # the key frame with every query scored as a detection, propagation both ways.
+    "NVIDIA H100 80GB HBM3|masks|sam3|512x384": 33910.0,
+    # bench/gpu_round.sh's conformance part on an H100 (RESULTS.md, "Three GPU benches in one call"):
+    # TAPIP3D as on the H200 below; WiLoR with the detector on 32 frames a call (detection_batch) and
+    # WiLoR's network in batches of 256 on a 150-frame video.
+    "NVIDIA H100 80GB HBM3|tracks|tapip3d|512x384": 3010.0,
+    "NVIDIA H100 80GB HBM3|hands|wilor|512x384": 6210.0,
     # bench/gpu_conformance.sh (RESULTS.md, "TAPIP3D and WiLoR through their upstream code on a GPU"):
     # TAPIP3D, one 10-frame window of 4096 queries (grid_size 64, no mask), pointops2 built there.
     "NVIDIA H200|tracks|tapip3d|512x384": 3010.0,
-    # WiLoR with its YOLOv8x hand detector on a 150-frame video: the detector takes every frame in one
-    # call, as y2r's does, so the peak grows with the video's length.
+    # WiLoR with its YOLOv8x hand detector on a 150-frame video, before detection_batch: the detector took
+    # every frame in one call, as y2r's does, so this peak grew with the video's length.
     "NVIDIA H200|hands|wilor|512x384": 16390.0,
 }
