@@ -54,13 +54,13 @@ def main(argv: list[str] | None = None) -> int:
         ttl = 30 * 24 * 3600
         calls: dict[str, Callable[[int], object]] = {
             "PING (one round trip)": lambda i: r.ping(),
-            "claims.is_done (HEXISTS)": lambda i: claims.is_done(r, "bench", f"t{i}"),
+            "claims.is_done (SISMEMBER)": lambda i: claims.is_done(r, "bench", f"t{i}"),
             "claims.acquire (SET NX PX)": lambda i: claims.acquire(r, f"{key}{i}", "w t", 30),
             "start counter (HINCRBY+EXPIRE pipeline)": lambda i: (
                 r.pipeline().hincrby("ff:run:bench:attempts", f"t{i}", 1).expire("ff:run:bench:attempts", ttl).execute()
             ),
             "claims.release (EVAL)": lambda i: claims.release(r, f"{key}{i}"),
-            "claims.mark_done (HSET, EXPIRE)": lambda i: claims.mark_done(r, "bench", f"t{i}", ttl),
+            "claims.mark_done (SADD, EXPIRE, HDEL)": lambda i: claims.mark_done(r, "bench", f"t{i}", ttl),
             "progress.record (pipeline)": lambda i: progress.record(r, "bench", "depth", True, ttl),
             "metrics.record_stage (pipeline)": lambda i: metrics.record_stage(url, "depth", job),
             "task state PROGRESS (SET + PUBLISH)": lambda i: (
@@ -73,15 +73,16 @@ def main(argv: list[str] | None = None) -> int:
 
         def batched(i: int) -> None:
             pipe = r.pipeline(transaction=False)
-            pipe.hexists("ff:run:bench:done", f"b{i}")
+            pipe.sismember("ff:run:bench:done:0", i)
             pipe.set(f"{key}b{i}", "w t", nx=True, px=30000)
             pipe.hincrby("ff:run:bench:attempts", f"b{i}", 1)
             pipe.expire("ff:run:bench:attempts", ttl)
             pipe.execute()
             pipe = r.pipeline(transaction=False)
             pipe.delete(f"{key}b{i}")
-            pipe.hset("ff:run:bench:done", f"b{i}", 1)
-            pipe.expire("ff:run:bench:done", ttl)
+            pipe.sadd("ff:run:bench:done:0", i)
+            pipe.expire("ff:run:bench:done:0", ttl)
+            pipe.hdel("ff:run:bench:attempts", f"b{i}")
             pipe.hincrby("ff:run:bench", "depth.done", 1)
             pipe.expire("ff:run:bench", ttl)
             pipe.rpush(metrics.stage_log_key("bench"), "{}")

@@ -31,8 +31,9 @@ RUN_ORDER_SUFFIX = ":order"  # hash video id -> k: it was the k-th video to fini
 RUN_PENDING_SUFFIX = ":pending"  # hash: the shared job, chunks of videos not sent yet (tasks.run.pending)
 RUN_PENDING_SENT_SUFFIX = ":pending-sent"  # bitmap: bit i set once pending video i was sent
 RUN_SENT_SUFFIX = ":sent"  # hash video id -> the job of a video sent (its chain began; tasks.run.sweep)
-RUN_DONE_SUFFIX = ":done"  # hash task id -> 1: that task finished (a late duplicate is dropped)
-RUN_ATTEMPTS_SUFFIX = ":attempts"  # hash task id -> how many times it started
+# + ":" + shard: set of 8-byte marks of finished task ids (a late duplicate is dropped; tasks.delivery.marks)
+RUN_DONE_SUFFIX = ":done"
+RUN_ATTEMPTS_SUFFIX = ":attempts"  # hash task id -> how many times it started, until it is done
 RUN_STAGES_SUFFIX = ":stages"  # list of the run's stage spans (the report's and status's source)
 RUN_SUMS_SUFFIX = ":sums"  # hash: the run's partial statistics merged so far, per track type (tasks.run.sums)
 RUN_MERGED_SUFFIX = ":merged"  # + ":" + shard: hash video mark -> its file's stamp, once merged (tasks.run.sums)

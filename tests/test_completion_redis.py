@@ -10,6 +10,7 @@ import redis
 from kombu.exceptions import OperationalError
 
 from tasks import keys
+from tasks.delivery import marks as done_marks
 from tasks.delivery import queues
 from tasks.job import Job
 from tasks.run import cancel, completion, runs, sums
@@ -100,6 +101,9 @@ def test_a_retired_run_is_finished_in_redis_and_lets_its_per_video_keys_go(redis
     now_gone = [completion.key("old", s) for s in (keys.RUN_DONE_SUFFIX, keys.RUN_ATTEMPTS_SUFFIX)]
     for key in now_gone:
         r.hset(key, "task-1", 1)
+    now_gone += done_marks.done_keys("old", sums.shard_count(200))
+    for key in now_gone[2:]:
+        r.sadd(key, 7)
     r.hset(keys.SWEEP_PREFIX + "old", "v5", time.time())
     r.rpush(keys.LEGACY_STAGE_LOG, "span")
     kept = [completion.key("old", s) for s in (keys.RUN_STAGES_SUFFIX, keys.RUN_SUMS_SUFFIX)]

@@ -11,7 +11,7 @@ import pytest
 import redis
 from celery import Celery
 
-from tasks.delivery import claims, leases, requeues
+from tasks.delivery import claims, leases, marks, requeues
 from tasks.errors import ClaimLost
 from tasks.observe import stall
 from tasks.run import cancel
@@ -160,7 +160,7 @@ def test_a_task_end_writes_its_counts_marks_it_done_and_releases_its_claim(r):
     assert claims.decide(r, key, "t1", "gpu0@h", TTL_S, run_id="x").action == "run"
     claims.finish(r, "t1", succeeded=True, done_ttl_s=60, before=lambda pipe: pipe.hincrby("ff:run:x", "n", 1))
     assert r.hget("ff:run:x", "n") == "1" and claims.is_done(r, "x", "t1") and r.get(key) is None
-    assert 0 < r.ttl(claims.done_key("x")) <= 60  # the run's done marks: one hash, gone with the run
+    assert 0 < r.ttl(marks.where(r, "x", "t1").done_key) <= 60  # the run's done marks: gone with the run
     assert claims.decide(r, key, "t1", "gpu0@h", TTL_S, run_id="x").action == "drop"
 
 
@@ -173,7 +173,7 @@ def test_a_task_of_an_ended_run_is_dropped_without_its_done_mark(r):
     assert claims.decide(r, key, "t1", "gpu0@h", TTL_S, run_id="x").action == "run"
     claims.finish(r, "t1", succeeded=True, done_ttl_s=60)
     completion.retire(r, "x", keep_s=60)
-    assert not r.exists(claims.done_key("x"))
+    assert not r.exists(marks.where(r, "x", "t1").done_key)
     verdict = claims.decide(r, key, "t1", "gpu0@h", TTL_S, run_id="x")
     assert verdict.action == "drop" and "has ended" in verdict.why, verdict
     assert claims.decide(r, key, "t2", "gpu0@h", TTL_S, run_id="x").action == "drop"  # any task of the run
@@ -185,7 +185,7 @@ def _key_events(r: redis.Redis, keys: set[str], act: Callable[[], None]) -> list
     """The (key, event) pairs Redis reports for ``keys`` while ``act`` runs, in the order Redis applied them."""
     db = r.connection_pool.connection_kwargs.get("db", 0)
     old = r.config_get("notify-keyspace-events")["notify-keyspace-events"]
-    r.config_set("notify-keyspace-events", "Kgh$")  # keyspace events of generic, hash and string commands
+    r.config_set("notify-keyspace-events", "Kghs$")  # keyspace events of generic, hash, set and string commands
     sub = r.pubsub(ignore_subscribe_messages=True)
     try:
         sub.psubscribe(f"__keyspace@{db}__:*")
@@ -210,11 +210,11 @@ def _key_events(r: redis.Redis, keys: set[str], act: Callable[[], None]) -> list
 def test_a_task_end_sets_the_done_mark_before_it_releases_the_claim(r):
     """A duplicate arriving between the two writes sees the claim or the done mark, never neither."""
     key = claims.claim_key("/out", "v1", "depth")
-    done = claims.done_key("run")
+    done = marks.where(r, "run", "t1").done_key
     assert claims.decide(r, key, "t1", "gpu0@h", TTL_S, run_id="run").action == "run"
     events = _key_events(r, {key, done}, lambda: claims.finish(r, "t1", succeeded=True, done_ttl_s=60))
-    order = [e for e in events if e in ((done, "hset"), (key, "del"))]
-    assert order == [(done, "hset"), (key, "del")], events
+    order = [e for e in events if e in ((done, "sadd"), (key, "del"))]
+    assert order == [(done, "sadd"), (key, "del")], events
 
 
 def test_a_claim_lives_one_lease_ttl_whether_taken_fresh_or_over(r):

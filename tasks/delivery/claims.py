@@ -3,9 +3,10 @@
 A task redelivered while its first delivery still runs (past the visibility timeout), or the
 same dataset enqueued twice, would otherwise run a stage twice at once and continue the chain
 twice. A claim is a Redis key per (output root, video, stage) held with a TTL that the
-worker's heartbeat re-asserts; a finished task id is remembered in its run's hash of done marks
-so a late duplicate is dropped, and once the run has ended (tasks.run.completion.retire) every
-task of it is: the done marks then go, and the run's end mark stands for them.
+worker's heartbeat re-asserts; a finished task id is remembered in its run's done marks (an
+8-byte integer in one of the run's small sets, tasks.delivery.marks) so a late duplicate is
+dropped, and once the run has ended (tasks.run.completion.retire) every task of it is: the done
+marks then go, and the run's end mark stands for them.
 
 The task thread takes claims and the heartbeat thread renews them, so the held set is read
 under a lock. A task is marked done only after Celery has sent its continuation (the
@@ -26,6 +27,8 @@ from typing import Any, Literal
 import redis
 
 from tasks import keys
+from tasks.delivery import marks
+from tasks.delivery.marks import Marks
 from tasks.errors import ClaimLost, ClaimUnconfirmed
 from tasks.redis_client import SET_IF_OURS_OR_MISSING
 from tasks.workers import registry
@@ -34,10 +37,10 @@ log = logging.getLogger("framefleet.claims")
 CLAIM_PREFIX = keys.CLAIM_PREFIX
 MARKS_MARGIN_S = 24 * 3600  # a redelivered message's wait in a long queue, past the visibility timeout
 
-# claim key → owner value, for the heartbeat to renew; task id → (its claim key, its run's done marks), to
+# claim key → owner value, for the heartbeat to renew; task id → (its claim key, where it is marked done), to
 # finish at postrun
 HELD: dict[str, str] = {}
-PENDING: dict[str, tuple[str, str]] = {}
+PENDING: dict[str, tuple[str, Marks]] = {}
 _lock = threading.Lock()
 
 _RELEASE = """
@@ -47,12 +50,12 @@ return 0
 # Re-assert: set it when it is ours or missing (tasks.redis_client.SET_IF_OURS_OR_MISSING).
 _REASSERT = SET_IF_OURS_OR_MISSING
 # The start of a delivery in one round trip: a cancelled run (KEYS[1], optional), a finished task
-# (field ARGV[3] of its run's done marks, KEYS[2]) or an ended run (KEYS[4], the run's hash), else
+# (its mark ARGV[3] in its shard of the run's done marks, KEYS[2]) or an ended run (KEYS[4], the run's hash), else
 # the claim (KEYS[3]) taken, or its holder's value. Atomic, so the holder read after a refused SET NX
 # cannot have lapsed in between.
 _BEGIN = """
 if KEYS[1] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then return {'cancelled', ''} end
-if redis.call('HEXISTS', KEYS[2], ARGV[3]) == 1 then return {'done', ''} end
+if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 1 then return {'done', ''} end
 if redis.call('HEXISTS', KEYS[4], 'ended') == 1 then return {'ended', ''} end
 if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then return {'claimed', ''} end
 return {'held', redis.call('GET', KEYS[3]) or ''}
@@ -84,11 +87,6 @@ def claim_key(output_root: str, video_id: str, stage: str) -> str:
 
 def owner_value(hostname: str, task_id: str) -> str:
     return f"{hostname} {task_id}"
-
-
-def done_key(run_id: str) -> str:
-    """The hash of the run's finished task ids (tasks.keys.RUN_DONE_SUFFIX)."""
-    return keys.RUN_PREFIX + run_id + keys.RUN_DONE_SUFFIX
 
 
 def acquire(r: redis.Redis, key: str, owner: str, ttl_s: float) -> str | None:
@@ -138,12 +136,12 @@ def decide(
     A delivery is dropped only when its task is done, its run has ended, or its holder is provably
     alive and running that very task; a holder that died hands its claim over at once. With
     ``cancel_key`` (the run's cancel flag) set in Redis, the verdict is "cancelled" and nothing is
-    claimed. The common case, a free claim, is one round trip. Raises redis.RedisError when Redis
-    cannot be asked.
+    claimed. The common case, a free claim, is one round trip (two for a process's first task of a run:
+    its shard count). Raises redis.RedisError when Redis cannot be asked.
     """
     owner = owner_value(hostname, task_id)
-    done, run = done_key(run_id), keys.RUN_PREFIX + run_id
-    status, holder = r.eval(_BEGIN, 4, cancel_key or "", done, key, run, owner, int(ttl_s * 1000), task_id)
+    done, run = marks.where(r, run_id, task_id), keys.RUN_PREFIX + run_id
+    status, holder = r.eval(_BEGIN, 4, cancel_key or "", done.done_key, key, run, owner, int(ttl_s * 1000), done.mark)
     if status == "cancelled":
         return Verdict("cancelled", why="its run was cancelled")
     if status == "done":
@@ -167,7 +165,7 @@ def decide(
     return Verdict("wait", r.get(key) or "", "the claim changed hands")
 
 
-def _remember(task_id: str, key: str, done: str) -> None:
+def _remember(task_id: str, key: str, done: Marks) -> None:
     with _lock:
         PENDING[task_id] = (key, done)
 
@@ -175,7 +173,7 @@ def _remember(task_id: str, key: str, done: str) -> None:
 def finish(
     r: redis.Redis, task_id: str, succeeded: bool, done_ttl_s: int, before: Callable[[Any], None] | None = None
 ) -> None:
-    """Mark ``task_id`` done when it succeeded, then release its claim; never raises.
+    """Mark ``task_id`` done when it succeeded (its start count then goes), then release its claim; never raises.
 
     Called after Celery has sent the task's continuation, so a duplicate delivery is dropped
     only once the chain has moved on. ``before`` queues the task's other end-of-task writes on
@@ -191,8 +189,7 @@ def finish(
     if before is not None:
         before(pipe)
     if succeeded and done is not None:
-        pipe.hset(done, task_id, 1)
-        pipe.expire(done, done_ttl_s)
+        _queue_done(pipe, task_id, done, done_ttl_s)
     if owner is not None:
         pipe.eval(_RELEASE, 1, key, owner)
     if not len(pipe):
@@ -264,12 +261,19 @@ def marks_ttl_s(visibility_timeout_s: int) -> int:
     return visibility_timeout_s + MARKS_MARGIN_S
 
 
+def _queue_done(pipe: Any, task_id: str, done: Marks, ttl_s: int) -> None:
+    """The done mark, then the end of the task's start count: a later delivery is dropped before it counts."""
+    pipe.sadd(done.done_key, done.mark)
+    pipe.expire(done.done_key, ttl_s)
+    pipe.hdel(done.attempts_key, task_id)
+
+
 def mark_done(r: redis.Redis, run_id: str, task_id: str, ttl_s: int) -> None:
     pipe = r.pipeline()
-    pipe.hset(done_key(run_id), task_id, 1)
-    pipe.expire(done_key(run_id), ttl_s)
+    _queue_done(pipe, task_id, marks.where(r, run_id, task_id), ttl_s)
     pipe.execute()
 
 
 def is_done(r: redis.Redis, run_id: str, task_id: str) -> bool:
-    return bool(r.hexists(done_key(run_id), task_id))
+    done = marks.where(r, run_id, task_id)
+    return bool(r.sismember(done.done_key, done.mark))

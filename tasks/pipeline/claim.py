@@ -7,9 +7,8 @@ import logging
 import redis
 from celery.exceptions import Ignore, Reject
 
-from tasks import keys
 from tasks.celery_app import settings
-from tasks.delivery import claims, leases
+from tasks.delivery import claims, leases, marks
 from tasks.errors import ClaimLost, RedisUnavailable, WorkerLost
 from tasks.observe.flower_view import finished_earlier
 from tasks.pipeline.hooks import StageCall, StageFailed, StageHook
@@ -69,8 +68,9 @@ def _key(call: StageCall) -> str:
 
 def _count_start(call: StageCall, ttl_s: int) -> int:
     task = call.task
-    # The run's hash of start counts: deleted with its done marks when the run ends (tasks.run.completion.retire).
-    key = keys.RUN_PREFIX + call.job.run_id + keys.RUN_ATTEMPTS_SUFFIX
+    # The run's hash of start counts of its tasks in flight: a task's field goes when it is marked done
+    # (tasks.delivery.claims.finish), the hash when the run ends (tasks.run.completion.retire).
+    key = marks.attempts_key(call.job.run_id)
     try:
         pipe = get_redis(settings().redis_url).pipeline()
         pipe.hincrby(key, task.request.id, 1)

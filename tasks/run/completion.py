@@ -244,23 +244,25 @@ def retire(r: redis.Redis, run_id: str, keep_s: int) -> None:
 
 
 def let_go(pipe: Any, run_id: str, keep_s: int, videos: int = 0, shards: int | None = None) -> None:
-    """Queue on ``pipe`` the end of the run's per-video keys: done marks, attempts, unsent and sent jobs,
-    the sweep's misses and the merged marks (over ``shards``, or those of a run of ``videos``) now;
+    """Queue on ``pipe`` the end of the run's per-video keys: attempts, unsent and sent jobs, the sweep's
+    misses, the done marks and the merged marks (over ``shards``, or those of a run of ``videos``) now;
     outcomes, order, stage log, running sums, requeues and resends ``keep_s`` seconds from now (also
     for a cancelled run, whose tasks stop at its flag and which the sweep leaves alone)."""
+    from tasks.delivery import marks
     from tasks.run import sums
 
     gone = (
-        keys.RUN_DONE_SUFFIX,
+        keys.RUN_DONE_SUFFIX,  # an earlier version's one hash of done marks
         keys.RUN_ATTEMPTS_SUFFIX,
         keys.RUN_PENDING_SUFFIX,
         keys.RUN_PENDING_SENT_SUFFIX,
         keys.RUN_SENT_SUFFIX,
     )
     pipe.delete(*(key(run_id, s) for s in gone), keys.SWEEP_PREFIX + run_id)
-    marks = sums.shard_keys(run_id, shards or sums.shard_count(videos))
-    for start in range(0, len(marks), 1000):  # by name, never a scan: at most MAX_SHARDS keys
-        pipe.delete(*marks[start : start + 1000])
+    count = shards or sums.shard_count(videos)
+    named = [*sums.shard_keys(run_id, count), *marks.done_keys(run_id, count)]
+    for start in range(0, len(named), 1000):  # by name, never a scan: at most 2 × MAX_SHARDS keys
+        pipe.delete(*named[start : start + 1000])
     kept = (keys.RUN_FINISHED_SUFFIX, keys.RUN_OUTCOME_DICT_SUFFIX, keys.RUN_ORDER_SUFFIX, keys.RUN_STAGES_SUFFIX)
     for suffix in (*kept, keys.RUN_SUMS_SUFFIX):
         pipe.expire(key(run_id, suffix), max(1, keep_s))
