@@ -24,6 +24,7 @@ RUN_RECORD_FIELD = "record"  # the run's record (its OUT, callback id), for stat
 RUN_AGGREGATED_FIELD = "aggregated"  # set NX once, by the task that sends the statistics callback
 RUN_ENDED_FIELD = "ended"  # when the callback wrote the run's files: a task of the run arriving now is a duplicate
 RUNS = "ff:runs"  # sorted set run id -> start time: the newest runs, without a scan of every key
+RUNS_SENDING = "ff:runs-sending"  # set of run ids with a sent hash: the sweep's runs, without a scan (tasks.run.sweep)
 # + run id + one of these: what a live run needs per video, gone soon after its files are written
 RUN_FINISHED_SUFFIX = ":finished"  # hash video id -> the video's outcome, deflated (its count: HLEN)
 RUN_OUTCOME_DICT_SUFFIX = ":outcome-dict"  # the run's first outcome: the others are deflated against it

@@ -87,6 +87,7 @@ def note_sent(r: redis.Redis, jobs: list[Job], ttl_s: int) -> None:
     for run_id, mapping in by_run.items():
         pipe.hset(sent_key(run_id), mapping=mapping)
         pipe.expire(sent_key(run_id), ttl_s)
+    pipe.sadd(keys.RUNS_SENDING, *by_run)  # after the sent hash: the sweep lets a run go only when its hash is gone
     pipe.execute()
 
 
@@ -259,6 +260,7 @@ def let_go(pipe: Any, run_id: str, keep_s: int, videos: int = 0, shards: int | N
         keys.RUN_SENT_SUFFIX,
     )
     pipe.delete(*(key(run_id, s) for s in gone), keys.SWEEP_PREFIX + run_id)
+    pipe.srem(keys.RUNS_SENDING, run_id)
     count = shards or sums.shard_count(videos)
     named = [*sums.shard_keys(run_id, count), *marks.done_keys(run_id, count)]
     for start in range(0, len(named), 1000):  # by name, never a scan: at most 2 × MAX_SHARDS keys

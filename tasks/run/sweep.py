@@ -36,6 +36,11 @@ log = logging.getLogger("framefleet.sweep")
 SWEEP_EVERY_S = 10.0  # at most one sweep this often, over every host
 CONFIRM_S = 5.0  # a video missed twice this far apart (at least) is resent
 LOCK = keys.SWEEP_LOCK
+# KEYS: the set of runs sending, the run's sent hash; ARGV: the run id. It leaves the set only while its hash is gone.
+_LET_GO = """
+if redis.call('EXISTS', KEYS[2]) == 0 then return redis.call('SREM', KEYS[1], ARGV[1]) end
+return 0
+"""
 
 
 def located(broker: redis.Redis, r: redis.Redis, conf: Settings) -> set[tuple[str, str]]:
@@ -88,12 +93,21 @@ def in_flight(r: redis.Redis, run_id: str) -> dict[str, Job]:
 
 
 def active_runs(r: redis.Redis) -> list[str]:
-    """Runs with videos sent whose statistics callback was not sent yet, and not cancelled."""
-    prefix, suffix = keys.RUN_PREFIX, keys.RUN_SENT_SUFFIX
+    """Runs with videos sent whose statistics callback was not sent yet, and not cancelled.
+
+    Read from the set of runs that sent videos (``ff:runs-sending``, one read), never a scan of every key;
+    a run whose sent hash is gone (its videos all counted, or expired) leaves the set, atomically with
+    the check, so a send in between keeps it there.
+    """
+    listed = sorted(m if isinstance(m, str) else m.decode() for m in r.smembers(keys.RUNS_SENDING))
+    pipe = r.pipeline(transaction=False)
+    for run_id in listed:
+        pipe.exists(completion.sent_key(run_id))
     found = []
-    for key in r.scan_iter(match=f"{prefix}*{suffix}", count=500):
-        name = key.decode() if isinstance(key, bytes) else key
-        run_id = name[len(prefix) : -len(suffix)]
+    for run_id, sent in zip(listed, pipe.execute(), strict=True):
+        if not sent:
+            r.eval(_LET_GO, 2, keys.RUNS_SENDING, completion.sent_key(run_id), run_id)
+            continue
         run_hash = runs.redis_key(run_id)  # its callback sent (or its files written): not in flight
         callback = r.hexists(run_hash, keys.RUN_AGGREGATED_FIELD) or r.hexists(run_hash, keys.RUN_ENDED_FIELD)
         if not callback and not cancel.is_cancelled(r, run_id):
