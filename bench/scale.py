@@ -29,6 +29,12 @@ now (tasks.run.completion's counter and window; tasks.run.partials' hash) in the
    difference from pooling the same rows in one NumPy pass, reading the outcomes back, and
    ``framefleet status`` with that Redis. With ``--sums-baseline`` also as before: the partials hash,
    JSON outcomes and the full pass over N replicated real files (step 3's folder).
+6. A live run of N videos (``--live-videos``; bench/live_run.py): every structure it holds in Redis at
+   once (pending jobs, outcomes, order, sums and merged marks, stage log, done marks and start counts),
+   ``used_memory`` per structure when enqueued and at its last window, with main's done marks and start
+   counts in the same Redis for the baseline; then, with the largest run left in Redis, ``framefleet
+   status``, the sweep's and cancel's reads, and real Flower's HTTP API, against the same on a run of
+   ``--live-small`` videos.
 """
 
 from __future__ import annotations
@@ -672,9 +678,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--baseline-code", type=Path, help="a tree of the code to compare with (git archive COMMIT)")
     parser.add_argument("--baseline-videos", default="10000,100000", help="the sizes also run with --baseline-code")
+    parser.add_argument("--live-videos", default="", help="videos of a simulated live run, e.g. 10000,100000,1000000")
+    parser.add_argument("--live-small", type=int, default=1000, help="the live run status and Flower are compared on")
+    parser.add_argument("--no-flower", action="store_true", help="with --live-videos: leave Flower's API out")
     args = parser.parse_args(argv)
     if args.stream_videos:
         return stream_main(args)
+    if args.live_videos:
+        return live_main(args)
     counts = [int(v) for v in args.videos.split(",")]
     args.work.mkdir(parents=True, exist_ok=True)
     skip = set(args.skip.split(","))
@@ -785,6 +796,40 @@ def stream_main(args: argparse.Namespace) -> int:
                         f"({c['rss_before_mib']:.0f} before); manifest {c['manifest_bytes'] / 2**20:.1f} MiB",
                         flush=True,
                     )
+    results["load_after"] = os.getloadavg()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+def live_main(args: argparse.Namespace) -> int:
+    """Issue 25's live-run curve: Redis per structure over 10k … 1M videos, now and with main's claims, and
+    status and Flower beside the largest run."""
+    from bench import live_run
+
+    results: dict[str, Any] = {"load_before": os.getloadavg(), "live": [], "responsive": {}}
+    args.work.mkdir(parents=True, exist_ok=True)
+    with private_redis() as url:
+        os.environ["REDIS_URL"] = url
+        tiny = args.work / "tiny-out"
+        if not (tiny / "run_summary.json").exists():
+            end_state(3, args.work)
+        sizes = [int(v) for v in args.live_videos.split(",")]
+        small = live_run.live_run(args.live_small, url, tiny, keep=True)
+        results["responsive"][args.live_small] = live_run.responsiveness(url, small["run_id"], not args.no_flower)
+        print(f"beside a live run of {args.live_small}: {json.dumps(results['responsive'][args.live_small])}")
+        for n in sizes:
+            found = live_run.live_run(n, url, tiny, keep=n == max(sizes))
+            results["live"].append(found)
+            print(
+                f"live run of {n}: enqueued {found['enqueued_bytes'] / 1e6:.1f} MB, last window "
+                f"{found['last_window_now_bytes'] / 1e6:.1f} MB now, {found['last_window_main_bytes'] / 1e6:.1f} MB "
+                f"with main's claims; {json.dumps(found)}",
+                flush=True,
+            )
+        big = results["live"][-1]
+        results["responsive"][big["videos"]] = live_run.responsiveness(url, big["run_id"], not args.no_flower)
+        print(f"beside a live run of {big['videos']}: {json.dumps(results['responsive'][big['videos']])}")
     results["load_after"] = os.getloadavg()
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
