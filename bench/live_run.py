@@ -52,14 +52,15 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False) -> dict[str, Any]
     import redis
 
     from bench.scale import realistic_outcome, realistic_partials, sharded_path
+    from tasks.celery_app import settings
     from tasks.delivery import marks
     from tasks.job import Job
     from tasks.observe import metrics
     from tasks.outputs.stage_io import dataset_file
     from tasks.run import completion, outcomes, partials, pending, runs, sums
     from tasks.run.dataset import new_run_id, video_id_of
-    from tasks.stages import STAGE_NAMES
 
+    stages = settings().enabled_stages()  # a video's chain: one stage task each
     r = redis.Redis.from_url(url, decode_responses=True)
     r.flushall()
     vid0 = sorted(p.stem for p in tiny.glob("*.hdf5"))[0]
@@ -89,7 +90,7 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False) -> dict[str, Any]
         "callback_id": str(uuid.uuid4()),
     }
     runs.publish(r, record, 3600)
-    job0 = Job(run_id, ids[0], sharded_path(0), record["raw_dir"], out, chain=STAGE_NAMES)
+    job0 = Job(run_id, ids[0], sharded_path(0), record["raw_dir"], out, chain=stages)
 
     def job_of(i: int) -> Job:
         return dataclasses.replace(job0, video_id=ids[i], video=sharded_path(i))
@@ -141,26 +142,26 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False) -> dict[str, Any]
     step("sums")
     pipe = r.pipeline(transaction=False)
     entries = 0
-    for i in finished[-metrics.STAGE_LOG_KEPT // len(STAGE_NAMES) :]:
+    for i in finished[-metrics.STAGE_LOG_KEPT // len(stages) :]:
         timings = realistic_outcome(marker, summary, ids[i], int(i))["timings"]
-        for stage in STAGE_NAMES:
+        for stage in stages:
             timing = timings.get(stage) or next(iter(timings.values()))
             entry = {"video": ids[i], "stage": stage, "gpu": 0, "ok": True, **timing}
             pipe.rpush(metrics.stage_log_key(run_id), json.dumps(entry, separators=(",", ":")))
             entries += 1
-        if entries % BATCH < len(STAGE_NAMES):
+        if entries % BATCH < len(stages):
             pipe.execute()
     pipe.execute()
     figures["stage_log_entries"] = entries
     step("stage_log")
-    for stage in STAGE_NAMES:
+    for stage in stages:
         r.hincrby(run_key, f"{stage}.done", n - WINDOW)
     step("counters")
 
     def now_layout(seed: int) -> None:
         rng = random.Random(seed)
         for start in range(0, len(finished), 20_000):
-            tasks = _task_ids(rng, len(STAGE_NAMES) * len(finished[start : start + 20_000]))
+            tasks = _task_ids(rng, len(stages) * len(finished[start : start + 20_000]))
             grouped: dict[str, list[int]] = {}
             for task_id in tasks:
                 where = marks.of(run_id, task_id, record["shards"])
@@ -180,7 +181,7 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False) -> dict[str, Any]
         rng = random.Random(seed)
         done, attempts = f"ff:run:{run_id}:done", marks.attempts_key(run_id)
         for start in range(0, len(finished), 20_000):
-            tasks = _task_ids(rng, len(STAGE_NAMES) * len(finished[start : start + 20_000]))
+            tasks = _task_ids(rng, len(stages) * len(finished[start : start + 20_000]))
             pipe = r.pipeline(transaction=False)
             for at in range(0, len(tasks), 1000):
                 pipe.hset(done, mapping=dict.fromkeys(tasks[at : at + 1000], 1))  # every task's end

@@ -106,6 +106,23 @@ def test_every_reader_of_a_queue_length_counts_all_its_priority_lists(app_on_tes
     assert len(removed) == 3 and queues.length(r, "gpu0") == 0
 
 
+def test_a_gpu_queue_no_worker_consumed_is_found_without_a_scan_of_every_key(app_on_test_redis, tmp_path):
+    """Routing queues a task on a GPU no worker ever consumed when none hosts its stage; the stall report, the
+    sweep and cancel still find it, with LLENs of the queues it may be, not a scan of a live run's every key."""
+    conf, r = app_on_test_redis
+    from tasks.observe import stall
+
+    STAGE_TASKS["depth"].apply_async(args=(job("depth", tmp_path),), queue="gpu3")
+    for n in range(2000):
+        r.sadd(f"ff:run:run-1:done:{n:x}", n)  # a live run's other keys
+    r.config_resetstat()
+    assert stall.queue_names(r, r, conf) == ["cpu", "gpu3"]
+    assert any(line.startswith("queue gpu3: 1 tasks waiting and no live worker") for line in stall.diagnose(r, r, conf))
+    assert stall.run_messages(r, r, conf, "run-1", "no-callback") == 1
+    stats = r.info("commandstats")
+    assert "cmdstat_scan" not in stats and "cmdstat_keys" not in stats, sorted(stats)
+
+
 def test_the_rebalancer_moves_a_message_into_the_same_priority_list(app_on_test_redis, tmp_path):
     conf, r = app_on_test_redis
     from tasks.delivery.rebalance import rebalance
