@@ -18,6 +18,7 @@ the whole run), in the same Redis, for the baseline.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
@@ -270,19 +271,21 @@ def flower_api(url: str) -> dict[str, Any]:
     """Seconds per request of real Flower's HTTP API (``celery -A tasks flower``) on this Redis, no worker."""
     from tasks.redis_client import free_port
 
-    port = free_port()
+    port, auth = free_port(), f"bench:{uuid.uuid4().hex}"
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"flower-{port}.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={port}", "--address=127.0.0.1"],
         cwd=ROOT,
-        env={**os.environ, "REDIS_URL": url},
+        env={**os.environ, "REDIS_URL": url, "FLOWER_BASIC_AUTH": auth},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
 
     def get(path: str) -> int:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as response:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+        with urllib.request.urlopen(request, timeout=30) as response:
             response.read()
             return int(response.status)
 
