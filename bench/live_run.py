@@ -117,12 +117,13 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False) -> dict[str, Any]
     record_script = r.register_script(completion._RECORD)
     t = time.perf_counter()
     pipe = r.pipeline(transaction=False)
-    finished_key, order_key = completion.key(run_id, ":finished"), completion.key(run_id, ":order")
+    finished_key = completion.key(run_id, ":finished")
     run_key = runs.redis_key(run_id)
-    counted = [finished_key, order_key, completion.sent_key(run_id), run_key]
     for k, i in enumerate(finished):
         packed = outcomes.encode(r, run_id, realistic_outcome(marker, summary, ids[i], int(i)), 3600)
-        record_script(keys=counted, args=[ids[i], packed, 3600], client=pipe)
+        order, mark = completion.order_of(run_id, ids[i], record["shards"])
+        counted = [finished_key, order, completion.sent_key(run_id), run_key]
+        record_script(keys=counted, args=[ids[i], packed, 3600, mark], client=pipe)
         if k % BATCH == BATCH - 1:
             pipe.execute()
     pipe.execute()

@@ -28,7 +28,7 @@ RUNS_SENDING = "ff:runs-sending"  # set of run ids with a sent hash: the sweep's
 # + run id + one of these: what a live run needs per video, gone soon after its files are written
 RUN_FINISHED_SUFFIX = ":finished"  # hash video id -> the video's outcome, deflated (its count: HLEN)
 RUN_OUTCOME_DICT_SUFFIX = ":outcome-dict"  # the run's first outcome: the others are deflated against it
-RUN_ORDER_SUFFIX = ":order"  # hash video id -> k: it was the k-th video to finish
+RUN_ORDER_SUFFIX = ":order"  # + ":" + shard: hash video mark (8 B) -> k: it was the k-th video to finish
 RUN_PENDING_SUFFIX = ":pending"  # hash: the shared job, chunks of videos not sent yet (tasks.run.pending)
 RUN_PENDING_SENT_SUFFIX = ":pending-sent"  # bitmap: bit i set once pending video i was sent
 RUN_SENT_SUFFIX = ":sent"  # hash video id -> the job of a video sent (its chain began; tasks.run.sweep)

@@ -123,15 +123,15 @@ def settings_env(tmp_path: Path, yaml_text: str, **extra: str) -> dict[str, str]
 @pytest.fixture
 def redis_url() -> Iterator[str]:
     """A flushed Redis database used by this test alone."""
-    from tasks.delivery import marks
+    from tasks.run import sums
 
     url = f"{BASE_REDIS}/{TEST_DB}"
     client = redis.Redis.from_url(url)
     client.flushdb()
-    marks.forget_shards()  # run ids repeat from test to test: a shard count read before is not this run's
+    sums.forget_run_shards()  # run ids repeat from test to test: a shard count read before is not this run's
     yield url
     client.flushdb()
-    marks.forget_shards()
+    sums.forget_run_shards()
 
 
 @pytest.fixture

@@ -49,6 +49,23 @@ def test_held_videos_beyond_a_thousand_keep_their_place_in_the_sending_order(red
     assert not completion.send_pending(r, "big", 1000, 3600) and completion.pending_count(r, "big") == 4999
 
 
+def test_each_finished_video_keeps_its_place_in_a_compact_sharded_order(redis_url, monkeypatch, tmp_path):
+    """The k-th video to finish sends pending video k - 1, also when its last task is delivered again; the
+    places live in small hashes of 8-byte marks (listpack-encoded), not one hash of every video id."""
+    configure_for(monkeypatch, redis_url)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    jobs, record = new_run(r, tmp_path, "big", 3000, shards=sums.shard_count(3000))
+    completion.hold(r, "big", jobs[600:], 3600)
+    for job in jobs[:300]:
+        completion.video_ended(r, job, 3600)
+    completion.video_ended(r, jobs[0], 3600)  # redelivered: same place, nothing sent again
+    sent = [Job.peek(cancel.decode(raw)[2][0]).video_id for _key, raw in queues.waiting(r, "cpu")]
+    assert sorted(sent) == sorted(j.video_id for j in jobs[600:900]) and completion.pending_count(r, "big") == 2100
+    places = [k for k in completion.order_keys("big", record["shards"]) if r.exists(k)]
+    assert sum(r.hlen(k) for k in places) == 300 and {r.object("encoding", k) for k in places} == {"listpack"}
+    assert not r.exists(completion.key("big", keys.RUN_ORDER_SUFFIX))
+
+
 def test_the_statistics_callback_carries_what_it_needs_of_the_runs_record(redis_url, monkeypatch, tmp_path):
     configure_for(monkeypatch, redis_url)
     r = redis.Redis.from_url(redis_url, decode_responses=True)
@@ -104,6 +121,9 @@ def test_a_retired_run_is_finished_in_redis_and_lets_its_per_video_keys_go(redis
     now_gone += done_marks.done_keys("old", sums.shard_count(200))
     for key in now_gone[2:]:
         r.sadd(key, 7)
+    places = [k for k in completion.order_keys("old", sums.shard_count(200)) if r.exists(k)]
+    assert places  # jobs[:2]'s places in the order
+    now_gone += places
     r.hset(keys.SWEEP_PREFIX + "old", "v5", time.time())
     r.rpush(keys.LEGACY_STAGE_LOG, "span")
     kept = [completion.key("old", s) for s in (keys.RUN_STAGES_SUFFIX, keys.RUN_SUMS_SUFFIX)]
@@ -111,7 +131,6 @@ def test_a_retired_run_is_finished_in_redis_and_lets_its_per_video_keys_go(redis
     for key in kept:
         r.rpush(key, "x") if not key.endswith(keys.RUN_SUMS_SUFFIX) else r.hset(key, "3d", "x")
     kept += [completion.key("old", s) for s in (keys.RUN_FINISHED_SUFFIX, keys.RUN_OUTCOME_DICT_SUFFIX)]
-    kept += [completion.key("old", keys.RUN_ORDER_SUFFIX)]
     r.hset(run_key, keys.RUN_AGGREGATED_FIELD, "sent callback-old")
 
     before = time.time()

@@ -16,15 +16,10 @@ counted), so the hash holds the tasks in flight, not one field per task of the r
 from __future__ import annotations
 
 import hashlib
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 from tasks import keys
-
-RUNS_REMEMBERED = 64  # run ids whose shard count a process keeps (a worker serves a few runs at a time)
-_shards: dict[str, int] = {}
-_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -61,32 +56,9 @@ def of(run_id: str, task_id: str, shards: int) -> Marks:
     return Marks(done_key(run_id, spread % shards), mark, attempts_key(run_id))
 
 
-def shards(r: Any, run_id: str) -> int:
-    """The run's shard count (its record's ``shards``), read once per process; 1 for a run without a record
-    (read again next time: a record appears before the run's first task is sent, and never changes its count).
-    Raises redis.RedisError."""
-    with _lock:
-        known = _shards.get(run_id)
-    if known is not None:
-        return known
-    from tasks.run import runs, sums
-
-    record = runs.lookup(r, run_id)
-    count = sums.shards_of(record)
-    if record is not None:
-        with _lock:
-            if len(_shards) >= RUNS_REMEMBERED:
-                _shards.clear()
-            _shards[run_id] = count
-    return count
-
-
 def where(r: Any, run_id: str, task_id: str) -> Marks:
-    """Where ``task_id`` of ``run_id`` is marked (``of`` with the run's shard count). Raises redis.RedisError."""
-    return of(run_id, task_id, shards(r, run_id))
+    """Where ``task_id`` of ``run_id`` is marked (``of`` with the run's shard count, tasks.run.sums.run_shards).
+    Raises redis.RedisError."""
+    from tasks.run import sums
 
-
-def forget_shards() -> None:
-    """Drop the shard counts this process read (a test that reuses run ids over a flushed Redis)."""
-    with _lock:
-        _shards.clear()
+    return of(run_id, task_id, sums.run_shards(r, run_id))

@@ -18,7 +18,7 @@ Instead:
   often the last task is delivered (and again by that same task's redelivery if its worker died
   between the flag and the send). The callback reads the outcomes from Redis, not from a message;
 - once the callback has written the run's files it retires the run (``retire``): the field ``ended``
-  marks it, the per-video keys (outcomes, order, done marks, attempts, stage log) expire soon after,
+  marks it, the per-video keys (order, done marks, attempts) go, the outcomes and stage log soon after,
   and a task of the run delivered later is dropped as a duplicate (tasks.delivery.claims) and counts
   nothing here.
 
@@ -47,19 +47,20 @@ WINDOW_PER_WORKER = 4  # videos in flight per live worker: each worker's next ta
 MIN_WINDOW = 32  # the automatic window with few (or not yet any) workers
 OUTCOME_KEYS = ("video_id", "video", "failed", "timings", "notes", "gpu", "report")
 
-# KEYS: finished, order, sent, the run's hash; ARGV: video id, outcome, ttl. The newest outcome replaces
-# the one before (a second chain of a video that failed may succeed); the order is given once; the video
-# leaves the sent hash (tasks.run.sweep reads it whole: it holds the videos in flight only). Returns
-# {k, count}, or {0, 0} when the run has ended (a late duplicate: nothing is recorded).
+# KEYS: finished, the video's shard of the order, sent, the run's hash; ARGV: video id, outcome, ttl, the
+# video's mark (tasks.run.sums.mark_of). The newest outcome replaces the one before (a second chain of a video
+# that failed may succeed); the order is given once; the video leaves the sent hash (tasks.run.sweep reads it
+# whole: it holds the videos in flight only). Returns {k, count}, or {0, 0} when the run has ended (a late
+# duplicate: nothing is recorded).
 _RECORD = """
 if redis.call('HEXISTS', KEYS[4], 'ended') == 1 then return {0, 0} end
-local k = redis.call('HGET', KEYS[2], ARGV[1])
+local k = redis.call('HGET', KEYS[2], ARGV[4])
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HDEL', KEYS[3], ARGV[1])
 local count = redis.call('HLEN', KEYS[1])
 if not k then
   k = count
-  redis.call('HSET', KEYS[2], ARGV[1], k)
+  redis.call('HSET', KEYS[2], ARGV[4], k)
 end
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
@@ -73,6 +74,21 @@ def key(run_id: str, suffix: str) -> str:
 
 def sent_key(run_id: str) -> str:
     return key(run_id, keys.RUN_SENT_SUFFIX)
+
+
+def order_of(run_id: str, video_id: str, shards: int) -> tuple[str, bytes]:
+    """(the shard of the run's order that holds ``video_id``'s place, its mark there): the 8-byte digest of the
+    merged marks (tasks.run.sums), in hashes of the same shards, each small enough for Redis's listpack
+    encoding (about 20 B per video; one hash of video ids took about 90)."""
+    from tasks.run import sums
+
+    mark = sums.mark_of(video_id)
+    return f"{key(run_id, keys.RUN_ORDER_SUFFIX)}:{int.from_bytes(mark[:4], 'little') % shards:x}", mark
+
+
+def order_keys(run_id: str, shards: int) -> list[str]:
+    """Every order key a run of ``shards`` shards may have written (to delete them: no scan)."""
+    return [f"{key(run_id, keys.RUN_ORDER_SUFFIX)}:{i:x}" for i in range(shards)]
 
 
 def note_sent(r: redis.Redis, jobs: list[Job], ttl_s: int) -> None:
@@ -140,9 +156,12 @@ def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None)
 
     message = job.to_dict()
     outcome = kept.encode(r, run_id, {k: message[k] for k in OUTCOME_KEYS if k in message}, ttl_s)
-    finished, order = key(run_id, keys.RUN_FINISHED_SUFFIX), key(run_id, keys.RUN_ORDER_SUFFIX)
+    from tasks.run import sums
+
+    finished = key(run_id, keys.RUN_FINISHED_SUFFIX)
+    order, mark = order_of(run_id, job.video_id, sums.run_shards(r, run_id))
     run_hash = runs.redis_key(run_id)
-    k, count = r.eval(_RECORD, 4, finished, order, sent_key(run_id), run_hash, job.video_id, outcome, ttl_s)
+    k, count = r.eval(_RECORD, 4, finished, order, sent_key(run_id), run_hash, job.video_id, outcome, ttl_s, mark)
     if not int(k):
         log.warning("run %s has ended: %s delivered again after its end is not counted", run_id, job.video_id)
         return
@@ -246,14 +265,15 @@ def retire(r: redis.Redis, run_id: str, keep_s: int) -> None:
 
 def let_go(pipe: Any, run_id: str, keep_s: int, videos: int = 0, shards: int | None = None) -> None:
     """Queue on ``pipe`` the end of the run's per-video keys: attempts, unsent and sent jobs, the sweep's
-    misses, the done marks and the merged marks (over ``shards``, or those of a run of ``videos``) now;
-    outcomes, order, stage log, running sums, requeues and resends ``keep_s`` seconds from now (also
+    misses, the done marks, the order and the merged marks (over ``shards``, or those of a run of ``videos``)
+    now; outcomes, stage log, running sums, requeues and resends ``keep_s`` seconds from now (also
     for a cancelled run, whose tasks stop at its flag and which the sweep leaves alone)."""
     from tasks.delivery import marks
     from tasks.run import sums
 
     gone = (
         keys.RUN_DONE_SUFFIX,  # an earlier version's one hash of done marks
+        keys.RUN_ORDER_SUFFIX,  # and of the order
         keys.RUN_ATTEMPTS_SUFFIX,
         keys.RUN_PENDING_SUFFIX,
         keys.RUN_PENDING_SENT_SUFFIX,
@@ -262,10 +282,10 @@ def let_go(pipe: Any, run_id: str, keep_s: int, videos: int = 0, shards: int | N
     pipe.delete(*(key(run_id, s) for s in gone), keys.SWEEP_PREFIX + run_id)
     pipe.srem(keys.RUNS_SENDING, run_id)
     count = shards or sums.shard_count(videos)
-    named = [*sums.shard_keys(run_id, count), *marks.done_keys(run_id, count)]
-    for start in range(0, len(named), 1000):  # by name, never a scan: at most 2 × MAX_SHARDS keys
+    named = [*sums.shard_keys(run_id, count), *marks.done_keys(run_id, count), *order_keys(run_id, count)]
+    for start in range(0, len(named), 1000):  # by name, never a scan: at most 3 × MAX_SHARDS keys
         pipe.delete(*named[start : start + 1000])
-    kept = (keys.RUN_FINISHED_SUFFIX, keys.RUN_OUTCOME_DICT_SUFFIX, keys.RUN_ORDER_SUFFIX, keys.RUN_STAGES_SUFFIX)
+    kept = (keys.RUN_FINISHED_SUFFIX, keys.RUN_OUTCOME_DICT_SUFFIX, keys.RUN_STAGES_SUFFIX)
     for suffix in (*kept, keys.RUN_SUMS_SUFFIX):
         pipe.expire(key(run_id, suffix), max(1, keep_s))
     for listed in (keys.REQUEUES_PREFIX, keys.RESENT_PREFIX):

@@ -27,6 +27,7 @@ import logging
 import math
 import operator
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,9 @@ from tasks.run.stats import VideoStats, row_layout
 log = logging.getLogger("framefleet.sums")
 PER_SHARD = 64  # videos per merged-marks hash: under Redis's hash-max-listpack-entries (128 by default)
 MAX_SHARDS = 1 << 16
+RUNS_REMEMBERED = 64  # run ids whose shard count a process keeps (a worker serves a few runs at a time)
+_RUN_SHARDS: dict[str, int] = {}
+_lock = threading.Lock()
 CHANGED_FIELD = "changed"  # set when a video was merged again with another file: the sums are not used
 
 # KEYS: the sums hash, the video's shard of merged marks. ARGV: the video's mark (8 B), its stamp
@@ -114,6 +118,32 @@ def shards_of(record: dict[str, Any] | None) -> int:
     if record.get("shards"):
         return int(record["shards"])
     return shard_count(int(record.get("videos") or 0))
+
+
+def run_shards(r: Any, run_id: str) -> int:
+    """The run's shard count (``shards_of`` its record), read once per process; 1 for a run without a record,
+    read again next time (a record appears before the run's first task is sent, and never changes its count).
+    Raises redis.RedisError."""
+    with _lock:
+        known = _RUN_SHARDS.get(run_id)
+    if known is not None:
+        return known
+    from tasks.run import runs
+
+    record = runs.lookup(r, run_id)
+    count = shards_of(record)
+    if record is not None:
+        with _lock:
+            if len(_RUN_SHARDS) >= RUNS_REMEMBERED:
+                _RUN_SHARDS.clear()
+            _RUN_SHARDS[run_id] = count
+    return count
+
+
+def forget_run_shards() -> None:
+    """Drop the shard counts this process read (a test that reuses run ids over a flushed Redis)."""
+    with _lock:
+        _RUN_SHARDS.clear()
 
 
 def mark_of(video_id: str) -> bytes:
