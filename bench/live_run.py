@@ -5,15 +5,16 @@ The run is simulated on a private redis-server with the keys and the writes of t
 (``shards`` as a plain enqueue fixes it, the size unknown: 65,536), then two moments:
 
 - **enqueued**: N − window videos held (tasks.run.pending.Holder), the window's jobs in the sent hash;
-- **last window**: N − window videos finished, each with its outcome and order (completion's own Lua),
+- **last window**: N − window videos finished, each with its outcome and place (completion's own Lua),
   its partial merged (tasks.run.sums), its five stage tasks marked done (tasks.delivery.claims' writes at a
   task's end, by marks.of) and logged (the stage log, newest 100,000), the pending chunks gone and the
   bitmap full; the window in flight: its jobs sent, one start counted each.
 
 Video ids are those of ``s<xx>/v<i>.mp4`` (tasks.run.dataset.video_id_of), task ids uuid4 as Celery makes
-them. ``used_memory`` is read after each structure is added. The done marks and start counts are then
-replaced by main's layout (one hash of task id → 1, one of task id → starts, a field per stage task for
-the whole run), in the same Redis, for the baseline.
+them. ``used_memory`` is read after each structure is added. The order (video → its place) and the done
+marks and start counts are also written as main keeps them (one hash of video id → place; one hash of task
+id → 1 and one of task id → starts, a field per stage task for the whole run), in the same Redis, and
+removed again, for the baseline.
 """
 
 from __future__ import annotations
@@ -114,11 +115,32 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False) -> dict[str, Any]
     r.delete(completion.sent_key(run_id))
     completion.note_sent(r, [job_of(int(i)) for i in in_flight], 3600)
     step("pending_sent")
+    finished_key = completion.key(run_id, ":finished")
+    run_key = runs.redis_key(run_id)
+    # The order first, as main kept it (one hash of video ids) for the baseline, then as now: the places the
+    # recording Lua below finds there and keeps (the same writes as its own HSET, measured alone).
+    pipe = r.pipeline(transaction=False)
+    for at in range(0, len(finished), 1000):
+        places = {ids[i]: at + j + 1 for j, i in enumerate(finished[at : at + 1000])}
+        pipe.hset(completion.key(run_id, ":order"), mapping=places)
+        if at % (20 * 1000) == 0:
+            pipe.execute()
+    pipe.execute()
+    step("main_order")
+    r.delete(completion.key(run_id, ":order"))
+    step("main_order_gone")
+    pipe = r.pipeline(transaction=False)
+    for k, i in enumerate(finished):
+        order, mark = completion.order_of(run_id, ids[i], record["shards"])
+        pipe.hset(order, mark, k + 1)
+        pipe.expire(order, 3600)
+        if k % BATCH == BATCH - 1:
+            pipe.execute()
+    pipe.execute()
+    step("order")
     record_script = r.register_script(completion._RECORD)
     t = time.perf_counter()
     pipe = r.pipeline(transaction=False)
-    finished_key = completion.key(run_id, ":finished")
-    run_key = runs.redis_key(run_id)
     for k, i in enumerate(finished):
         packed = outcomes.encode(r, run_id, realistic_outcome(marker, summary, ids[i], int(i)), 3600)
         order, mark = completion.order_of(run_id, ids[i], record["shards"])
@@ -215,17 +237,20 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False) -> dict[str, Any]
         "record": b["record"] - b["base"],
         "pending (enqueued)": b["enqueued"] - b["record"],
         "pending bitmap and sent (last window)": b["pending_sent"] - b["record"],
-        "outcomes and order": b["outcomes"] - b["pending_sent"],
+        "order, main": b["main_order"] - b["pending_sent"],
+        "order, now": b["order"] - b["main_order_gone"],
+        "outcomes": b["outcomes"] - b["order"],
         "sums and merged marks": b["sums"] - b["outcomes"],
         "stage log": b["stage_log"] - b["sums"],
         "counters": b["counters"] - b["stage_log"],
         "done marks and starts, main": b["main_marks"] - b["counters"],
         "done marks and starts, now": b["now_marks"] - b["main_marks_gone"],
     }
-    common = b["counters"] - b["base"]
+    parts = figures["bytes"]
+    common = b["counters"] - b["base"] - (b["order"] - b["main_order_gone"])  # all but the order and the claims
     figures["enqueued_bytes"] = b["enqueued"] - b["base"]
-    figures["last_window_now_bytes"] = common + figures["bytes"]["done marks and starts, now"]
-    figures["last_window_main_bytes"] = common + figures["bytes"]["done marks and starts, main"]
+    figures["last_window_now_bytes"] = common + parts["order, now"] + parts["done marks and starts, now"]
+    figures["last_window_main_bytes"] = common + parts["order, main"] + parts["done marks and starts, main"]
     if not keep:
         r.flushall()
     return figures
