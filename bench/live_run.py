@@ -63,7 +63,7 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False) -> dict[str, Any]
     from tasks.run.dataset import new_run_id, video_id_of
 
     stages = settings().enabled_stages()  # a video's chain: one stage task each
-    r = redis.Redis.from_url(url, decode_responses=True)
+    r = redis.Redis.from_url(url, decode_responses=True, socket_timeout=600)  # main's DEL of its hashes takes s
     r.flushall()
     vid0 = sorted(p.stem for p in tiny.glob("*.hdf5"))[0]
     h5, marker_path = dataset_file(tiny, vid0)
@@ -220,7 +220,9 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False) -> dict[str, Any]
     main_layout(2)
     figures["main_marks_s"] = time.perf_counter() - t
     step("main_marks")
-    r.delete(f"ff:run:{run_id}:done", marks.attempts_key(run_id))
+    t = time.perf_counter()
+    r.delete(f"ff:run:{run_id}:done", marks.attempts_key(run_id))  # main's end of the run: Redis blocked meanwhile
+    figures["main_marks_delete_s"] = time.perf_counter() - t
     step("main_marks_gone")
     t = time.perf_counter()
     now_layout(2)
@@ -252,8 +254,20 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False) -> dict[str, Any]
     figures["last_window_now_bytes"] = common + parts["order, now"] + parts["done marks and starts, now"]
     figures["last_window_main_bytes"] = common + parts["order, main"] + parts["done marks and starts, main"]
     if not keep:
+        figures["let_go_s"] = let_go_s(r, run_id, record["shards"])
         r.flushall()
     return figures
+
+
+def let_go_s(r: Any, run_id: str, shards: int) -> float:
+    """Seconds of the run's end in Redis (tasks.run.completion.let_go: its per-video keys deleted by name)."""
+    from tasks.run import completion
+
+    t = time.perf_counter()
+    pipe = r.pipeline(transaction=False)
+    completion.let_go(pipe, run_id, 600, shards=shards)
+    pipe.execute()
+    return time.perf_counter() - t
 
 
 def timed(fn: Any, repeat: int) -> dict[str, float]:
@@ -276,7 +290,7 @@ def responsiveness(url: str, run_id: str, flower: bool = True) -> dict[str, Any]
     from tasks.run import runs, sweep
 
     conf = settings()
-    r = redis.Redis.from_url(url, decode_responses=True)
+    r = redis.Redis.from_url(url, decode_responses=True, socket_timeout=600)
     found: dict[str, Any] = {"keys_in_redis": r.dbsize()}
     chosen = runs.lookup(r, run_id)
     found["status_render"] = timed(lambda: status.render(conf, None, chosen), 5)

@@ -830,6 +830,12 @@ def live_main(args: argparse.Namespace) -> int:
         big = results["live"][-1]
         results["responsive"][big["videos"]] = live_run.responsiveness(url, big["run_id"], not args.no_flower)
         print(f"beside a live run of {big['videos']}: {json.dumps(results['responsive'][big['videos']])}")
+        import redis
+
+        from tasks.run.sums import MAX_SHARDS
+
+        big["let_go_s"] = live_run.let_go_s(redis.Redis.from_url(url, socket_timeout=600), big["run_id"], MAX_SHARDS)
+        print(f"its end in Redis (completion.let_go): {big['let_go_s']:.2f} s", flush=True)
     results["load_after"] = os.getloadavg()
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
