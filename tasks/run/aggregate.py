@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import statistics
 import subprocess
 import sys
 import time
-from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +21,13 @@ import numpy as np
 from tasks.backends.defaults import describe
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.delivery import requeues
-from tasks.job import IDENTITY, Job
 from tasks.observe import progress
 from tasks.observe.flower_view import VideoTask
 from tasks.outputs.stage_io import marked_videos, read_done
 from tasks.outputs.storage import write_text_atomic
 from tasks.redis_client import get_redis
-from tasks.run import completion, lineage, partials, quarantine, runs, sums, sweep
+from tasks.run import completion, lineage, manifest, outcomes, partials, quarantine, runs, sums, sweep
+from tasks.run.tally import Tally
 from tasks.stages import STAGE_NAMES, dataset_stage, model_backends
 
 log = logging.getLogger("framefleet.aggregate")
@@ -62,7 +61,11 @@ def completed_videos(out_root: Path) -> dict[str, dict[str, Any]]:
 
 
 def completed_partials(
-    out_root: Path, track_type: str, r: Any = None, current: dict[str, bytes] | None = None
+    out_root: Path,
+    track_type: str,
+    r: Any = None,
+    current: dict[str, bytes] | None = None,
+    ids: list[str] | None = None,
 ) -> np.ndarray:
     """Return the partial statistics of every video of ``out_root`` whose HDF5 file is complete, any
     run, as rows (tasks.run.stats.to_row) in video id order.
@@ -90,6 +93,8 @@ def completed_partials(
             entry = _entry(prefix + vid + ".hdf5", stats) if current is not None and vid in marked else None
         if current is not None and entry is not None:
             current[vid] = entry
+        if ids is not None:
+            ids.append(vid)
         rows.append(row)
     return np.frombuffer(b"".join(rows), dtype="<f8").reshape(len(rows), partials.row_width(track_type))
 
@@ -107,9 +112,11 @@ def write_statistics(
     """Write normalization_stats.yaml from every completed video; return how many were merged.
 
     ``run_id``: the run whose running sums (tasks.run.sums) are used when they cover every complete
-    video of ``out_root`` (one small Redis read and a listing of the markers); otherwise, and without
-    it, the full pass: every video's partial, from tasks.run.partials' files (``r``: also an earlier
-    version's Redis copy) or its marker. ``current``: as for ``completed_partials`` (full pass only).
+    video of ``out_root``, alone or with the sums an earlier run's end saved (a small Redis read, a
+    listing of the markers); otherwise, and without it, the full pass: every video's partial, from
+    tasks.run.partials' files (``r``: also an earlier version's Redis copy) or its marker. ``current``:
+    as for ``completed_partials`` (full pass only). The statistics written are saved with the videos
+    they cover (``sums.save``) for the next run.
     """
     return write_statistics_from(out_root, track_type, r, current, run_id)[0]
 
@@ -117,27 +124,34 @@ def write_statistics(
 def write_statistics_from(
     out_root: Path, track_type: str, r: Any = None, current: dict[str, bytes] | None = None, run_id: str | None = None
 ) -> tuple[int, str]:
-    """``write_statistics``, and where the statistics came from: "running sums" or "every video"."""
+    """``write_statistics``, and where the statistics came from: "running sums", "running sums and
+    earlier runs' sums" or "every video"."""
     from tasks.run.stats import normalization_stats, pool_rows, write_stats_yaml
 
     got = sums.covering(r, run_id, out_root, track_type) if run_id else None
     if got is not None:
-        (total, merged), source = got, "running sums"
+        covered, source = got
     else:
-        rows = completed_partials(out_root, track_type, r, current)
-        total, merged, source = pool_rows(rows, track_type), int(rows.shape[0]), "every video"
-    stats = normalization_stats(total)
-    write_stats_yaml(out_root / "normalization_stats.yaml", stats, stats_header(lineage.read(out_root)))
-    return merged, source
+        ids: list[str] = []
+        rows = completed_partials(out_root, track_type, r, current, ids)
+        covered = sums.Covered(pool_rows(rows, track_type), len(ids), sums.digest_of(ids))
+        source = "every video"
+    stats = normalization_stats(covered.total)
+    write_stats_yaml(out_root / "normalization_stats.yaml", stats, stats_header(out_root))
+    try:
+        sums.save(out_root.resolve(), covered)
+    except OSError as exc:
+        log.warning("%s not written (%s): the next run's end takes the full pass", sums.file_path(out_root), exc)
+    return covered.videos, source
 
 
-def stats_header(manifest: dict[str, Any]) -> list[str]:
+def stats_header(out_root: Path) -> list[str]:
     """The statistics file's comment lines: the framefleet that wrote it and the backend sets of its videos."""
     from tasks.outputs.provenance import framefleet_version
 
     made = framefleet_version()
     lines = [f"framefleet {made['version']}" + (f" (commit {made['commit'][:12]})" if "commit" in made else "")]
-    sets = lineage.backend_sets(manifest)
+    sets = lineage.backend_sets(out_root)
     if sets:
         lines.append(f"computed over videos made with {len(sets)} backend set(s) (manifest.json holds their settings):")
     for found in sets:
@@ -148,29 +162,6 @@ def stats_header(manifest: dict[str, Any]) -> list[str]:
             named = str(backends)
         lines.append(f"  {found['videos']} videos: {named}; settings sha256 {str(found['settings_sha256'])[:16]}")
     return lines
-
-
-def stage_timings(results: list[Job]) -> dict[str, Any]:
-    """Per-stage durations and the overhead between one stage's end and the next one's start."""
-    out: dict[str, Any] = {}
-    order = settings().enabled_stages()
-    for i, stage in enumerate(order):
-        spans = [r.timings[stage] for r in results if stage in r.timings]
-        ran = [s.end - s.start for s in spans if not s.skipped]
-        entry: dict[str, Any] = {
-            "tasks": len(spans),
-            "skipped": len(spans) - len(ran),
-            "workers": dict(Counter(s.worker for s in spans)),
-        }
-        if ran:
-            entry.update(mean_s=statistics.fmean(ran), max_s=max(ran), total_s=sum(ran))
-        if i:
-            prev = order[i - 1]
-            gaps = [r.timings[stage].start - r.timings[prev].end for r in results if {stage, prev} <= set(r.timings)]
-            if gaps:
-                entry["overhead_after_" + prev] = {"mean_s": statistics.fmean(gaps), "max_s": max(gaps)}
-        out[stage] = entry
-    return out
 
 
 def _requeued(r: Any, run_id: str) -> list[dict[str, Any]]:
@@ -213,13 +204,9 @@ def write_report(out_root: Path) -> None:
         log.info("report written in %.1f s: %s", time.monotonic() - started, out_root / "report.html")
 
 
-def _run_backends(reports: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """The backends this run's files record (the most common set), or, with none, this worker's settings."""
-    sets = Counter(
-        json.dumps(rep["provenance"]["backends"], sort_keys=True) for rep in reports.values() if rep.get("provenance")
-    )
-    if sets:
-        found = json.loads(sets.most_common(1)[0][0])
+def _run_backends(found: dict[str, Any] | None) -> dict[str, str]:
+    """The backends this run's files record (``Tally.backends``), or, with none, this worker's settings."""
+    if found:
         return {k: found[k] for k in STAGE_NAMES if found.get(k, "builtin") != "builtin"}  # in chain order
     return model_backends(settings())
 
@@ -228,7 +215,8 @@ def _run_backends(reports: dict[str, dict[str, Any]]) -> dict[str, str]:
 def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     """Statistics callback of a run: write normalization_stats.yaml and run_summary.json; return the summary.
 
-    Called as ``aggregate(run)`` by tasks.run.completion (the outcomes are read from Redis), or as
+    Called as ``aggregate(run)`` by tasks.run.completion (the outcomes are read from Redis in chunks,
+    each counted and written to the run's outcomes file as it comes, then dropped from Redis), or as
     ``aggregate(results, run)`` by the chord of an earlier version.
     """
     try:
@@ -238,23 +226,34 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         r = None
     if run is None:
         run = first
-        results = completion.outcomes(r, run["run_id"]) if r is not None else []
+        results: Iterable[dict[str, Any]] = (
+            (outcome for _vid, outcome in outcomes.read(r, run["run_id"])) if r is not None else ()
+        )
     else:
         results = first
     out_root = Path(run["output_root"])
     track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
-    if not results and run.get("videos") and (earlier := _summary(out_root, run["run_id"])) is not None:
+    tally = Tally(run["run_id"], settings().enabled_stages())
+    kept = lineage.Outcomes(out_root, run["run_id"])
+    try:
+        for outcome in results:
+            vid, status, found = tally.add(outcome)
+            if status == "done":
+                kept.done(vid, found)
+            elif status == "low_quality":
+                kept.low_quality(vid, found)
+            else:
+                kept.failed(vid)
+    except BaseException:
+        kept.abort()
+        raise
+    if not tally.videos and run.get("videos") and (earlier := _summary(out_root, run["run_id"])) is not None:
         # Delivered again after the run was retired (its outcomes gone): the summary written then stands.
+        kept.abort()
         log.warning("run %s: its summary was written already and its outcomes are gone; keeping it", run["run_id"])
         return _short(earlier)
-    # A chord's results are whole job messages; an outcome (tasks.run.completion) is a part of one.
-    jobs = [Job.from_dict({"run_id": run["run_id"], **v}, required=IDENTITY) for v in results]
-    done = sorted(j.video_id for j in jobs if not j.failed)
-    failed = [{"video_id": j.video_id, "video": j.video, **j.failed.to_dict()} for j in jobs if j.failed]
-    reports = {j.video_id: dict(j.report or {}) for j in jobs if not j.failed}
-    low = {j.video_id: dict(j.failed.detail or {}) for j in jobs if j.failed and j.failed.detail}
-    # Before the statistics: their header reads it.
-    lineage.record_outcomes(out_root, reports, low, {f["video_id"] for f in failed})
+    kept.commit()  # before the statistics: their header reads it
+    done, failed, low = sorted(tally.done), tally.failed, tally.low
     current: dict[str, bytes] = {}
     folded = partials.segments(out_root)  # before the read: a segment begun later stays
     merged, source = write_statistics_from(out_root, track_type, r, current, run["run_id"])
@@ -264,10 +263,10 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     except OSError as exc:
         log.warning("%s not written (%s): the next statistics read the markers", partials.file_path(out_root), exc)
     quarantined = quarantine.update(out_root, failed, done, r)
-    backends = _run_backends(reports)
+    backends = _run_backends(tally.backends())
     summary = {
         "run_id": run["run_id"],
-        "videos": len(results),
+        "videos": tally.videos,
         "done": len(done),
         "already_complete": run.get("already_complete", 0),
         "failed": failed,
@@ -278,8 +277,8 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         "started": run.get("started"),
         "finished": time.time(),
         "wall_s": time.time() - run["started"] if run.get("started") else None,
-        "stages": stage_timings([j for j in jobs if not j.failed]),
-        "notes": {j.video_id: dict(j.notes) for j in jobs if j.notes},
+        "stages": tally.stage_timings(),
+        "notes": tally.notes,
         "backends": backends,
         "backend_lines": describe(backends),
         "low_quality": {vid: detail.get("shortfalls", []) for vid, detail in low.items()},
@@ -290,6 +289,7 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
             "hdf5": "{video_id}.hdf5",
             "quarantine": quarantine.FILE,
             "report": "report.html",
+            "outcomes": str(manifest.outcomes_path(Path(), run["run_id"])),
         },
     }
     write_text_atomic(out_root / "run_summary.json", json.dumps(summary, indent=2, sort_keys=True))
@@ -324,6 +324,7 @@ def _retire(r: Any, out_root: Path, run_id: str) -> None:
         progress.record(r, run_id, "aggregate", True, conf.result_expires_s)
         runs.save_stage_log(r, out_root, run_id)
         completion.retire(r, run_id, conf.finished_run_keep_s)
+        outcomes.drop(r, run_id)  # in OUT/runs/<run>.outcomes.jsonl and run_summary.json now
         partials.retire(r, out_root.resolve(), conf.finished_run_keep_s)
     except Exception as exc:  # they expire with their TTLs anyway
         log.warning("run %s: its Redis keys not retired (%s); they expire with their TTLs", run_id, exc)

@@ -6,6 +6,13 @@ videos it lists in one pass over each, holding neither in memory. The new file i
 old one (in OUT/runs/) and replaces it at the end (an enqueuer that dies mid-way leaves the earlier
 manifest, and its part, which the next run removes). A
 manifest of an earlier version (another order, or indented JSON) is read whole once and sorted.
+
+What a run's end records of its videos (status, quality, provenance) goes to a file of its own,
+OUT/runs/<run>.outcomes.jsonl (a line per video: its id, a tab, the fields to set), not into the
+manifest: rewriting a million videos' manifest at each run's end took longer than the run's
+statistics. Readers here merge those files over the manifest's entries (the newer run's last); the
+next enqueue writes them into the manifest as it rewrites it anyway, and names them in its head
+(``folded``), so a file left behind is not merged twice.
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ MANIFEST = "manifest.json"
 ORDER = "parts"
 TAIL = ', "videos": ['  # what ends the head's line (tasks.run.lineage.write writes the same)
 PARTS = "runs"  # the folder the new manifest is written in before it replaces the old (tasks.run.runs.FOLDER)
+OUTCOMES = ".outcomes.jsonl"  # OUT/runs/<run>.outcomes.jsonl: what a run's end recorded of its videos
+FOLDED = "folded"  # the head's list of the runs whose outcomes files the manifest holds
+_ID = '"video_id": "'  # how json.dumps writes an entry's id: found without parsing the line
 
 
 def sort_key(entry: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
@@ -29,11 +39,83 @@ def sort_key(entry: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
 
 
 def read(out_dir: Path) -> dict[str, Any]:
-    """The whole manifest of ``out_dir`` (every video's entry in memory), or {} when there is none."""
+    """The whole manifest of ``out_dir`` (every video's entry in memory, with what the runs' ends
+    recorded), or {} when there is none."""
+    whole = _whole(out_dir)
+    recorded = outcomes(out_dir, whole)
+    if recorded:
+        for entry in whole.get("videos", []):
+            fields = recorded.get(entry.get("video_id"))
+            if fields is not None:
+                entry.update(json.loads(fields))
+    return whole
+
+
+def _whole(out_dir: Path) -> dict[str, Any]:
     try:
         return dict(json.loads((out_dir / MANIFEST).read_text()))
     except (OSError, ValueError):
         return {}
+
+
+def outcomes_path(out_dir: Path, run_id: str) -> Path:
+    return out_dir / PARTS / f"{run_id}{OUTCOMES}"
+
+
+def outcome_files(out_dir: Path, top: dict[str, Any] | None = None) -> list[Path]:
+    """The runs' outcomes files the manifest (whose head is ``top``) does not hold yet, oldest run first
+    (run ids begin with their start time)."""
+    folded = set((head(out_dir) if top is None else top).get(FOLDED) or ())
+    try:
+        names = [n for n in os.listdir(out_dir / PARTS) if n.endswith(OUTCOMES) and not n.startswith(".")]
+    except FileNotFoundError:
+        return []
+    return [out_dir / PARTS / n for n in sorted(names) if n[: -len(OUTCOMES)] not in folded]
+
+
+def outcomes(out_dir: Path, top: dict[str, Any] | None = None) -> dict[str, str]:
+    """Video id -> the fields (JSON text) the runs' ends recorded and the manifest does not hold yet,
+    the newer run's over the older's. A line cut short (a writer killed mid-way) is skipped."""
+    found: dict[str, str] = {}
+    for path in outcome_files(out_dir, top):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                for raw in fh:
+                    vid, tab, fields = raw.rstrip("\n").partition("\t")
+                    if tab and fields.endswith("}"):
+                        found[vid] = fields
+        except OSError:
+            continue
+    return found
+
+
+def video_id_of(line: str) -> str | None:
+    """The video id of an entry's line, found as json.dumps writes it (None when it is not there)."""
+    at = line.find(_ID)
+    if at < 0:
+        return None
+    at += len(_ID)
+    end = line.find('"', at)
+    return line[at:end] if end > at and "\\" not in line[at:end] else None
+
+
+def merged(line: str, fields: str | None) -> str:
+    """An entry's line with the fields a run's end recorded (``outcomes``) set over its own."""
+    return line if fields is None else json.dumps({**json.loads(line), **json.loads(fields)})
+
+
+def pairs(out_dir: Path) -> Iterator[tuple[str, str | None]]:
+    """Each video's entry line, in manifest order, with the fields a run's end recorded of it that the
+    manifest does not hold yet (None: none): for readers that look into both without parsing either."""
+    recorded = outcomes(out_dir)
+    for line in _own_lines(out_dir):
+        if not recorded:
+            yield line, None
+            continue
+        vid = video_id_of(line)
+        if vid is None:
+            vid = json.loads(line).get("video_id")
+        yield line, recorded.get(vid)
 
 
 def head(out_dir: Path) -> dict[str, Any]:
@@ -45,16 +127,26 @@ def head(out_dir: Path) -> dict[str, Any]:
                 return dict(json.loads(first[: -len(TAIL)] + "}"))
     except (OSError, ValueError):
         return {}
-    whole = read(out_dir)
+    whole = _whole(out_dir)
     whole.pop("videos", None)
     return whole
 
 
+_head = head  # for Writer, whose argument of that name is the new head
+
+
 def lines(out_dir: Path) -> Iterator[str]:
-    """Each video's entry as a line of JSON, in manifest order (see the module); none without a manifest."""
+    """Each video's entry as a line of JSON, in manifest order (see the module), with what the runs' ends
+    recorded of it; none without a manifest."""
+    for line, fields in pairs(out_dir):
+        yield merged(line, fields)
+
+
+def _own_lines(out_dir: Path) -> Iterator[str]:
+    """The manifest file's own entry lines, in manifest order."""
     path = out_dir / MANIFEST
     if head(out_dir).get("order") != ORDER:
-        yield from (json.dumps(e) for e in sorted(read(out_dir).get("videos", []), key=sort_key))
+        yield from (json.dumps(e) for e in sorted(_whole(out_dir).get("videos", []), key=sort_key))
         return
     try:
         fh = open(path, encoding="utf-8")
@@ -105,9 +197,17 @@ class Writer:
         for stale in parts.glob(f".{MANIFEST}.*.tmp"):
             stale.unlink(missing_ok=True)
         self.tmp = parts / f".{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp"
+        # The runs' outcomes files merged into this manifest, and those named before whose file is still there.
+        self.folds = outcome_files(out_dir)
+        earlier = _head(out_dir).get(FOLDED) or []
+        folded = [f.name[: -len(OUTCOMES)] for f in self.folds]
+        folded += [run for run in earlier if outcomes_path(out_dir, run).exists() and run not in folded]
         self.earlier = _Earlier(out_dir)
         self.fh = open(self.tmp, "w", encoding="utf-8")
-        self.fh.write(json.dumps({**{k: v for k, v in head.items() if k != "videos"}, "order": ORDER})[:-1] + TAIL)
+        top = {**{k: v for k, v in head.items() if k not in ("videos", FOLDED)}, "order": ORDER}
+        if folded:
+            top[FOLDED] = sorted(folded)
+        self.fh.write(json.dumps(top)[:-1] + TAIL)
         self.written = 0
 
     def _write(self, line: str) -> None:
@@ -151,6 +251,8 @@ class Writer:
             os.fsync(folder)
         finally:
             os.close(folder)
+        for path in self.folds:  # the manifest holds them now (and names them: one left behind is ignored)
+            path.unlink(missing_ok=True)
 
     def abort(self) -> None:
         self.fh.close()

@@ -102,3 +102,10 @@ def read(r: redis.Redis, run_id: str, batch: int = 2000) -> Iterator[tuple[str, 
                 log.error("run %s: the outcome of %s cannot be read (%s); it is left out", run_id, video_id, exc)
                 continue
             yield video_id, found
+
+
+def drop(r: redis.Redis, run_id: str) -> None:
+    """Let the run's outcomes go once its end has written them to its files (UNLINK: freed off Redis's
+    main thread, a million outcomes being about 224 MB). Raises redis.RedisError."""
+    prefix = keys.RUN_PREFIX + run_id
+    r.unlink(prefix + keys.RUN_FINISHED_SUFFIX, prefix + keys.RUN_OUTCOME_DICT_SUFFIX, prefix + keys.RUN_ORDER_SUFFIX)

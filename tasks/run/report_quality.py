@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import html
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
-from tasks.run import lineage
+from tasks.run import manifest
 from tasks.stages import DepthStage, HandsStage, TracksStage
 
 log = logging.getLogger("framefleet.report")
 PREVIEW_WIDTH_PX = 320
+MAX_ROWS = 200  # videos in the table (a preview each); every low_quality one is shown
 # Columns: (stage, measure, heading, format).
 COLUMNS = (
     (TracksStage.name, "visible_fraction", "tracks visible", "{:.2f}"),
@@ -44,9 +46,28 @@ def preview(out: Path, video_id: str) -> str | None:
     return rel.as_posix()
 
 
+def recorded(out: Path, rows: int = MAX_ROWS) -> tuple[list[dict[str, Any]], int]:
+    """(the table's entries in manifest order: every low_quality video and the first ``rows`` others; how many videos the
+    manifest records a status or quality of), in one pass over the manifest that parses only the lines
+    it keeps."""
+    low: list[tuple[int, dict[str, Any]]] = []
+    others: list[tuple[int, dict[str, Any]]] = []
+    count = 0
+    for at, (line, fields) in enumerate(manifest.pairs(out)):
+        if '"status": "low_quality"' not in (line if fields is None else fields) and len(others) >= rows:
+            count += any(k in line or k in (fields or "") for k in ('"status": ', '"quality": '))
+            continue
+        entry = json.loads(manifest.merged(line, fields))
+        if entry.get("quality") or entry.get("status"):
+            count += 1
+            (low if entry.get("status") == "low_quality" else others).append((at, entry))
+    return [entry for _at, entry in sorted(low + others, key=lambda found: found[0])], count
+
+
 def section(out: Path) -> str:
-    """The HTML of the quality table (empty when the manifest records no quality)."""
-    videos = [v for v in lineage.read(out).get("videos", []) if v.get("quality") or v.get("status")]
+    """The HTML of the quality table (empty when the manifest records no quality): at most MAX_ROWS
+    videos (every low_quality one first), with the number left out."""
+    videos, count = recorded(out)
     if not videos:
         return ""
     head = "".join(f"<th>{html.escape(h)}</th>" for _s, _m, h, _f in COLUMNS)
@@ -65,8 +86,14 @@ def section(out: Path) -> str:
         rows.append(
             f"<tr{css}><td>{html.escape(v['path'])}<br>{picture}</td><td>{status}<br>{html.escape(missed)}</td>{cells}</tr>"
         )
+    more = (
+        f" {count - len(videos)} more videos are not shown here: OUT/manifest.json and OUT/runs/*.outcomes.jsonl "
+        "hold each one's status and quality."
+        if count > len(videos)
+        else ""
+    )
     return (
         "<h2>Quality per video</h2>\n<p>Measured by each stage; thresholds are the settings' <code>quality:</code>. "
-        "A low_quality video is quarantined and left out of the statistics.</p>\n"
+        f"A low_quality video is quarantined and left out of the statistics.{more}</p>\n"
         f'<table class="quality"><tr><th>video</th><th>status</th>{head}</tr>\n' + "\n".join(rows) + "\n</table>"
     )

@@ -17,17 +17,27 @@ id's digest → the 16 bytes of its file's size and modification time), so:
 
 The marks are spread over shards of about 64 videos (a power of two from the run's size), small
 enough for Redis's compact listpack encoding: about 30 B per video.
+
+The sums also keep a digest of the videos merged (the sum of their marks, as four 16-bit limbs: adding
+a video twice or leaving one out changes it), and the run's end writes the statistics it used to
+``OUT/markers/sums.json`` (the pooled row, exact float64, with the count and digest of the videos it
+covers). A later run (``--continue``, ``--add``) whose own sums hold the videos OUT gained since uses
+that file plus its sums when the count and the digest of OUT's markers say they cover every marker
+once; otherwise, and for a file of another track type, the full pass (``covering``).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import math
 import operator
 import os
 import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +54,8 @@ RUNS_REMEMBERED = 64  # run ids whose shard count a process keeps (a worker serv
 _RUN_SHARDS: dict[str, int] = {}
 _lock = threading.Lock()
 CHANGED_FIELD = "changed"  # set when a video was merged again with another file: the sums are not used
+FILE = "sums.json"  # in OUT/markers/: the statistics the last run's end wrote, with the videos they cover
+LIMBS = 4  # a digest is the sum of the videos' 8-byte marks as four 16-bit limbs (exact in Redis's integers)
 
 # KEYS: the sums hash, the video's shard of merged marks. ARGV: the video's mark (8 B), its stamp
 # (16 B), the track type, the row (float64, to_row's layout), the fields' feature counts ("3,1,9,3,6"),
@@ -92,6 +104,10 @@ if cur then
 end
 redis.call('HSET', KEYS[1], field, struct.pack(fmt, unpack(out, 1, width)))
 redis.call('HINCRBY', KEYS[1], 'videos:' .. ARGV[3], 1)
+local m = {string.byte(ARGV[1], 1, 8)}
+for i = 0, 3 do
+  redis.call('HINCRBY', KEYS[1], 'digest:' .. i, m[2 * i + 1] + 256 * m[2 * i + 2])
+end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('EXPIRE', KEYS[2], ARGV[6])
@@ -209,12 +225,48 @@ def pooled(found: dict[str, bytes], track_type: str) -> tuple[VideoStats, int] |
     return pool_rows(np.frombuffer(row, dtype="<f8").reshape(1, -1), track_type), int(count)
 
 
-def covering(r: Any, run_id: str, out_root: Path, track_type: str) -> tuple[VideoStats, int] | None:
-    """The run's pooled statistics when they cover every complete video of ``out_root`` (as many
-    videos as OUT holds markers, none in an earlier version's place), else None; never raises.
+@dataclass(frozen=True)
+class Covered:
+    """Pooled statistics and the videos they hold: how many, and their digest (``digest_of``)."""
 
-    The merged videos all have markers (a video is merged after its marker is written), so equal
-    counts mean the same videos.
+    total: VideoStats
+    videos: int
+    digest: tuple[int, ...]
+
+    def __add__(self, other: Covered) -> Covered:
+        return Covered(
+            self.total + other.total, self.videos + other.videos, tuple(map(operator.add, self.digest, other.digest))
+        )
+
+
+def digest_of(video_ids: Iterable[str]) -> tuple[int, ...]:
+    """The digest of a set of videos: the sum of their marks (``mark_of``) limb by limb, as the merge keeps it."""
+    marks = b"".join(map(mark_of, video_ids))
+    limbs = np.frombuffer(marks, dtype="<u2").reshape(-1, LIMBS)
+    return tuple(int(v) for v in limbs.sum(axis=0, dtype=np.uint64)) if len(marks) else (0,) * LIMBS
+
+
+def run_sums(found: dict[str, bytes], track_type: str) -> Covered | None:
+    """A run's sums hash as ``Covered``: empty when the run merged nothing (``found`` is {}), None when
+    its sums are not usable (changed, another track type, or kept by a version without the digest)."""
+    if not found:
+        return Covered(VideoStats.empty(track_type), 0, (0,) * LIMBS)
+    got = pooled(found, track_type)
+    digest = [found.get(f"digest:{i}") for i in range(LIMBS)]
+    if got is None or None in digest:
+        return None
+    return Covered(got[0], got[1], tuple(int(d) for d in digest))  # type: ignore[arg-type]
+
+
+def covering(r: Any, run_id: str, out_root: Path, track_type: str) -> tuple[Covered, str] | None:
+    """The statistics of every complete video of ``out_root`` from the run's running sums, alone
+    ("running sums") or added to those the last run's end saved (``load``: "running sums and earlier
+    runs' sums"), and where they came from; None when they do not cover every marker exactly once (the
+    full pass then runs); never raises.
+
+    The run's sums alone: the merged videos all have markers (a video is merged after its marker is
+    written), so as many as OUT holds markers means the same videos. With the saved file: the count and
+    the digest of OUT's markers must equal the file's plus the run's (one listing and a hash per marker).
     """
     if r is None:
         return None
@@ -223,20 +275,93 @@ def covering(r: Any, run_id: str, out_root: Path, track_type: str) -> tuple[Vide
     except redis.RedisError as exc:
         log.warning("run %s: its running sums not read (%s); pooling every video's partial", run_id, exc)
         return None
-    got = pooled(found, track_type)
-    if got is None:
+    mine = run_sums(found, track_type)
+    if mine is None:
         return None
     root = out_root.resolve()
+    if _earlier_layout(root):
+        return None
     complete = count_markers(root)
-    if complete != got[1] or _earlier_layout(root):
+    if mine.videos and complete == mine.videos:
+        return mine, "running sums"
+    earlier = load(root, track_type)
+    if earlier is None or earlier.videos + mine.videos != complete:
         log.info(
-            "run %s: its sums hold %d videos, OUT %d complete ones; pooling every video's partial",
+            "run %s: its sums hold %d videos, the earlier runs' saved sums %s, OUT %d complete ones; "
+            "pooling every video's partial",
             run_id,
-            got[1],
+            mine.videos,
+            "none" if earlier is None else earlier.videos,
             complete,
         )
         return None
-    return got
+    both = earlier + mine
+    listed = marker_digest(root)
+    if listed != (complete, both.digest):
+        log.info(
+            "run %s: its sums and the earlier runs' saved sums hold %d videos, as OUT holds, but not the same "
+            "ones (a video redone or removed since); pooling every video's partial",
+            run_id,
+            both.videos,
+        )
+        return None
+    return both, "running sums and earlier runs' sums"
+
+
+def file_path(out_root: Path) -> Path:
+    from tasks.outputs.stage_io import MARKERS_DIR
+
+    return out_root / MARKERS_DIR / FILE
+
+
+def save(out_root: Path, covered: Covered) -> None:
+    """Write OUT/markers/sums.json: ``covered``'s pooled row (exact float64, as hex), count and digest.
+    Raises OSError."""
+    from tasks.outputs.storage import write_text_atomic
+    from tasks.run.stats import to_row
+
+    kind = covered.total.track_type
+    saved = {
+        "track_type": kind,
+        "videos": covered.videos,
+        "digest": list(covered.digest),
+        "row": to_row(covered.total.to_dict(), kind).astype("<f8").tobytes().hex(),
+    }
+    write_text_atomic(file_path(out_root), json.dumps(saved))
+
+
+def load(out_root: Path, track_type: str) -> Covered | None:
+    """What ``save`` wrote, when it holds ``track_type``; None without it or when it cannot be read."""
+    from tasks.run.stats import pool_rows
+
+    try:
+        saved = json.loads(file_path(out_root).read_text())
+        if saved["track_type"] != track_type:
+            return None
+        row = np.frombuffer(bytes.fromhex(saved["row"]), dtype="<f8").reshape(1, -1)
+        total = pool_rows(row, track_type)
+        return Covered(total, int(saved["videos"]), tuple(int(d) for d in saved["digest"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if not isinstance(exc, FileNotFoundError):
+            log.warning("%s not read (%s): the full pass decides", file_path(out_root), exc)
+        return None
+
+
+def marker_digest(root: Path) -> tuple[int, tuple[int, ...]]:
+    """(how many dataset markers OUT/markers/ holds, the digest of their videos)."""
+    from tasks.outputs.stage_io import MARKER_SUFFIX, MARKERS_DIR
+
+    cut = len(MARKER_SUFFIX)
+    names: list[str] = []
+    try:
+        entries = os.listdir(root / MARKERS_DIR)
+    except FileNotFoundError:
+        return 0, (0,) * LIMBS
+    names += [n[:-cut] for n in entries if n.endswith(MARKER_SUFFIX)]
+    for name in entries:
+        if len(name) == 2 and os.path.isdir(shard := os.path.join(root, MARKERS_DIR, name)):
+            names += [n[:-cut] for n in os.listdir(shard) if n.endswith(MARKER_SUFFIX)]
+    return len(names), digest_of(names)
 
 
 def count_markers(root: Path) -> int:
