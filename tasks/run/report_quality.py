@@ -47,9 +47,9 @@ def preview(out: Path, video_id: str) -> str | None:
 
 
 def recorded(out: Path, rows: int = MAX_ROWS) -> tuple[list[dict[str, Any]], int]:
-    """(the table's entries in manifest order: every low_quality video and the first ``rows`` others; how many videos the
-    manifest records a status or quality of), in one pass over the manifest that parses only the lines
-    it keeps."""
+    """(the table's entries in manifest order: every low_quality video and the first ``rows`` others;
+    how many videos the manifest records a status or quality of), in one pass over the manifest that
+    parses only the lines it keeps."""
     low: list[tuple[int, dict[str, Any]]] = []
     others: list[tuple[int, dict[str, Any]]] = []
     count = 0
