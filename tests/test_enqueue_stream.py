@@ -214,6 +214,55 @@ def test_a_manifest_is_merged_in_one_pass_keeping_what_runs_recorded(tmp_path):
     assert not list((out / "runs").glob(".manifest.json.*"))
 
 
+def test_a_runs_outcomes_are_read_with_the_manifest_and_folded_into_it_by_the_next_enqueue(tmp_path):
+    """A run's end writes its videos' status, quality and provenance to OUT/runs/<run>.outcomes.jsonl, not
+    into the manifest; every reader sees them merged; the next enqueue writes them into the manifest and
+    names the file in its head, so a file left behind (its removal failed) is not merged again."""
+    from tasks.run import lineage, manifest
+    from tasks.run.dataset import write_manifest
+    from tasks.run.listing import walk_videos
+
+    raw, out = names(tmp_path), tmp_path / "out"
+    videos = [raw / f.path for f in walk_videos(raw)]
+    write_manifest(raw, out, videos, "run-1")
+    before = (out / "manifest.json").read_text()
+    ids = [e["video_id"] for e in json.loads(before)["videos"]]
+    prov = {"backends": {"depth": "x"}, "settings_sha256": "s1", "framefleet": {"version": "1"}, "run_id": "run-1"}
+    ended = lineage.Outcomes(out, "run-1")
+    ended.done(ids[0], {"quality": {"q": 1}, "provenance": {**prov, "source": {"sha256": "abc"}}})
+    ended.low_quality(ids[1], {"quality": {"q": 0}, "shortfalls": ["hands"]})
+    ended.failed(ids[2])
+    ended.commit()
+    assert (out / "manifest.json").read_text() == before  # the manifest itself is not rewritten
+    (out / "runs" / "run-1.outcomes.jsonl").open("a").write(f"{ids[3]}\t{{\"status\": \"do")  # a torn last line
+
+    def status(entries: list[dict]) -> dict[str, str | None]:
+        return {e["video_id"]: e.get("status") for e in entries}
+
+    want = {ids[0]: "done", ids[1]: "low_quality", ids[2]: "failed", **dict.fromkeys(ids[3:])}
+    assert status(manifest.read(out)["videos"]) == want
+    assert status([json.loads(line) for line in manifest.lines(out)]) == want
+    done = next(e for e in manifest.read(out)["videos"] if e["video_id"] == ids[0])
+    assert done["quality"] == {"q": 1} and done["provenance"]["source_sha256"] == "abc"
+    sets = lineage.backend_sets(out)
+    assert sets == [{"backends": {"depth": "x"}, "settings_sha256": "s1", "framefleet": "1", "videos": 1}]
+
+    write_manifest(raw, out, videos, "run-2")  # the next enqueue (a --continue)
+    head = manifest.head(out)
+    assert head["folded"] == ["run-1"] and not (out / "runs" / "run-1.outcomes.jsonl").exists()
+    assert status(json.loads((out / "manifest.json").read_text())["videos"]) == want  # in the file itself now
+    assert manifest.outcomes(out) == {} and lineage.backend_sets(out) == sets
+
+    # The file left behind (its removal failed) is named in the head: not merged over a later run's record.
+    ended = lineage.Outcomes(out, "run-1")
+    ended.failed(ids[0])
+    ended.commit()
+    later = lineage.Outcomes(out, "run-3")
+    later.failed(ids[3])
+    later.commit()
+    assert status(manifest.read(out)["videos"]) == {**want, ids[3]: "failed"}
+
+
 KILLED_MID_WALK = """
 import os, signal, sys
 sys.argv = ["framefleet", *sys.argv[1:]]

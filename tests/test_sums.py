@@ -201,7 +201,9 @@ def test_a_run_ends_with_its_sums_equal_to_the_full_pass(video_factory, workers,
         sums.merge(r, "lost", shards, vid, kept[vid], 60)
     assert aggregate.write_statistics_from(out, "3d", r, None, "lost") == (4, "every video")
     assert yaml.safe_load((out / "normalization_stats.yaml").read_text()) == full
-    # Redis flushed before the end: the same.
+    # Redis flushed before the end, and no saved sums of an earlier end (a run that merged nothing then
+    # takes the saved sums when they cover every marker: test_saved_sums_...): the same.
+    sums.file_path(out).unlink()
     r.flushdb()
     assert aggregate.write_statistics_from(out, "3d", r, None, run_id) == (4, "every video")
     assert yaml.safe_load((out / "normalization_stats.yaml").read_text()) == full
@@ -267,3 +269,107 @@ def test_outcomes_are_kept_small_and_read_back_whole(redis_url, app_on_test_redi
     r.flushdb()
     r.hset("ff:run:run1:finished", "v20", outcomes.encode(r, "run1", outcome(20), 60))
     assert list(outcomes.read(r, "run1")) == [("v20", outcome(20))]
+
+
+def complete_videos(out: Path, rng: np.random.Generator, names: list[str]) -> dict[str, dict]:
+    """Videos complete in ``out`` as a run leaves them: an output file, its marker in its shard, its entry
+    in this process's segment of OUT/markers/partials/; their partials by id."""
+    from tasks.outputs.stage_io import MARKER_SUFFIX, marker_shard
+    from tasks.run import partials
+
+    made = {}
+    out.mkdir(parents=True, exist_ok=True)
+    for vid in names:
+        made[vid] = random_partial(rng, float(rng.uniform(0.5, 3.0)))
+        (out / f"{vid}.hdf5").write_bytes(vid.encode() * 10)
+        shard = out / "markers" / marker_shard(vid)
+        shard.mkdir(parents=True, exist_ok=True)
+        (shard / (vid + MARKER_SUFFIX)).write_text("{}")
+        partials.append(out, vid, partials.entry_of(out / f"{vid}.hdf5", made[vid]))
+    return made
+
+
+def merge_run(r, run_id: str, out: Path, names: list[str]) -> None:
+    from tasks.run import partials, sums
+
+    kept = partials.read_file(out)
+    for vid in names:
+        sums.merge(r, run_id, 1, vid, kept[vid], 60)
+
+
+def one_pass(made: dict[str, dict]) -> dict:
+    from tasks.run.stats import normalization_stats, pool_rows, to_row
+
+    return normalization_stats(pool_rows(np.stack([to_row(p, "3d") for p in made.values()]), "3d"))
+
+
+def test_saved_sums_and_a_later_runs_sums_give_the_full_pass(redis_url, app_on_test_redis, tmp_path):
+    """A --continue or --add over earlier videos: the end adds the sums the last end saved
+    (OUT/markers/sums.json) to the run's own, and reads no video's partial; equal to one pass to 1e-12."""
+    from tasks.run import aggregate, sums
+
+    r = app_on_test_redis[1]
+    rng = np.random.default_rng(11)
+    out = tmp_path / "out"
+    made = complete_videos(out, rng, [f"v{i:03d}" for i in range(40)])
+    merge_run(r, "first", out, sorted(made))
+    assert aggregate.write_statistics_from(out, "3d", r, None, "first") == (40, "running sums")
+    saved = json.loads(sums.file_path(out).read_text())
+    assert saved["videos"] == 40 and saved["digest"] == list(sums.digest_of(made))
+
+    added = complete_videos(out, rng, [f"w{i:03d}" for i in range(7)])
+    merge_run(r, "second", out, [*reversed(sorted(added)), *sorted(added)])  # delivered twice: merged once
+    got = aggregate.write_statistics_from(out, "3d", r, None, "second")
+    assert got == (47, "running sums and earlier runs' sums")
+    assert_close(yaml.safe_load((out / "normalization_stats.yaml").read_text()), one_pass({**made, **added}))
+    assert json.loads(sums.file_path(out).read_text())["videos"] == 47
+
+    # A --continue that made nothing new: the saved sums alone.
+    assert aggregate.write_statistics_from(out, "3d", r, None, "third") == (47, "running sums and earlier runs' sums")
+    assert_close(yaml.safe_load((out / "normalization_stats.yaml").read_text()), one_pass({**made, **added}))
+    assert aggregate.write_statistics(out, "3d", None) == 47  # the full pass (no run): the same
+    assert_close(yaml.safe_load((out / "normalization_stats.yaml").read_text()), one_pass({**made, **added}))
+
+
+def test_saved_sums_that_do_not_cover_the_markers_exactly_take_the_full_pass(
+    redis_url, app_on_test_redis, tmp_path, caplog
+):
+    """The full pass, and a log line saying why, when the saved sums plus the run's do not hold OUT's
+    markers once each: as many videos but not the same ones, a video redone in the later run, a saved
+    file of another track type."""
+    from tasks.outputs.stage_io import MARKER_SUFFIX, marker_shard
+    from tasks.run import aggregate, sums
+
+    r = app_on_test_redis[1]
+    rng = np.random.default_rng(12)
+    out = tmp_path / "out"
+    made = complete_videos(out, rng, [f"v{i:03d}" for i in range(20)])
+    merge_run(r, "first", out, sorted(made))
+    assert aggregate.write_statistics_from(out, "3d", r, None, "first") == (20, "running sums")
+    saved = sums.file_path(out).read_text()
+
+    # One video's output removed by hand, and a new video whose merge was lost (its worker killed between
+    # its marker and the merge): 20 markers, as many as the saved sums hold, but not the same videos.
+    gone = sorted(made)[3]
+    (out / "markers" / marker_shard(gone) / (gone + MARKER_SUFFIX)).unlink()
+    (out / f"{gone}.hdf5").unlink()
+    added = complete_videos(out, rng, ["new"])
+    caplog.set_level("INFO", logger="framefleet.sums")
+    assert aggregate.write_statistics_from(out, "3d", r, None, "second") == (20, "every video")
+    assert "not the same ones" in caplog.text
+    left = {vid: p for vid, p in {**made, **added}.items() if vid != gone}
+    assert_close(yaml.safe_load((out / "normalization_stats.yaml").read_text()), one_pass(left))
+
+    # A video of the saved sums made again in the later run: counted twice there, so the full pass.
+    sums.file_path(out).write_text(saved)
+    again = complete_videos(out, rng, [sorted(made)[0]])  # its file and partial replaced
+    merge_run(r, "third", out, list(again))
+    caplog.clear()
+    assert aggregate.write_statistics_from(out, "3d", r, None, "third") == (20, "every video")
+    assert "pooling every video's partial" in caplog.text
+    assert_close(yaml.safe_load((out / "normalization_stats.yaml").read_text()), one_pass({**left, **again}))
+
+    # Saved sums of another track type: not used.
+    other = json.loads(sums.file_path(out).read_text())
+    sums.file_path(out).write_text(json.dumps({**other, "track_type": "2d"}))
+    assert aggregate.write_statistics_from(out, "3d", r, None, "fourth") == (20, "every video")
