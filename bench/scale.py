@@ -588,7 +588,7 @@ def finished_run(n: int, work: Path, tiny: Path) -> Path:
     stats = json.loads(text)["report"]["stats"]
     row = partials.encode(stats, "3d")
     mtime_ns = 1_700_000_000_000_000_000
-    done = next(e for e in json.loads((tiny / "manifest.json").read_text())["videos"] if e["video_id"] == vid)
+    done = next(e for e in manifest.read(tiny)["videos"] if e["video_id"] == vid)  # with what its end recorded
     recorded = {k: done[k] for k in ("status", "quality", "provenance") if k in done}
     entries, kept = [], {}
     for i in range(n):
@@ -657,6 +657,231 @@ def stream_continue_phase(n: int, work: Path, url: str, codes: dict[str, Path], 
     return found
 
 
+# The end of a run of N videos (issue 25): the statistics callback itself, in a process of its own per code
+# tree (bench/callback_child.py), over an OUT of N complete videos (finished_run) and the Redis a run of N
+# leaves at its end; then the callback of a --continue over them that made a few new videos.
+
+
+def enqueued_manifest(out: Path) -> Path:
+    """``out``'s manifest as an enqueue leaves it (no status, quality or provenance yet): ``manifest.enqueued``."""
+    from tasks.run import manifest
+
+    path = out / "manifest.enqueued"
+    if not path.exists():
+        shutil.copy2(out / "manifest.pristine", out / "manifest.json")
+        top = manifest.head(out)
+        with open(path.with_suffix(".tmp"), "w") as fh:
+            fh.write(json.dumps(top)[:-1] + manifest.TAIL)
+            for k, line in enumerate(manifest.lines(out)):
+                entry = {
+                    key: v for key, v in json.loads(line).items() if key not in ("status", "quality", "provenance")
+                }
+                fh.write((",\n" if k else "\n") + json.dumps(entry))
+            fh.write("\n]}\n")
+        path.with_suffix(".tmp").rename(path)
+    return path
+
+
+def reset_out(out: Path, manifest_copy: str) -> None:
+    """Put ``out`` back as before any callback: its manifest ``manifest_copy``, no run files, no saved sums."""
+    from tasks.run import partials, sums
+
+    shutil.copy2(out / manifest_copy, out / "manifest.json")
+    for gone in ("runs", "report"):
+        shutil.rmtree(out / gone, ignore_errors=True)
+    for name in ("run_summary.json", "normalization_stats.yaml", "report.html", "quarantine.jsonl"):
+        (out / name).unlink(missing_ok=True)
+    sums.file_path(out).unlink(missing_ok=True)
+    shutil.rmtree(out / "markers" / partials.SEGMENTS, ignore_errors=True)
+
+
+def fast_outcomes(r: Any, run_id: str, found: list[tuple[str, dict[str, Any]]], ttl_s: int) -> None:
+    """The outcomes as tasks.run.outcomes.encode keeps them (deflated against the run's first one), written
+    without encode's round trip per video; and the order hash the finishing tasks fill."""
+    import hashlib
+    import zlib
+
+    from tasks.run import completion, outcomes
+
+    zdict = outcomes.compact({k: v for k, v in found[0][1].items() if k != "video_id"})
+    digest = hashlib.blake2b(zdict, digest_size=8).digest()
+    r.hset(outcomes.dict_key(run_id), digest, zdict)
+    finished, order = completion.key(run_id, ":finished"), completion.key(run_id, ":order")
+    pipe = r.pipeline(transaction=False)
+    for k, (vid, outcome) in enumerate(found):
+        packer = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, zdict)
+        plain = outcomes.compact({key: v for key, v in outcome.items() if key != "video_id"})
+        pipe.hset(finished, vid, outcomes.PACKED + digest + packer.compress(plain) + packer.flush())
+        pipe.hset(order, vid, k + 1)
+        if k % 2000 == 1999:
+            pipe.execute()
+    pipe.execute()
+    for key in (finished, order, outcomes.dict_key(run_id)):
+        r.expire(key, ttl_s)
+
+
+def run_redis(r: Any, run: dict[str, Any], ids: list[str], tiny: Path, rows: np.ndarray, first: int) -> None:
+    """What a run of ``ids`` leaves in Redis when its last video finishes: its record, its running sums (with
+    the digest) and merged marks, each video's outcome and order, and its stage log (as kept)."""
+    from tasks.observe.metrics import STAGE_LOG_KEPT, stage_log_key
+    from tasks.outputs.stage_io import dataset_file
+    from tasks.run import runs, sums
+    from tasks.run.stats import pool_rows, to_row
+
+    vid0 = sorted(p.stem for p in tiny.glob("*.hdf5"))[0]
+    marker = json.loads(dataset_file(tiny, vid0)[1].read_text())
+    summary = json.loads((tiny / "run_summary.json").read_text())
+    run_id, n, ttl = run["run_id"], len(ids), 3600
+    runs.publish(r, {**run, "callback_id": "bench"}, ttl)
+    total = pool_rows(rows, "3d")
+    fields: dict[str, Any] = {"row:3d": to_row(total.to_dict(), "3d").astype("<f8").tobytes(), "videos:3d": n}
+    fields.update({f"digest:{i}": d for i, d in enumerate(sums.digest_of(ids))})
+    r.hset(sums.sums_key(run_id), mapping=fields)
+    shards = sums.shard_count(n)
+    pipe = r.pipeline(transaction=False)
+    for k, vid in enumerate(ids):
+        mark = sums.mark_of(vid)
+        pipe.hset(sums.shard_key(run_id, mark, shards), mark, b"s" * 16)
+        if k % 5000 == 4999:
+            pipe.execute()
+    pipe.execute()
+    fast_outcomes(
+        r, run_id, [(vid, realistic_outcome(marker, summary, vid, first + k)) for k, vid in enumerate(ids)], ttl
+    )
+    stages, now = list(summary["stages"]), time.time()
+    pipe = r.pipeline(transaction=False)
+    for i in range(min(STAGE_LOG_KEPT, 5 * n)):
+        span = {"gpu": 0, "ok": True, "skipped": False, "worker": "gpu0@bench", "run_s": 0.5}
+        span.update(video=ids[i // len(stages)], stage=stages[i % len(stages)], start=now + i, end=now + i + 1)
+        pipe.rpush(stage_log_key(run_id), json.dumps(span))
+    pipe.execute()
+
+
+def snapshot(r: Any) -> dict[bytes, bytes]:
+    return {k: r.dump(k) for k in r.scan_iter(count=5000)}
+
+
+def restore(r: Any, saved: dict[bytes, bytes]) -> None:
+    r.flushall()
+    pipe = r.pipeline(transaction=False)
+    for k, (key, value) in enumerate(saved.items()):
+        pipe.restore(key, 0, value)
+        if k % 2000 == 1999:
+            pipe.execute()
+    pipe.execute()
+
+
+def an_hour_later(r: Any) -> int:
+    """Redis's used memory once every key an hour would have expired is gone (those keys deleted now)."""
+    for key in list(r.scan_iter(count=5000)):
+        if 0 <= r.ttl(key) <= 3600:
+            r.delete(key)
+    return int(r.info("memory")["used_memory"])
+
+
+def child_callback(code: Path, run: dict[str, Any], url: str) -> dict[str, Any]:
+    import redis
+
+    r = redis.Redis.from_url(url)
+    before = r.info("memory")["used_memory"]
+    cmd = [sys.executable, str(ROOT / "bench" / "callback_child.py"), "--code", str(code), json.dumps(run)]
+    done = subprocess.run(cmd, env={**os.environ, "REDIS_URL": url}, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"callback_child.py failed: {done.stdout[-2000:]} {done.stderr[-3000:]}")
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    figures.update(redis_before=before, redis_after=r.info("memory")["used_memory"], redis_hour_after=an_hour_later(r))
+    return figures
+
+
+def add_new_videos(out: Path, ids: list[str], tiny: Path, rows: np.ndarray) -> None:
+    """``ids`` complete in ``out`` as a --continue's workers leave them: a file, its marker, its entry in a
+    segment of OUT/markers/partials/."""
+    from tasks.outputs.stage_io import dataset_file
+    from tasks.run import partials
+
+    vid0 = sorted(p.stem for p in tiny.glob("*.hdf5"))[0]
+    text = dataset_file(tiny, vid0)[1].read_text()
+    for vid, row in zip(ids, rows, strict=True):
+        (out / f"{vid}.hdf5").write_bytes(b"\0" * 1000)
+        where = dataset_file(out, vid)[1]
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.write_text(text)
+        st = (out / f"{vid}.hdf5").stat()
+        partials.append(out, vid, partials.HEADER.pack(st.st_size, st.st_mtime_ns, b"3d") + row.astype("<f8").tobytes())
+
+
+def remove_new_videos(out: Path, ids: list[str]) -> None:
+    from tasks.outputs.stage_io import dataset_file
+
+    for vid in ids:
+        (out / f"{vid}.hdf5").unlink(missing_ok=True)
+        dataset_file(out, vid)[1].unlink(missing_ok=True)
+
+
+def end_run_phase(n: int, work: Path, url: str, codes: dict[str, Path], tiny: Path, new: int) -> list[dict[str, Any]]:
+    """The callback at the end of a run of ``n`` videos, then that of a --continue over them that made ``new``."""
+    import redis
+
+    from tasks.outputs.stage_io import dataset_file
+    from tasks.run import partials
+    from tasks.run.dataset import video_id_of
+
+    r = redis.Redis.from_url(url)
+    out = finished_run(n, work, tiny)
+    enqueued_manifest(out)
+    ids = [video_id_of(sharded_path(i)) for i in range(n)]
+    vid0 = sorted(p.stem for p in tiny.glob("*.hdf5"))[0]
+    marker = json.loads(dataset_file(tiny, vid0)[1].read_text())
+    row = partials.encode(marker["report"]["stats"], "3d")
+    rows = np.frombuffer(row, dtype="<f8").reshape(1, -1).repeat(n, axis=0)  # partials.bin's rows: one real row
+    started = time.time()
+    end = {"run_id": f"end-{n}", "output_root": str(out), "started": started, "videos": n, "already_complete": 0}
+    r.flushall()
+    t = time.perf_counter()
+    run_redis(r, end, ids, tiny, rows, 0)
+    made_s = time.perf_counter() - t
+    at_end = snapshot(r)
+    new_ids = [video_id_of(f"new/v{i:03d}.mp4") for i in range(new)]
+    new_rows = realistic_partials(marker, new, seed=7)
+    more = {"run_id": f"more-{n}", "output_root": str(out), "started": started, "videos": new, "already_complete": n}
+    r.flushall()
+    run_redis(r, more, new_ids, tiny, new_rows, n)
+    at_more = snapshot(r)
+    found = []
+    for label, code in codes.items():
+        reset_out(out, "manifest.enqueued")
+        restore(r, at_end)
+        figures = {"code": label, "phase": "end", "videos": n, "redis_fill_s": made_s, **child_callback(code, end, url)}
+        figures["manifest_bytes"] = (out / "manifest.json").stat().st_size
+        figures["outcomes_file_bytes"] = sum(f.stat().st_size for f in (out / "runs").glob("*.outcomes.jsonl"))
+        found.append(figures)
+        print(f"end of a run of {n} ({label}): {json.dumps(figures)}", flush=True)
+        # A --continue over them that made ``new`` videos; the manifest as the earlier end left it (recorded).
+        saved = (out / "markers" / "sums.json").read_bytes() if (out / "markers" / "sums.json").exists() else None
+        reset_out(out, "manifest.pristine")
+        if saved is not None:
+            (out / "markers" / "sums.json").write_bytes(saved)
+        add_new_videos(out, new_ids, tiny, new_rows)
+        restore(r, at_more)
+        figures = {"code": label, "phase": "continue", "videos": n, "new": new, **child_callback(code, more, url)}
+        figures["statistics_from"] = json.loads((out / "run_summary.json").read_text()).get("statistics_from")
+        figures["stats"] = yaml.safe_load((out / "normalization_stats.yaml").read_text())
+        found.append(figures)
+        print(f"--continue over {n} + {new} new ({label}): {json.dumps(figures)}", flush=True)
+        remove_new_videos(out, new_ids)
+    reset_out(out, "manifest.pristine")
+    both = [f["stats"] for f in found if f["phase"] == "continue"]
+    for f in found:
+        f.pop("stats", None)
+    if len(both) == 2:  # the saved sums plus the run's against the full pass
+        found[-1]["continue_max_relative_difference"] = max(
+            float(np.max(np.abs(np.subtract(both[1][k], v)) / np.maximum(np.abs(v), 1e-300)))
+            for k, v in both[0].items()
+            if isinstance(v, (list, float))
+        )
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--videos", default="10000,50000", help="complete videos for the callback and --continue")
@@ -681,7 +906,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live-videos", default="", help="videos of a simulated live run, e.g. 10000,100000,1000000")
     parser.add_argument("--live-small", type=int, default=1000, help="the live run status and Flower are compared on")
     parser.add_argument("--no-flower", action="store_true", help="with --live-videos: leave Flower's API out")
+    parser.add_argument(
+        "--end-run-videos", default="", help="videos for the end-of-run callback curve (and a --continue's), e.g. 10000"
+    )
+    parser.add_argument("--new-videos", type=int, default=5, help="videos a --continue makes in the end-run curve")
     args = parser.parse_args(argv)
+    if args.end_run_videos:
+        return end_run_main(args)
     if args.stream_videos:
         return stream_main(args)
     if args.live_videos:
@@ -753,6 +984,29 @@ def main(argv: list[str] | None = None) -> int:
                 c = sums_phase(n, args.work, url, out, str(n) in args.sums_baseline.split(","))
                 results["sums"].append(c)
                 print(f"sums over {n} videos: {json.dumps(c, default=str)}", flush=True)
+    results["load_after"] = os.getloadavg()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+def end_run_main(args: argparse.Namespace) -> int:
+    """The curve of the run's end over 10k … 1M videos, and a --continue's, now and (``--baseline-code``) before."""
+    results: dict[str, Any] = {"load_before": os.getloadavg(), "end_run": []}
+    args.work.mkdir(parents=True, exist_ok=True)
+    with private_redis() as url:
+        os.environ["REDIS_URL"] = url
+        tiny = args.work / "tiny-out"
+        if not (tiny / "run_summary.json").exists():
+            end_state(3, args.work)
+        for n in (int(v) for v in args.end_run_videos.split(",")):
+            codes = {"now": ROOT}
+            if args.baseline_code and str(n) in args.baseline_videos.split(","):
+                codes = {"before": args.baseline_code, **codes}
+            results["end_run"] += end_run_phase(n, args.work, url, codes, tiny, args.new_videos)
+            results[f"load_after_{n}"] = os.getloadavg()
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1, default=str))
     results["load_after"] = os.getloadavg()
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))

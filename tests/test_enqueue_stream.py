@@ -251,7 +251,7 @@ def test_a_runs_outcomes_are_read_with_the_manifest_and_folded_into_it_by_the_ne
     head = manifest.head(out)
     assert head["folded"] == ["run-1"] and not (out / "runs" / "run-1.outcomes.jsonl").exists()
     assert status(json.loads((out / "manifest.json").read_text())["videos"]) == want  # in the file itself now
-    assert manifest.outcomes(out) == {} and lineage.backend_sets(out) == sets
+    assert not manifest.outcomes(out) and lineage.backend_sets(out) == sets
 
     # The file left behind (its removal failed) is named in the head: not merged over a later run's record.
     ended = lineage.Outcomes(out, "run-1")

@@ -18,6 +18,7 @@ next enqueue writes them into the manifest as it rewrites it anyway, and names t
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import uuid
 from collections.abc import Iterator
@@ -73,20 +74,60 @@ def outcome_files(out_dir: Path, top: dict[str, Any] | None = None) -> list[Path
     return [out_dir / PARTS / n for n in sorted(names) if n[: -len(OUTCOMES)] not in folded]
 
 
-def outcomes(out_dir: Path, top: dict[str, Any] | None = None) -> dict[str, str]:
-    """Video id -> the fields (JSON text) the runs' ends recorded and the manifest does not hold yet,
-    the newer run's over the older's. A line cut short (a writer killed mid-way) is skipped."""
-    found: dict[str, str] = {}
-    for path in outcome_files(out_dir, top):
-        try:
-            with open(path, encoding="utf-8") as fh:
-                for raw in fh:
-                    vid, tab, fields = raw.rstrip("\n").partition("\t")
-                    if tab and fields.endswith("}"):
-                        found[vid] = fields
-        except OSError:
-            continue
-    return found
+class Recorded:
+    """Video id -> the fields (JSON text) the runs' ends recorded and the manifest does not hold yet, the
+    newer run's over the older's, read from the files when asked for (``get``): in memory, a number per
+    video (a million videos' fields are about 780 MB). A line cut short (a writer killed mid-way) is skipped."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self._maps: list[mmap.mmap] = []
+        self._at: dict[int, int] = {}  # hash of the id -> (file index << 40) | offset of its line
+        self._clashes: dict[str, int] = {}  # ids whose hash another id has
+        for path in paths:
+            try:
+                with open(path, "rb") as fh:
+                    found = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):  # an empty file cannot be mapped: it holds nothing
+                continue
+            index, data, at = len(self._maps), found, 0
+            self._maps.append(found)
+            while (end := data.find(b"\n", at)) >= 0:
+                tab = data.find(b"\t", at, end)
+                if tab > at and data[end - 1 : end] == b"}":
+                    self._put(data[at:tab].decode(), (index << 40) | at)
+                at = end + 1
+
+    def _put(self, vid: str, where: int) -> None:
+        key = hash(vid)
+        held = self._at.get(key)
+        if held is None or self._id_at(held) == vid:
+            self._at[key] = where
+        else:
+            self._clashes[vid] = where
+
+    def _id_at(self, where: int) -> str:
+        data, at = self._maps[where >> 40], where & ((1 << 40) - 1)
+        return data[at : data.find(b"\t", at)].decode()
+
+    def get(self, vid: str | None) -> str | None:
+        """The fields recorded of ``vid`` (JSON text), or None."""
+        if vid is None:
+            return None
+        where = self._clashes.get(vid) if self._clashes else None
+        if where is None:
+            where = self._at.get(hash(vid))
+            if where is None or self._id_at(where) != vid:
+                return None
+        data, at = self._maps[where >> 40], where & ((1 << 40) - 1)
+        return data[data.find(b"\t", at) + 1 : data.find(b"\n", at)].decode()
+
+    def __len__(self) -> int:
+        return len(self._at) + len(self._clashes)
+
+
+def outcomes(out_dir: Path, top: dict[str, Any] | None = None) -> Recorded:
+    """What the runs' ends recorded that the manifest does not hold yet (``Recorded``)."""
+    return Recorded(outcome_files(out_dir, top))
 
 
 def video_id_of(line: str) -> str | None:

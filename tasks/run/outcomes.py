@@ -83,7 +83,7 @@ def decode(value: bytes, dicts: Mapping[bytes, bytes]) -> dict[str, Any]:
     if zdict is None:
         raise ValueError("the dictionary this outcome was deflated against is gone")
     unpacker = zlib.decompressobj(-15, zdict)
-    return dict(json.loads(unpacker.decompress(value[9:]) + unpacker.flush()))
+    return dict(json.loads((unpacker.decompress(value[9:]) + unpacker.flush()).decode()))  # str: no sniffing
 
 
 def read(r: redis.Redis, run_id: str, batch: int = 2000) -> Iterator[tuple[str, dict[str, Any]]]:

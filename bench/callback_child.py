@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""One run's statistics callback (``aggregate``) in a process of its own, for bench/scale.py: the code under
+test is ``--code``'s tree, the run's record is given as JSON.
+
+    python bench/callback_child.py --code ROOT RUN_JSON
+
+Prints one JSON line: the callback's wall and CPU seconds, the seconds spent in each of its parts that
+the tree has as a function (reading the outcomes, recording them for the manifest, the statistics, the
+summary's files, retiring the run in Redis, the report), the process's peak memory (VmHWM) and that of
+the report's child process, and the summary's counts. The part not in a named function (in this
+version: reading, tallying and writing the outcomes a chunk at a time) is the wall time less the parts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PARTS = {  # part -> (module, function) where the tree has it
+    "outcomes_read": ("tasks.run.completion", "outcomes"),
+    "manifest_recorded": ("tasks.run.lineage", "record_outcomes"),
+    "outcomes_file_committed": ("tasks.run.lineage", "Outcomes.commit"),
+    "statistics": ("tasks.run.aggregate", "write_statistics_from"),
+    "quarantine": ("tasks.run.quarantine", "update"),
+    "summary_files": ("tasks.run.runs", "finished"),
+    "retire_redis": ("tasks.run.aggregate", "_retire"),
+    "report": ("tasks.run.aggregate", "write_report"),
+}
+
+
+def status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def timed(spent: dict[str, float], part: str, fn: Any) -> Any:
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **k: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            spent[part] = spent.get(part, 0.0) + time.perf_counter() - start
+
+    return wrapper
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--code", type=Path, required=True)
+    parser.add_argument("run", help="the run's record, JSON")
+    args = parser.parse_args()
+    code = str(args.code.resolve())
+    sys.path.insert(0, code)
+    os.environ["PYTHONPATH"] = code  # the report's child process: python -m tasks.run.report from the same tree
+    os.chdir(code)
+    os.environ.setdefault("FRAMEFLEET_DEFAULT_BACKENDS", "synthetic")
+    import importlib
+
+    import tasks
+    from tasks.celery_app import settings
+    from tasks.run import aggregate
+
+    settings()
+    spent: dict[str, float] = {}
+    for part, (module, name) in PARTS.items():
+        owner: Any = importlib.import_module(module)
+        *path, attr = name.split(".")
+        for step in path:
+            owner = getattr(owner, step, None)
+        if owner is not None and hasattr(owner, attr):
+            setattr(owner, attr, timed(spent, part, getattr(owner, attr)))
+    run = json.loads(args.run)
+    rss_before = status_kib("VmRSS")
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    start = time.perf_counter()
+    result = aggregate.aggregate.run(run)
+    wall = time.perf_counter() - start
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    nested = spent.get("outcomes_file_committed", 0.0)  # inside no other part
+    print(
+        json.dumps(
+            {
+                "wall_s": wall,
+                "cpu_s": used.ru_utime + used.ru_stime - before.ru_utime - before.ru_stime,
+                "parts_s": spent,
+                "unnamed_s": wall - sum(spent.values()) + 0 * nested,
+                "rss_before_mib": rss_before / 1024,
+                "peak_rss_mib": status_kib("VmHWM") / 1024,
+                "report_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+                "videos": result.get("videos"),
+                "statistics_videos": result.get("statistics_videos"),
+                "tasks_from": str(Path(tasks.__file__).parent),
+            }
+        ),
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
