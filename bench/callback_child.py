@@ -29,6 +29,7 @@ PARTS = {  # part -> (module, function) where the tree has it
     "outcomes_file_committed": ("tasks.run.lineage", "Outcomes.commit"),
     "statistics": ("tasks.run.aggregate", "write_statistics_from"),
     "quarantine": ("tasks.run.quarantine", "update"),
+    "summary_json": ("tasks.run.aggregate", "write_text_atomic"),
     "summary_files": ("tasks.run.runs", "finished"),
     "retire_redis": ("tasks.run.aggregate", "_retire"),
     "report": ("tasks.run.aggregate", "write_report"),

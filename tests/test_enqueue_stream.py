@@ -234,7 +234,7 @@ def test_a_runs_outcomes_are_read_with_the_manifest_and_folded_into_it_by_the_ne
     ended.failed(ids[2])
     ended.commit()
     assert (out / "manifest.json").read_text() == before  # the manifest itself is not rewritten
-    (out / "runs" / "run-1.outcomes.jsonl").open("a").write(f"{ids[3]}\t{{\"status\": \"do")  # a torn last line
+    (out / "runs" / "run-1.outcomes.jsonl").open("a").write(f'{ids[3]}\t{{"status": "do')  # a torn last line
 
     def status(entries: list[dict]) -> dict[str, str | None]:
         return {e["video_id"]: e.get("status") for e in entries}

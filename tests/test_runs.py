@@ -171,9 +171,13 @@ def test_dropped_intermediates_keep_continue_and_statistics_whole(video_factory,
     cleaned = ff("clean", str(out), env=pipeline_env)
     assert cleaned.returncode == 0 and "dropped the intermediates of 1 video (" in cleaned.stdout, cleaned.stdout
     assert list((out / "work").iterdir()) == []
-    assert sorted(str(p.relative_to(out / "markers")) for p in (out / "markers").rglob("*.*")) == sorted(
-        [*(f"{marker_shard(p.stem)}/{p.stem}.hdf5.done.json" for p in out.glob("*.hdf5")), "partials.bin"]
-    )  # the markers, in shards, and their partials in one file
+    kept = sorted(str(p.relative_to(out / "markers")) for p in (out / "markers").rglob("*.*"))
+    markers = sorted(f"{marker_shard(p.stem)}/{p.stem}.hdf5.done.json" for p in out.glob("*.hdf5"))
+    assert [k for k in kept if k.endswith(".done.json")] == markers  # the markers, in shards
+    others = [k for k in kept if not k.endswith(".done.json")]  # their partials and the saved sums, in a few files
+    assert "sums.json" in others and all(
+        k in ("partials.bin", "sums.json") or k.startswith("partials/") for k in others
+    )
 
     again = ff("enqueue", str(raw), "--out", str(out), "--continue", env=pipeline_env)
     assert again.returncode == 0 and "2 already complete" in again.stdout, again.stdout + again.stderr

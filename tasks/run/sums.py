@@ -45,7 +45,7 @@ import numpy as np
 import redis
 
 from tasks import keys
-from tasks.run.stats import VideoStats, row_layout
+from tasks.run.stats import Moments, VideoStats, row_layout
 
 log = logging.getLogger("framefleet.sums")
 PER_SHARD = 64  # videos per merged-marks hash: under Redis's hash-max-listpack-entries (128 by default)
@@ -212,17 +212,34 @@ def read(r: redis.Redis, run_id: str) -> dict[str, bytes]:
     return {k.decode(): v for k, v in found.items()}
 
 
+def from_row(row: bytes, track_type: str) -> VideoStats:
+    """The statistics a pooled row holds (tasks.run.stats.to_row's layout), exactly: no arithmetic on it.
+    Raises ValueError when it is not a row of ``track_type``."""
+    values = np.frombuffer(row, dtype="<f8")
+    layout = row_layout(track_type)
+    if values.size != sum(1 + 2 * dim for _f, dim in layout):
+        raise ValueError(f"a {track_type} row holds {sum(1 + 2 * d for _f, d in layout)} values, not {values.size}")
+    parts, at = [], 0
+    for _f, dim in layout:
+        parts.append(
+            Moments(
+                int(values[at]), values[at + 1 : at + 1 + dim].copy(), values[at + 1 + dim : at + 1 + 2 * dim].copy()
+            )
+        )
+        at += 1 + 2 * dim
+    return VideoStats(track_type, *parts)
+
+
 def pooled(found: dict[str, bytes], track_type: str) -> tuple[VideoStats, int] | None:
     """(the pooled statistics, how many videos) of a sums hash of ``track_type`` alone, else None
     (changed, empty, or holding another track type: the full pass decides)."""
-    from tasks.run.stats import pool_rows
 
     if CHANGED_FIELD in found or any(f.startswith("row:") and f != "row:" + track_type for f in found):
         return None
     row, count = found.get("row:" + track_type), found.get("videos:" + track_type)
     if row is None or count is None:
         return None
-    return pool_rows(np.frombuffer(row, dtype="<f8").reshape(1, -1), track_type), int(count)
+    return from_row(row, track_type), int(count)
 
 
 @dataclass(frozen=True)
@@ -332,14 +349,11 @@ def save(out_root: Path, covered: Covered) -> None:
 
 def load(out_root: Path, track_type: str) -> Covered | None:
     """What ``save`` wrote, when it holds ``track_type``; None without it or when it cannot be read."""
-    from tasks.run.stats import pool_rows
-
     try:
         saved = json.loads(file_path(out_root).read_text())
         if saved["track_type"] != track_type:
             return None
-        row = np.frombuffer(bytes.fromhex(saved["row"]), dtype="<f8").reshape(1, -1)
-        total = pool_rows(row, track_type)
+        total = from_row(bytes.fromhex(saved["row"]), track_type)
         return Covered(total, int(saved["videos"]), tuple(int(d) for d in saved["digest"]))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         if not isinstance(exc, FileNotFoundError):
