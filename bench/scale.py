@@ -851,7 +851,13 @@ def end_run_phase(n: int, work: Path, url: str, codes: dict[str, Path], tiny: Pa
     for label, code in codes.items():
         reset_out(out, "manifest.enqueued")
         restore(r, at_end)
-        figures = {"code": label, "phase": "end", "videos": n, "redis_fill_s": made_s, **child_callback(code, end, url)}
+        try:
+            figures = {"code": label, "phase": "end", "videos": n, "redis_fill_s": made_s}
+            figures.update(child_callback(code, end, url))
+        except RuntimeError as exc:  # recorded: a baseline killed for memory is a result too
+            found.append({**figures, "error": str(exc)[-1500:]})
+            print(f"end of a run of {n} ({label}) failed: {exc}", flush=True)
+            continue
         figures["manifest_bytes"] = (out / "manifest.json").stat().st_size
         figures["outcomes_file_bytes"] = sum(f.stat().st_size for f in (out / "runs").glob("*.outcomes.jsonl"))
         found.append(figures)
@@ -870,7 +876,7 @@ def end_run_phase(n: int, work: Path, url: str, codes: dict[str, Path], tiny: Pa
         print(f"--continue over {n} + {new} new ({label}): {json.dumps(figures)}", flush=True)
         remove_new_videos(out, new_ids)
     reset_out(out, "manifest.pristine")
-    both = [f["stats"] for f in found if f["phase"] == "continue"]
+    both = [f["stats"] for f in found if f["phase"] == "continue"][::-1]  # before's, then now's
     for f in found:
         f.pop("stats", None)
     if len(both) == 2:  # the saved sums plus the run's against the full pass
@@ -1000,9 +1006,9 @@ def end_run_main(args: argparse.Namespace) -> int:
         if not (tiny / "run_summary.json").exists():
             end_state(3, args.work)
         for n in (int(v) for v in args.end_run_videos.split(",")):
-            codes = {"now": ROOT}
+            codes = {"now": ROOT}  # first: the baseline may run out of memory at a million
             if args.baseline_code and str(n) in args.baseline_videos.split(","):
-                codes = {"before": args.baseline_code, **codes}
+                codes["before"] = args.baseline_code
             results["end_run"] += end_run_phase(n, args.work, url, codes, tiny, args.new_videos)
             results[f"load_after_{n}"] = os.getloadavg()
             if args.json:
