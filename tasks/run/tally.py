@@ -12,28 +12,13 @@ from tasks.job import IDENTITY, Job
 
 
 class _Spans:
-    """One stage's spans: how many, skipped, per worker, and the durations' count, sum and maximum."""
+    """One stage's spans: how many, skipped, per worker, and the durations' count, sum and maximum; the gaps
+    after the stage before it likewise (fields, not methods: a million videos pass through here)."""
 
     def __init__(self) -> None:
-        self.tasks, self.skipped, self.ran, self.total_s, self.max_s = 0, 0, 0, 0.0, 0.0
+        self.tasks, self.skipped, self.ran, self.total_s, self.max_s = 0, 0, 0, 0.0, float("-inf")
         self.workers: Counter[str] = Counter()
         self.gaps, self.gap_total_s, self.gap_max_s = 0, 0.0, float("-inf")
-
-    def add(self, span: dict[str, Any]) -> None:
-        self.tasks += 1
-        self.workers[span["worker"]] += 1
-        if span["skipped"]:
-            self.skipped += 1
-            return
-        took = span["end"] - span["start"]
-        self.total_s += took
-        self.max_s = took if self.ran == 0 else max(self.max_s, took)
-        self.ran += 1
-
-    def gap(self, seconds: float) -> None:
-        self.gaps += 1
-        self.gap_total_s += seconds
-        self.gap_max_s = max(self.gap_max_s, seconds)
 
 
 class Tally:
@@ -47,7 +32,7 @@ class Tally:
         self.failed: list[dict[str, Any]] = []
         self.low: dict[str, dict[str, Any]] = {}
         self.notes: dict[str, dict[str, Any]] = {}
-        self.backend_sets: Counter[str] = Counter()
+        self.backend_sets: Counter[tuple[tuple[str, Any], ...] | str] = Counter()
         self.spans = {stage: _Spans() for stage in stages}
 
     def add(self, outcome: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
@@ -67,22 +52,41 @@ class Tally:
         vid = outcome["video_id"]
         self.done.append(vid)
         report = dict(outcome.get("report") or {})
-        if report.get("provenance"):
-            self.backend_sets[json.dumps(report["provenance"].get("backends"), sort_keys=True)] += 1
+        backends = (report.get("provenance") or {}).get("backends")
+        if isinstance(backends, dict):
+            self.backend_sets[tuple(sorted(backends.items()))] += 1
+        elif report.get("provenance"):
+            self.backend_sets[json.dumps(backends)] += 1
         timings = outcome.get("timings") or {}
         previous = None
-        for stage in self.stages:
+        for stage, spans in self.spans.items():
             span = timings.get(stage)
             if span is not None:
-                self.spans[stage].add(span)
+                spans.tasks += 1
+                spans.workers[span["worker"]] += 1
+                if span["skipped"]:
+                    spans.skipped += 1
+                else:
+                    took = span["end"] - span["start"]
+                    spans.ran += 1
+                    spans.total_s += took
+                    if took > spans.max_s:
+                        spans.max_s = took
                 if previous is not None:
-                    self.spans[stage].gap(span["start"] - previous["end"])
+                    gap = span["start"] - previous["end"]
+                    spans.gaps += 1
+                    spans.gap_total_s += gap
+                    if gap > spans.gap_max_s:
+                        spans.gap_max_s = gap
             previous = span
         return vid, "done", report
 
     def backends(self) -> dict[str, Any] | None:
         """The backends most of the done videos' files record, or None when none records them."""
-        return json.loads(self.backend_sets.most_common(1)[0][0]) if self.backend_sets else None
+        if not self.backend_sets:
+            return None
+        found = self.backend_sets.most_common(1)[0][0]
+        return json.loads(found) if isinstance(found, str) else dict(found)
 
     def stage_timings(self) -> dict[str, Any]:
         """Per-stage durations and the overhead between one stage's end and the next one's start."""
