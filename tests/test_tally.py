@@ -1,0 +1,39 @@
+"""The run summary's per-video parts added one outcome at a time (tasks.run.tally): the counts, failures,
+per-stage durations and gaps, and backend sets that run_summary.json reports."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def span(start: float, end: float, worker: str = "w1", skipped: bool = False) -> dict:
+    return {"start": start, "end": end, "worker": worker, "skipped": skipped, "run_s": end - start}
+
+
+def test_a_tally_of_outcomes_gives_the_summarys_stage_timings_failures_and_backends():
+    from tasks.run.tally import Tally
+
+    tally = Tally("run", ["a", "b", "c"])
+    made = {"provenance": {"backends": {"a": "x", "b": "builtin"}}, "quality": {"q": 1}}
+    assert tally.add({"video_id": "v1", "timings": {"a": span(0, 1), "b": span(1.5, 3.5, "w2")}, "report": made}) == (
+        "v1",
+        "done",
+        made,
+    )
+    tally.add({"video_id": "v2", "timings": {"a": span(10, 14), "b": span(14, 15, skipped=True)}, "report": made})
+    tally.add({"video_id": "v3", "timings": {"b": span(20, 21)}, "notes": {"n": "x"}, "report": {}})
+    failure = {"stage": "b", "error_class": "low_quality", "reason": "r", "attempts": 1, "worker": "w", "time": 1.0}
+    low = tally.add({"video_id": "v4", "video": "v4.mp4", "failed": {**failure, "detail": {"shortfalls": ["s"]}}})
+    other = tally.add({"video_id": "v5", "video": "v5.mp4", "failed": {**failure, "error_class": "Boom"}})
+    assert low == ("v4", "low_quality", {"shortfalls": ["s"]}) and other == ("v5", "failed", {})
+
+    assert tally.videos == 5 and tally.done == ["v1", "v2", "v3"] and tally.notes == {"v3": {"n": "x"}}
+    assert [f["video_id"] for f in tally.failed] == ["v4", "v5"] and tally.failed[1]["error_class"] == "Boom"
+    assert tally.low == {"v4": {"shortfalls": ["s"]}} and tally.backends() == {"a": "x", "b": "builtin"}
+    timings = tally.stage_timings()
+    assert timings["a"] == {"tasks": 2, "skipped": 0, "workers": {"w1": 2}, "mean_s": 2.5, "max_s": 4.0, "total_s": 5.0}
+    b = timings["b"]
+    assert (b["tasks"], b["skipped"], b["workers"]) == (3, 1, {"w2": 1, "w1": 2})
+    assert (b["mean_s"], b["max_s"], b["total_s"]) == (1.5, 2.0, 3.0)
+    assert b["overhead_after_a"] == {"mean_s": pytest.approx(0.25), "max_s": 0.5}  # v3 had no stage a: no gap
+    assert timings["c"] == {"tasks": 0, "skipped": 0, "workers": {}}
