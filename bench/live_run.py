@@ -53,7 +53,7 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False) -> dict[str, Any]
     done marks and start counts. With ``keep`` the run stays in Redis (now's layout) for the timings."""
     import redis
 
-    from bench.scale import realistic_outcome, realistic_partials, sharded_path
+    from bench.simulated import realistic_outcome, realistic_partials, sharded_path
     from tasks.celery_app import settings
     from tasks.delivery import marks
     from tasks.job import Job

@@ -57,6 +57,7 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
 from bench.modes_queue import private_redis  # noqa: E402
+from bench.simulated import realistic_outcome, realistic_partials, sharded_path  # noqa: E402
 
 # The benchmarks measure the orchestration with the synthetic stand-ins, as their recorded results did.
 os.environ.setdefault("FRAMEFLEET_DEFAULT_BACKENDS", "synthetic")
@@ -359,44 +360,6 @@ def continue_phase(n: int, work: Path, url: str) -> dict[str, Any]:
 # full pass, with what the run holds in Redis for its outcomes and partials.
 
 
-def realistic_partials(marker: dict[str, Any], n: int, seed: int = 25) -> np.ndarray:
-    """``n`` rows (tasks.run.stats.to_row) around one real video's partial: each field's count, means and
-    M2 varied per video (so the order of merging matters as it does in a run), the real row's width."""
-    from tasks.run.stats import row_layout, to_row
-
-    base = to_row(marker["report"]["stats"], "3d")
-    rng = np.random.default_rng(seed)
-    rows = np.repeat(base[None, :], n, axis=0)
-    at = 0
-    for _f, dim in row_layout("3d"):
-        rows[:, at] = np.maximum(0, np.round(base[at] * rng.uniform(0.5, 1.5, n)))
-        rows[:, at + 1 : at + 1 + dim] *= 1 + 0.2 * rng.standard_normal((n, dim))
-        rows[:, at + 1 + dim : at + 1 + 2 * dim] *= rng.uniform(0.5, 1.5, (n, dim))
-        at += 1 + 2 * dim
-    return rows
-
-
-def realistic_outcome(marker: dict[str, Any], summary: dict[str, Any], vid: str, i: int) -> dict[str, Any]:
-    """A finished video's outcome as tasks.run.completion records it: the real marker's report (less its
-    statistics, its source hash made per video), five stage timings on two workers."""
-    report = {k: v for k, v in marker["report"].items() if k != "stats"}
-    prov = dict(report.get("provenance") or {})
-    prov["source"] = {"bytes": 100_000 + i, "path": vid + ".mp4", "sha256": f"{i:064x}"[::-1]}
-    report["provenance"] = prov
-    start, timings = summary["started"] + 0.37 * i, {}
-    for k, stage in enumerate(summary["stages"]):
-        took = 0.05 + ((i * 7919 + k * 104729) % 1000) / 2000
-        timings[stage] = {
-            "start": start,
-            "end": start + took,
-            "worker": f"gpu0+cpu-{1 + (i + k) % 2}@bench",
-            "skipped": False,
-            "run_s": took * 0.93,
-        }
-        start += took + 0.012
-    return {"video_id": vid, "video": vid + ".mp4", "timings": timings, "gpu": 0, "report": report}
-
-
 def marker_names(n: int, work: Path) -> tuple[Path, list[str]]:
     """An OUT of ``n`` videos' markers (empty files in their 256 shards: the sums read only their names)."""
     from tasks.outputs.stage_io import MARKER_SUFFIX, MARKERS_DIR, marker_shard
@@ -558,10 +521,6 @@ def sharded_videos(n: int, work: Path) -> Path:
             os.close(os.open(f"{raw}/s{i % 256:02x}/v{i:07d}.mp4", os.O_CREAT | os.O_WRONLY, 0o644))
         (raw / ".complete").touch()
     return raw
-
-
-def sharded_path(i: int) -> str:
-    return f"s{i % 256:02x}/v{i:07d}.mp4"
 
 
 def finished_run(n: int, work: Path, tiny: Path) -> Path:
