@@ -51,6 +51,10 @@ def _task_ids(rng: random.Random, count: int) -> list[str]:
 def live_run(n: int, url: str, tiny: Path, keep: bool = False) -> dict[str, Any]:
     """The Redis memory of a live run of ``n`` videos at its two moments, per structure, now and with main's
     done marks and start counts. With ``keep`` the run stays in Redis (now's layout) for the timings."""
+    if n <= WINDOW:
+        raise SystemExit(
+            f"a live run is measured at its last window of {WINDOW} videos: give more than {WINDOW}, not {n}"
+        )
     import redis
 
     from bench.simulated import realistic_outcome, realistic_partials, sharded_path

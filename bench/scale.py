@@ -955,15 +955,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def tiny_run(work: Path) -> Path:
+    """A small finished run (three tiny videos) whose marker, report and summary the simulated videos copy;
+    made once per work folder. Needs REDIS_URL set to a private Redis."""
+    tiny = work / "tiny-out"
+    if not (tiny / "run_summary.json").exists():
+        end_state(3, work)
+    return tiny
+
+
 def end_run_main(args: argparse.Namespace) -> int:
     """The curve of the run's end over 10k … 1M videos, and a --continue's, now and (``--baseline-code``) before."""
     results: dict[str, Any] = {"load_before": os.getloadavg(), "end_run": []}
     args.work.mkdir(parents=True, exist_ok=True)
     with private_redis() as url:
         os.environ["REDIS_URL"] = url
-        tiny = args.work / "tiny-out"
-        if not (tiny / "run_summary.json").exists():
-            end_state(3, args.work)
+        tiny = tiny_run(args.work)
         for n in (int(v) for v in args.end_run_videos.split(",")):
             codes = {"now": ROOT}  # first: the baseline may run out of memory at a million
             if args.baseline_code and str(n) in args.baseline_videos.split(","):
@@ -985,9 +992,7 @@ def stream_main(args: argparse.Namespace) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     with private_redis() as url:
         os.environ["REDIS_URL"] = url
-        tiny = args.work / "tiny-out"
-        if "continue" not in skip and not (tiny / "run_summary.json").exists():
-            end_state(3, args.work)
+        tiny = tiny_run(args.work) if "continue" not in skip else args.work / "tiny-out"
         for n in (int(v) for v in args.stream_videos.split(",")):
             codes = {"now": ROOT}
             if args.baseline_code and str(n) in args.baseline_videos.split(","):
@@ -1030,9 +1035,7 @@ def live_main(args: argparse.Namespace) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     with private_redis() as url:
         os.environ["REDIS_URL"] = url
-        tiny = args.work / "tiny-out"
-        if not (tiny / "run_summary.json").exists():
-            end_state(3, args.work)
+        tiny = tiny_run(args.work)
         sizes = [int(v) for v in args.live_videos.split(",")]
         small = live_run.live_run(args.live_small, url, tiny, keep=True)
         results["responsive"][args.live_small] = live_run.responsiveness(url, small["run_id"], not args.no_flower)
