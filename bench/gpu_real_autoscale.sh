@@ -17,15 +17,30 @@
 #  B. the autoscaler on GPUs 0 and 1, the same videos
 #  C. the predecessor's pool on GPU 0 (bench/spawn_until_failure.py --stages-config), on A's intermediates
 # Knobs: VIDEOS (6), CLIP_S (2-2.5 s), MAXW (--max-workers-per-gpu, 4), CPUW (CPU workers, 6), PHASES (ABC).
+# The whole chain (bench/gpu_full_chain.sh): REAL=masks,depth,tracks,hands MASKS=sam3 VIPE_WORK=DIR (gpu_vipe.sh's
+# WORK) SITES=DIR[:DIR] (more package folders: pointops2, decord) NO_TRACKS2D=1 (configs/real-gpu.yaml as it
+# ships) RAW=DIR (these videos, not sample ones). A_GPUS (0) and B_GPUS (0,1): the GPUs of A and B;
+# BOUND_GPU: the bound's; PARALLEL=1 runs the bound, A and B side by side (on a 4-GPU host: A_GPUS=0
+# BOUND_GPU=1 B_GPUS=2,3), B then without A's learned peaks (it starts from the seeds, as a new cluster does).
+# SETUP=only / SETUP=reuse: the setup in one call, the phases in the next (see BASE below).
 set -u
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
-B=${BASE:-/tmp/rc}; rm -rf "$B"; mkdir -p "$B/res"
+B=${BASE:-/tmp/rc}
+# SETUP=only: lay out and check the models, then stop; SETUP=reuse: the phases on what an earlier call laid out
+# in BASE (a warm machine keeps /tmp): the setup of the whole chain (random SAM 3 and TAPIP3D weights, every
+# model loaded once) and its run then fit one call each.
+if [ "${SETUP:-}" = reuse ]; then
+  [ -f "$B/real.yaml" ] || { echo "SETUP=reuse: no $B/real.yaml; run SETUP=only first" >&2; exit 1; }
+  rm -rf "$B"/out-* "$B"/[AB]-* "$B"/res/[AB]-* "$B"/res/bound.*
+else
+  rm -rf "$B"; mkdir -p "$B/res"
+fi
 R=$B/res  # everything measured; $OUT gets report.txt, results.tgz (R) and logs.tgz (every worker's log)
 PHASES=${PHASES:-ABC}
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 DEV=$([ "$NGPU" -gt 0 ] && echo cuda:0 || echo cpu)
-BOUND_GPU=$([ "$NGPU" -gt 1 ] && echo 1 || echo 0)
-SMI_IDS=$([ "$NGPU" -gt 1 ] && echo 0,1 || echo 0)  # the GPUs this script uses, on a host with more
+BOUND_GPU=${BOUND_GPU:-$([ "$NGPU" -gt 1 ] && echo 1 || echo 0)}
+A_GPUS=${A_GPUS:-0} B_GPUS=${B_GPUS:-0,1} PARALLEL=${PARALLEL:-0}
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$R/gpus.csv" 2>&1
 # The snapshots: $UPSTREAM_ARCHIVES, else shared/upstream beside the repository (tests/upstream/sources.py finds it).
 [ -n "${UPSTREAM_ARCHIVES:-}" ] && export FRAMEFLEET_UPSTREAM_SRC=$UPSTREAM_ARCHIVES
@@ -42,33 +57,49 @@ save() {  # what is measured so far comes back even if the call is cut short
 }
 
 save "wheels installed"
-python3 bench/real_chain.py setup --base "$B" --real "${REAL-masks,tracks2d,hands}" "${SITE[@]}" > "$R/setup.txt" 2>&1 \
-  || { cat "$R/setup.txt" "$B"/prepare-*.log; exit 1; }
-python3 scripts/make_sample_dataset.py "$B/raw" --videos "${VIDEOS:-6}" --seconds "${CLIP_S:-2-2.5}" > /dev/null
+if [ "${SETUP:-}" != reuse ]; then
+IFS=: read -r -a more <<< "${SITES:-}"
+for d in "${more[@]}"; do SITE+=(--site "$d"); done
+[ -n "${VIPE_WORK:-}" ] && SITE+=(--vipe-work "$VIPE_WORK")
+[ "${NO_TRACKS2D:-0}" = 1 ] && SITE+=(--no-tracks2d)
+python3 bench/real_chain.py setup --base "$B" --real "${REAL-masks,tracks2d,hands}" --masks "${MASKS:-grounded_sam}" \
+  "${SITE[@]}" > "$R/setup.txt" 2>&1 || { cat "$R/setup.txt" "$B"/prepare-*.log; exit 1; }
+if [ -n "${RAW:-}" ]; then
+  cp -r "$RAW" "$B/raw"
+else
+  python3 scripts/make_sample_dataset.py "$B/raw" --videos "${VIDEOS:-6}" --seconds "${CLIP_S:-2-2.5}" > /dev/null
+fi
 save "models and environments laid out"
 python3 bench/real_chain.py check --base "$B" --device "$DEV" > "$R/check.json" 2> "$R/check.err"
 cp "$B/real.yaml" "$B/envs.json" "$R/"
 echo "setup $(( $(date +%s) - t0 )) s" | tee "$R/report.txt"
 save "setup done"
+if [ "${SETUP:-}" = only ]; then cat "$R/check.json" "$R/check.err" | tail -n 40; exit 0; fi
+else
+  echo "setup reused from $B (SETUP=reuse)" | tee "$R/report.txt"
+fi
 export FRAMEFLEET_CONFIG=$B/real.yaml
+# the GPU families each GPU starts one worker of: the enabled stages with an interpreter of their own
+FAMILIES=$(python3 -c "import yaml; s = yaml.safe_load(open('$B/real.yaml'))['stages']; \
+print(sum(1 for v in s.values() if v.get('python') and v.get('enabled', True)))")
 
 phase() {  # tag, GPUs, Redis db: the autoscaler over the videos, enqueue -> statistics, verified
   local tag=$1 gpus=$2 db=$3 cpus=() smi
   export REDIS_URL=redis://127.0.0.1:${REDIS_PORT:-6379}/$db
   python3 -c "import redis; redis.Redis.from_url('$REDIS_URL').flushdb()"
   # B starts from the peaks A learned (ff:profiles persists in a real deployment's Redis)
-  [ "$tag" = B ] && python3 -c "import redis; p = redis.Redis(port=${REDIS_PORT:-6379}, db=4).hgetall('ff:profiles'); \
+  [ "$tag" = B ] && [ "$PARALLEL" != 1 ] && python3 -c "import redis; p = redis.Redis(port=${REDIS_PORT:-6379}, db=4).hgetall('ff:profiles'); \
 p and redis.Redis.from_url('$REDIS_URL').hset('ff:profiles', mapping=p)"
   for i in $(seq "${CPUW:-6}"); do
     python3 -m celery -A tasks worker -Q cpu -P solo -n "cpu$i-$tag@%h" -l WARNING > "$B/$tag-cpu$i.log" 2>&1 &
     cpus+=($!)
   done
-  nvidia-smi -i "$SMI_IDS" --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 500 \
+  nvidia-smi -i "$gpus" --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 500 \
     > "$R/$tag-smi.csv" 2>/dev/null &
   smi=$!
   python3 -m tasks.autoscaler --gpus "$gpus" --tick-s 1 --cooldown-s 2 --max-workers-per-gpu "${MAXW:-4}" \
     --stop-grace-s 20 --log-dir "$B/$tag-logs" > "$R/$tag-autoscaler.log" 2>&1 &
-  local scaler=$! want=$(( 5 * $(echo "$gpus" | tr ',' '\n' | wc -l) ))
+  local scaler=$! want=$(( FAMILIES * $(echo "$gpus" | tr ',' '\n' | wc -l) ))
   for _ in $(seq 240); do  # every family's first worker up (models loaded), as on a running cluster
     [ "$(python3 -c "import redis; print(len(list(redis.Redis.from_url('$REDIS_URL').scan_iter('ff:worker:gpu*'))))")" -ge "$want" ] && break
     sleep 0.5
@@ -93,14 +124,27 @@ PYEOF
   save "$tag done"
 }
 
-if [[ $PHASES == *A* ]]; then
+if [ "$PARALLEL" = 1 ]; then
   CUDA_VISIBLE_DEVICES=$BOUND_GPU python3 bench/real_chain.py bound --config "$B/real.yaml" --raw "$B/raw" \
     --out "$B/out-bound" --device "$DEV" > "$R/bound.json" 2> "$R/bound.err" &
   bound=$!
-  phase A 0 4
+  phase A "$A_GPUS" 4 > "$B/A-phase.log" 2>&1 &
+  pa=$!
+  phase B "$B_GPUS" 5 > "$B/B-phase.log" 2>&1 &
+  pb=$!
+  wait $pa $pb
+  # the bound has until the phases' end plus BOUND_EXTRA_S; its stages so far are in bound.json
+  for _ in $(seq "${BOUND_EXTRA_S:-60}"); do kill -0 $bound 2>/dev/null || break; sleep 1; done
+  kill $bound 2>/dev/null; wait $bound
+  save "parallel phases done"
+elif [[ $PHASES == *A* ]]; then
+  CUDA_VISIBLE_DEVICES=$BOUND_GPU python3 bench/real_chain.py bound --config "$B/real.yaml" --raw "$B/raw" \
+    --out "$B/out-bound" --device "$DEV" > "$R/bound.json" 2> "$R/bound.err" &
+  bound=$!
+  phase A "$A_GPUS" 4
   wait $bound
 fi
-[[ $PHASES == *B* ]] && [ "$NGPU" -gt 1 ] && phase B 0,1 5
+[[ $PHASES == *B* ]] && [ "$PARALLEL" != 1 ] && [ "$NGPU" -gt 1 ] && phase B "$B_GPUS" 5
 if [[ $PHASES == *C* ]]; then
   python3 bench/spawn_until_failure.py --stages-config "$B/real.yaml" --raw "$B/raw" --inputs "$B/out-A" --gpu 0 \
     --device "$DEV" --every-s "${EVERY_S:-1}" --max-rounds "${MAX_ROUNDS:-16}" --timeout-s "${POOL_TIMEOUT_S:-120}" \

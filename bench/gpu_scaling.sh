@@ -5,7 +5,7 @@
 # (b) framefleet on GPU 0 with the NVML autoscaler, enqueue to statistics; busy fraction = (a) / (b);
 # (c) scripts/run_local.py on 1, 2 and 4 GPUs (PER_GPU solo workers each); efficiency T1 / (k * Tk).
 # The synthetic depth model does MATMULS float32 matmuls of SIZE x SIZE per frame: compute-bound.
-source .device/activate.sh
+source "${ACTIVATE:-.device/activate.sh}"  # ACTIVATE: /tmp/ff-bin/activate.sh on a warm machine without .device
 set -u
 export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
@@ -14,10 +14,16 @@ PHASES=${PHASES:-abc}  # which of (a), (b), (c) to run: a longer (c) fits one ca
 WARM=${WARM:-0}  # 1: (b) enqueues once the autoscaler's first worker is up (a running cluster), not at its start
 KS=${KS:-1 2 4}  # the GPU counts (c) runs, e.g. KS="1 4" for a long 4-GPU figure within one call
 RUN_S=${RUN_S:-300}  # each (c) run's time limit
+# KEEP_RAW=1: reuse /tmp/sc-raw from an earlier call on the same warm machine (e.g. KS=4, then KS=1 next call)
 NGPU=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/gpus.csv"
-rm -rf /tmp/sc-*  # a warm machine keeps earlier runs
-python3 scripts/make_sample_dataset.py /tmp/sc-raw --videos "$VIDEOS" --seconds 2-3 > /dev/null
+if [ "${KEEP_RAW:-0}" = 1 ] && [ -d /tmp/sc-raw ]; then  # the videos an earlier call wrote (a warm machine keeps /tmp)
+  rm -rf /tmp/sc-[abc]*
+  echo "videos: kept from an earlier call: $(ls /tmp/sc-raw | wc -l)"
+else
+  rm -rf /tmp/sc-*  # a warm machine keeps earlier runs
+  python3 scripts/make_sample_dataset.py /tmp/sc-raw --videos "$VIDEOS" --seconds 2-3 --jobs "$(nproc)" > /dev/null
+fi
 cat > /tmp/sc.yaml <<YAML
 stages:
   depth: {params: {hold_mib: 2048, activation_mib: 1024, matmuls_per_frame: $MATMULS, matmul_size: $SIZE}}

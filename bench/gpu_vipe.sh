@@ -16,7 +16,7 @@
 # VIPE_EXT: a vipe_ext*.so (or .so.xz) built earlier on the same image (skips the ~2 min build; default:
 # the first vipe_ext*.so.xz beside EXTRA, else carry/vipe_ext*.so.xz or .so, else one built in WORK on
 # this machine before; one that does not import is built again); the build's .so, stripped of debug
-# sections and xz-compressed, is copied to $OUT when under 30 MB, for that. FRAMES (120) and
+# sections and xz-compressed, is copied to $OUT when under 30 MB, for that. FRAMES (120; 0: build only) and
 # WARMUP (20): frames per run; RUN_TIMEOUT_S (900) caps the load and the runs; TIME_LIMIT_S (none):
 # the whole script's budget, which shortens the runs' cap so that the script ends 15 s before it.
 # WORK (/tmp/ff-vipe): the archives unpacked, the site, vipe_ext's build and the model cache (5 GB).
@@ -104,6 +104,10 @@ start=$(date +%s)
 wait $writer || { tail -30 "$OUT/vipe_cache.log"; exit 1; }
 say "cache written; waited $(( $(date +%s) - start )) s for it after vipe_ext" | tee -a "$OUT/machine.txt"
 cp "$WORK/cache.json" "$OUT/ff-vipe-cache.json"
+if [ "${FRAMES:-120}" = 0 ]; then  # built only: WORK is ready for a later run (bench/gpu_full_chain.sh)
+  say "FRAMES=0: vipe_ext and the cache are in $WORK; no run"
+  exit 0
+fi
 run_timeout=${RUN_TIMEOUT_S:-900}
 if [ -n "${TIME_LIMIT_S:-}" ] && [ $(( TIME_LIMIT_S - SECONDS - 15 )) -lt "$run_timeout" ]; then
   run_timeout=$(( TIME_LIMIT_S - SECONDS - 15 ))

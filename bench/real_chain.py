@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The chain with the real upstream models (random weights) where they run, each stage in an environment of its own.
 
-    python bench/real_chain.py setup --base DIR [--real masks,tracks2d,hands] [--site DIR]
+    python bench/real_chain.py setup --base DIR [--real masks,tracks2d,hands] [--site DIR]...
+        [--masks sam3] [--vipe-work DIR]
     python bench/real_chain.py check --base DIR [--device cuda:0]
     python bench/real_chain.py bound --config DIR/real.yaml --raw RAW --out OUT [--device cuda:0]
     python bench/real_chain.py report --results DIR
@@ -11,14 +12,24 @@ their real upstream code (``../shared/upstream``'s snapshots, unpacked by tests.
 and random weights in each upstream checkpoint format (bench/gpu_models.py's ``prepare``); the
 others, and all of them with ``--real ''``, the stand-ins of tests/standins. Each stage gets an
 interpreter of its own (a venv over this one's packages, with that model's code on its path), and
-DIR/real.yaml is configs/real-gpu.yaml on those folders and interpreters, tracks2d enabled.
+DIR/real.yaml is configs/real-gpu.yaml on those folders and interpreters, tracks2d enabled (unless
+``--no-tracks2d``).
 DIR/envs.json says what each stage runs. ``--site``: a folder of packages the real models need
-that this interpreter lacks (hydra-core, omegaconf, iopath for SAM 2; yacs, smplx, trimesh for WiLoR).
+that this interpreter lacks (hydra-core, omegaconf, iopath for SAM 2; yacs, smplx, trimesh for WiLoR);
+given more than once, each is added.
+
+The whole chain on a GPU machine (bench/gpu_full_chain.sh): ``--real masks,depth,tracks,hands --masks sam3
+--vipe-work /tmp/ff-vipe``. ``depth`` runs ViPE's ``lyra`` from a folder that bench/gpu_vipe.sh built
+(``--vipe-work``: upstream/hgupt3+vipe with vipe_ext compiled, upstream/microsoft+MoGe, site/ with ViPE's
+own packages, first on that stage's path, and cache/ with the random-weights model cache); ``tracks`` runs
+TAPIP3D, whose CUDA extension pointops2 must be in one of the ``--site`` folders; ``--masks sam3`` runs
+SAM 3, as configs/real-gpu.yaml does (its builder imports decord: a ``--site`` folder must have it), on
+the checkpoint whose scoring makes every query a detection (bench/gpu_models.py's ``found``).
 
 The masks stage follows one object (``max_objects: 1``): random weights fire on hundreds of boxes.
 What is a stand-in in a real stage: WiLoR's YOLO hand detector (its size is not in the checkout;
 the ultralytics stand-in gives fixed boxes) and pyrender (WiLoR builds renderers at load, nothing
-renders). ViPE (depth) and TAPIP3D (tracks) are stand-ins whenever they run here.
+renders). ViPE (depth) and TAPIP3D (tracks) are stand-ins unless named by ``--real``.
 
 ``check`` loads every stage once (all at once, each from its interpreter); a real model that fails to
 load is replaced by its stand-in in DIR/real.yaml, and envs.json says so.
@@ -45,9 +56,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-REAL = ("masks", "tracks2d", "hands")  # the stages whose real model runs from ../shared/upstream
-CHECKOUTS = {"masks": "facebookresearch+sam2", "tracks2d": "facebookresearch+co-tracker", "hands": "rolpotamias+WiLoR"}
-PREPARE = {"masks": "grounded_sam", "tracks2d": "cotracker", "hands": "wilor"}  # bench/gpu_models.py's names
+REAL = ("masks", "tracks2d", "hands", "depth", "tracks")  # the stages whose real model can run from ../shared/upstream
+DEFAULT_REAL = ("masks", "tracks2d", "hands")  # those that need nothing built on the GPU machine beforehand
+CHECKOUTS = {
+    "masks": "facebookresearch+sam2",
+    "sam3": "facebookresearch+sam3",
+    "tracks2d": "facebookresearch+co-tracker",
+    "hands": "rolpotamias+WiLoR",
+    "tracks": "zbw001+TAPIP3D",
+}
+PREPARE = {"masks": "grounded_sam", "sam3": "sam3", "tracks2d": "cotracker", "hands": "wilor"}  # bench/gpu_models.py's
 # pyrender needs EGL or OSMesa; WiLoR imports it and builds renderers at load, and nothing renders in inference.
 PYRENDER_STANDIN = (
     '"""Stand-in for pyrender: WiLoR builds its renderers at load; nothing renders in inference."""\n'
@@ -55,11 +73,15 @@ PYRENDER_STANDIN = (
 )
 
 
-def make_env(folder: Path, paths: list[Path], packages: list[Path], modules: dict[str, str]) -> Path:
-    """A venv over this interpreter's packages, with ``paths`` added and ``packages``/``modules`` of its own first."""
+def make_env(
+    folder: Path, paths: list[Path], packages: list[Path], modules: dict[str, str], first: list[Path] = ()
+) -> Path:
+    """A venv over this interpreter's packages, with ``paths`` added and ``packages``/``modules`` of its own first;
+    ``first``: folders put before everything but $PYTHONPATH (ViPE's transformers 4 before the machine's 5)."""
     from tests.backends.standin_env import venv_over_this_python
 
-    purelib = venv_over_this_python(folder, paths)
+    lines = [f"import sys; sys.path[1:1] = {[str(p) for p in first]!r}"] if first else []
+    purelib = venv_over_this_python(folder, paths, lines)
     for package in packages:
         shutil.copytree(package, purelib / package.name, ignore=shutil.ignore_patterns("__pycache__"))
     for name, text in modules.items():
@@ -68,7 +90,14 @@ def make_env(folder: Path, paths: list[Path], packages: list[Path], modules: dic
     return folder / "bin" / "python"
 
 
-def setup(base: Path, real: list[str], site_dir: Path | None) -> dict[str, Any]:
+def setup(
+    base: Path,
+    real: list[str],
+    site_dirs: list[Path],
+    masks: str = "grounded_sam",
+    vipe_work: Path | None = None,
+    tracks2d: bool = True,
+) -> dict[str, Any]:
     """Lay out models, environments and DIR/real.yaml under ``base``; return what each stage runs."""
     import yaml
 
@@ -83,35 +112,73 @@ def setup(base: Path, real: list[str], site_dir: Path | None) -> dict[str, Any]:
     (base / "standin.yaml").write_text(text)
     conf = yaml.safe_load(text)
     stages = conf["stages"]
+    if not tracks2d:  # configs/real-gpu.yaml as it ships: 3D tracks only
+        stages["tracks2d"]["enabled"] = False
+        del stages["tracks2d"]["python"]
     runs = {s: {"python": str(standin), "runs": "stand-in (tests/standins)"} for s in stages if stages[s].get("python")}
     upstream = base / "upstream"
     shutil.rmtree(upstream, ignore_errors=True)
     upstream.mkdir(parents=True)
-    extra = [site_dir] if site_dir else []
+    extra = list(site_dirs)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, [*extra, os.environ.get("PYTHONPATH", "")]))}
+    name = {stage: "sam3" if stage == "masks" and masks == "sam3" else stage for stage in real}
     preparing = {}
     for stage in real:
-        checkout = source(CHECKOUTS[stage])
-        (upstream / CHECKOUTS[stage]).symlink_to(checkout)
-        argv = [sys.executable, str(ROOT / "bench" / "gpu_models.py"), "--step", "prepare", "--upstream", str(upstream)]
-        argv += ["--models", PREPARE[stage], "--weights", str(base / "weights"), "--clip", "-", "--out", str(base)]
+        if stage == "depth":
+            continue  # ViPE's folder comes built (--vipe-work)
+        checkout = source(CHECKOUTS[name[stage]])
+        (upstream / CHECKOUTS[name[stage]]).symlink_to(checkout)
         log = open(base / f"prepare-{stage}.log", "w")  # noqa: SIM115 (the child keeps its own copy)
+        if stage == "tracks":  # TAPIP3D's own models.from_config, in the process that imports pointops2
+            code = "import sys; from pathlib import Path; from bench.gpu_conformance import prepare_tapip3d; "
+            code += "print(prepare_tapip3d(Path(sys.argv[1]), Path(sys.argv[2])))"
+            argv = [sys.executable, "-c", code, str(checkout.resolve()), str(base / "weights" / "tapip3d")]
+            preparing[stage] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            continue
+        argv = [sys.executable, str(ROOT / "bench" / "gpu_models.py"), "--step", "prepare", "--upstream", str(upstream)]
+        argv += ["--models", PREPARE[name[stage]], "--weights", str(base / "weights"), "--clip", "-"]
+        argv += ["--out", str(base)]
         preparing[stage] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     for stage, proc in preparing.items():
         if proc.wait() != 0:
             raise SystemExit(f"random weights for {stage}: exit {proc.returncode}; see {base}/prepare-{stage}.log")
-        checkout = upstream / CHECKOUTS[stage]
-        weights = base / "weights" / PREPARE[stage]
+    for stage in real:
         folder = base / "envs" / stage
+        if stage == "depth":
+            if vipe_work is None:
+                raise SystemExit("--real depth needs --vipe-work: the folder bench/gpu_vipe.sh built ViPE in")
+            vipe, moge = vipe_work / "upstream" / "hgupt3+vipe", vipe_work / "upstream" / "microsoft+MoGe"
+            python = make_env(folder, extra, [], {}, first=[vipe_work / "site", vipe, moge])
+            stages[stage]["params"]["weights_dir"] = str(vipe_work / "cache")
+            stages[stage]["python"] = str(python)
+            runs[stage] = {"python": str(python), "runs": "ViPE lyra + MoGe (real, random weights; bench/gpu_vipe.sh)"}
+            continue
+        if stage == "tracks":
+            checkout = (upstream / CHECKOUTS[stage]).resolve()
+            # the sites first, as bench/gpu_conformance.sh ran it (its PYTHONPATH): pointops2, omegaconf's version
+            python = make_env(folder, [checkout], [], {}, first=extra)
+            stages[stage]["params"].update(repo_dir=str(checkout), weights_dir=str(base / "weights" / "tapip3d"))
+            stages[stage]["python"] = str(python)
+            runs[stage] = {"python": str(python), "runs": "TAPIP3D (real, random weights)"}
+            continue
+        checkout = upstream / CHECKOUTS[name[stage]]
+        weights = base / "weights" / PREPARE[name[stage]]
         if stage == "hands":
             (weights / "detector.pt").write_bytes(b"placeholder: the ultralytics stand-in checks that it exists")
             python = make_env(folder, extra, [STANDINS / "site" / "ultralytics"], {"pyrender": PYRENDER_STANDIN})
             stages[stage]["params"].update(repo_dir=str(checkout.resolve()), weights_dir=str(weights))
             what = "WiLoR network (real, random weights); YOLO detector and pyrender: stand-ins"
         else:
-            python = make_env(folder, [checkout.resolve(), *extra], [], {})
+            if name[stage] == "sam3":  # the sites first, as bench/gpu_models.sh ran it: setuptools<81, timm's version
+                python = make_env(folder, [checkout.resolve()], [], {}, first=extra)
+            else:
+                python = make_env(folder, [checkout.resolve(), *extra], [], {})
             stages[stage]["params"]["weights_dir"] = str(weights)
-            if stage == "masks":
+            if name[stage] == "sam3":  # configs/real-gpu.yaml's own masks backend and parameters
+                stages[stage]["params"].update(
+                    weights_dir=str(weights / "found"), bpe_path=str(weights / "bpe_simple_vocab_16e6.txt.gz")
+                )
+            elif stage == "masks":
                 # y2r's grounding-dino option (configs/real-gpu.yaml runs its default, SAM 3). An untrained
                 # GroundingDINO clears y2r's 0.3 on many boxes, and SAM 2 then follows each (15 s a frame
                 # on an H200); a trained one finds the block: SAM 2 follows the best box.
@@ -124,7 +191,9 @@ def setup(base: Path, real: list[str], site_dir: Path | None) -> dict[str, Any]:
                     "key_frame_idx": 0,
                     "max_objects": 1,
                 }
-            what = {"masks": "GroundingDINO-base + SAM 2.1-L", "tracks2d": "CoTracker3 offline"}[stage]
+            what = {"masks": "GroundingDINO-base + SAM 2.1-L", "sam3": "SAM 3", "tracks2d": "CoTracker3 offline"}[
+                name[stage]
+            ]
             what += " (real, random weights)"
         stages[stage]["python"] = str(python)
         runs[stage] = {"python": str(python), "runs": what}
@@ -200,6 +269,9 @@ def bound(config: Path, raw: Path, out: Path, device: str) -> dict[str, Any]:
         if gpu:
             result["per_stage_s"][stage] = round(sum(e["run_s"] for e in events if e["event"] == "done"), 3)
             result["load_s"][stage] = next(e["load_s"] for e in events if e["event"] == "loaded")
+            # a line per stage as it ends: a bound cut short still says what it measured
+            print(json.dumps({**result, "partial": True, "bound_s": round(sum(result["per_stage_s"].values()), 3)}))
+            sys.stdout.flush()
     result["bound_s"] = round(sum(result["per_stage_s"].values()), 3)
     return result
 
@@ -209,8 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("setup")
     s.add_argument("--base", type=Path, required=True)
-    s.add_argument("--real", default=",".join(REAL), help="stages that run their real model ('' for none)")
-    s.add_argument("--site", type=Path, help="a folder of packages the real models need")
+    s.add_argument("--real", default=",".join(DEFAULT_REAL), help="stages that run their real model ('' for none)")
+    s.add_argument("--site", type=Path, action="append", default=[], help="a folder of packages the real models need")
+    s.add_argument("--masks", choices=["grounded_sam", "sam3"], default="grounded_sam", help="the masks' real model")
+    s.add_argument("--vipe-work", type=Path, help="bench/gpu_vipe.sh's WORK folder, for --real depth")
+    s.add_argument("--no-tracks2d", action="store_true", help="tracks2d off, as configs/real-gpu.yaml ships")
     c = sub.add_parser("check")
     c.add_argument("--base", type=Path, required=True)
     c.add_argument("--device", default="cuda:0")
@@ -227,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(real) - set(REAL))
         if unknown:
             parser.error(f"--real: {unknown} have no real model here; choose from {', '.join(REAL)}")
-        print(json.dumps(setup(args.base.resolve(), real, args.site.resolve() if args.site else None), indent=1))
+        sites = [site.resolve() for site in args.site]
+        vipe_work = args.vipe_work.resolve() if args.vipe_work else None
+        runs = setup(args.base.resolve(), real, sites, args.masks, vipe_work, tracks2d=not args.no_tracks2d)
+        print(json.dumps(runs, indent=1))
     elif args.command == "check":
         print(json.dumps(check(args.base.resolve(), args.device), indent=1))
     elif args.command == "report":

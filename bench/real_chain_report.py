@@ -83,7 +83,11 @@ def report(res: Path) -> str:
     for stage, row in check.items():
         lines.append(f"stage {stage}: {row.get('runs')}; load {row.get('load_s', row.get('error'))}")
     bound = _load(res / "bound.json")
-    if bound:
+    if bound and bound.get("partial"):
+        done, load = bound["per_stage_s"], bound["load_s"]
+        lines.append(f"(a) compute bound cut short: {done} (load {load}) over {bound['videos']} videos")
+        bound = None
+    elif bound:
         lines.append(
             f"(a) compute bound {bound['bound_s']:.1f} s over {bound['videos']} videos: {bound['per_stage_s']}"
         )
