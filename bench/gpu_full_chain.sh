@@ -89,3 +89,7 @@ run)
   ;;
 *) echo "STEP=prep1, prep2 or run" >&2; exit 2 ;;
 esac
+# Few files come back from the GPU machine: everything in one archive, beside this step's summary.
+tar czf "/tmp/ff-$STEP.tgz" -C "$OUT" . 2>/dev/null
+find "$OUT" -mindepth 1 ! -name "$STEP.txt" -delete
+mv "/tmp/ff-$STEP.tgz" "$OUT/$STEP.tgz"
