@@ -100,6 +100,9 @@ KOMBU_CODE = {
     "virtual.Transport._reject_inbound_message": "0fd42f24d40a132d",
     "redis.MultiChannelPoller._register_BRPOP": "85724582464a615f",
     "redis.MultiChannelPoller.handle_event": "a96a90b9df4bd447",
+    "redis.Channel._connparams": "e9a4295085a8fb90",
+    "redis.Channel._receive_one": "d59b8751d89757dc",
+    "redis.MultiChannelPoller._client_registered": "a16964c3e3d29356",
 }
 
 
@@ -121,8 +124,8 @@ def test_the_kombu_code_the_transport_replaces_is_the_code_it_was_written_agains
     assert not changed, f"kombu code changed under tasks.delivery.transport: {changed}; port it, then update these"
 
 
-def _server(tmp_path, persistent: bool) -> tuple[subprocess.Popen, int]:
-    port = free_port()
+def _server(tmp_path, persistent: bool, port: int | None = None) -> tuple[subprocess.Popen, int]:
+    port = port or free_port()
     proc = subprocess.Popen(server_argv(port, tmp_path, persistent=persistent), stdout=subprocess.DEVNULL)
     wait_until(lambda: _answers(f"redis://127.0.0.1:{port}/0"), 10, "the private redis-server", poll_s=0.02)
     return proc, port
@@ -209,3 +212,48 @@ def test_sends_and_restores_to_a_queues_exchange_reach_it_after_a_restart_withou
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_remote_control_consumer_whose_redis_restarts_is_told_the_connection_failed(tmp_path):
+    """Celery's remote control (a fanout queue: kombu's pub/sub connection) across a quick Redis restart.
+
+    The worker reads the closed socket only once Redis is back (its loop was busy, e.g. resending a
+    heartbeat event). It must get a connection error, on which Celery restarts its consumer and
+    subscribes again; redis-py's own retry connected anew without subscribing and read that connection
+    forever, and the idle worker never took another task.
+    """
+    import threading
+
+    from tasks import app
+
+    proc, port = _server(tmp_path, persistent=True)
+    url = f"redis://127.0.0.1:{port}/0"
+    conn = app.connection_for_read(url)  # the worker's transport options (tasks.celery_app.configure)
+    outcome: list[BaseException] = []
+    try:
+        queue = kombu.Queue("remote-control", kombu.Exchange("remote-control", "fanout"))
+        kombu.Consumer(conn.default_channel, [queue], callbacks=[lambda body, m: None]).consume()
+        for _ in range(3):  # subscribes, and reads Redis's confirmation
+            with contextlib.suppress(TimeoutError):
+                conn.drain_events(timeout=0.1)
+        assert redis.Redis(port=port).pubsub_numpat() == 1
+        proc.terminate()
+        proc.wait()
+        proc, _ = _server(tmp_path, persistent=True, port=port)
+
+        def drain() -> None:
+            try:
+                conn.drain_events(timeout=5)
+            except BaseException as exc:  # what the worker's event loop would raise to its consumer
+                outcome.append(exc)
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        reader.join(30)  # a hang, not a speed limit: the error comes at once
+        assert not reader.is_alive(), "the consumer waits forever on a connection that subscribes to nothing"
+        assert isinstance(outcome[0], conn.connection_errors), outcome
+    finally:
+        proc.kill()
+        proc.wait()
+        with contextlib.suppress(Exception):
+            conn.release()

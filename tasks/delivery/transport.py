@@ -1,5 +1,6 @@
 """kombu's Redis transport, with a delivery that cannot drop a message, sends that a restart cannot
-misroute, and an ack that Redis refuses still freeing the worker's prefetch slot.
+misroute, an ack that Redis refuses still freeing the worker's prefetch slot, and an event loop
+that a quick restart cannot stall.
 
 **Delivery.** kombu takes a message with BRPOP and only afterwards registers it in ``unacked``
 (``QoS.append``: ZADD + HSET, kombu/transport/redis.py ``_brpop_read`` → virtual ``_deliver``);
@@ -24,6 +25,16 @@ for good. Here the removal is tried a few times and the tag is forgotten either 
 whose removal never reached Redis comes back as a duplicate, which its stage's done marker and
 claim turn away (tasks.delivery.claims).
 
+**The event loop's connections.** The BRPOP connection and the pub/sub one (Celery's remote
+control, a fanout queue) make no redis-py retry: a read or send that fails raises to kombu, and
+through it to Celery's consumer, which restarts (reconnecting and subscribing again). redis-py's
+retry of a failed pub/sub read reconnects and reads again, expecting its connect callback to have
+subscribed the new connection, but kombu hands the PubSub its connection itself
+(``MultiChannelPoller._client_registered``), so no callback is registered: the retry read, blocking
+and without a timeout, waited forever on a connection subscribed to nothing. A worker whose loop
+met the closed socket only once Redis was back (a quick restart, the loop busy meanwhile) stopped
+there, logging nothing and taking no task again.
+
 ``install()`` (called when tasks.celery_app is imported) makes ``redis://`` brokers use it in
 this process, through kombu's own table of transport aliases, so that URLs, Flower's broker view
 and the worker banner still read ``redis://``; other schemes keep kombu's transports. Pinned to
@@ -40,6 +51,8 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tasks import keys
 
@@ -139,6 +152,12 @@ class Channel(kombu_redis.Channel):  # type: ignore[misc]
         self._pop_order: list[str] = []
         self.no_ack_queues: set[str] = set()  # consumed without acks (Celery's control replies)
         super().__init__(*args, **kwargs)
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)
+        if asynchronous:  # the event loop's connections: an error reaches kombu, never a retry on a new connection
+            params["retry"] = Retry(NoBackoff(), 0)
+        return params
 
     def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
         # A consumer that does not ack must not leave its messages in unacked.
