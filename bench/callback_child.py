@@ -68,7 +68,7 @@ def main() -> int:
     import importlib
 
     import tasks
-    from tasks.celery_app import settings
+    from tasks import settings  # the app with everything it registers, as a command loads it
     from tasks.run import aggregate
 
     settings()

@@ -41,7 +41,7 @@ def main() -> int:
     from celery import canvas
 
     import tasks
-    from tasks.celery_app import settings
+    from tasks import settings  # the app with everything it registers, as a command loads it
     from tasks.cli.enqueue import enqueue
 
     first: list[float] = []

@@ -1,10 +1,37 @@
-"""framefleet's Celery package: ``celery -A tasks worker -Q gpu0`` starts the worker of GPU 0."""
+"""framefleet's Celery package: ``celery -A tasks worker -Q gpu0`` starts the worker of GPU 0.
 
-from tasks.celery_app import app, configure, settings
-from tasks.moved import __getattr__  # noqa: F401  (`from tasks import transport`: a module that moved)
-from tasks.observe import flower_guard, inspect_gpu  # noqa: F401  (Flower's auth check; `inspect gpu`)
-from tasks.pipeline import task  # noqa: F401  (the stage tasks)
-from tasks.run import aggregate  # noqa: F401  (the statistics callback)
-from tasks.workers import worker  # noqa: F401  (the worker's start-up signals)
+Importing the package, or a module of it, loads neither Celery nor the settings: the first use of
+``tasks.app`` (what ``celery -A tasks`` asks for), ``configure`` or ``settings`` loads the app with
+everything it registers, so that a command that only reads Redis (``framefleet status``) starts quickly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from tasks.moved import moved_module
+
+if TYPE_CHECKING:
+    from tasks.celery_app import app, configure, settings
 
 __all__ = ["app", "configure", "settings"]
+
+# What the app registers, loaded with it: the stage tasks, the statistics callback, the worker's start-up
+# signals, Flower's auth check and `inspect gpu`.
+REGISTERED = (
+    "tasks.pipeline.task",
+    "tasks.run.aggregate",
+    "tasks.workers.worker",
+    "tasks.observe.flower_guard",
+    "tasks.observe.inspect_gpu",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        celery_app = importlib.import_module("tasks.celery_app")
+        for module in REGISTERED:
+            importlib.import_module(module)
+        return getattr(celery_app, name)
+    return moved_module(name)  # `from tasks import transport`: a module that moved

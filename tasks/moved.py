@@ -1,7 +1,7 @@
 """Modules that sat directly in tasks/ before it was grouped by concern, found in their new package.
 
 ``from tasks import transport`` (scripts written against earlier versions) still works: the package's
-``__getattr__`` (PEP 562) is this module's.
+``__getattr__`` (PEP 562) asks ``moved_module``.
 """
 
 import importlib
@@ -18,7 +18,8 @@ _GROUPS = {
 _MOVED = {name: f"tasks.{group}.{name}" for group, names in _GROUPS.items() for name in names.split()}
 
 
-def __getattr__(name: str) -> ModuleType:
+def moved_module(name: str) -> ModuleType:
+    """The module ``name`` moved to; raises AttributeError, as a missing attribute of ``tasks`` does."""
     if name in _MOVED:
         return importlib.import_module(_MOVED[name])
     raise AttributeError(f"module 'tasks' has no attribute {name!r}")

@@ -12,7 +12,7 @@ import kombu
 import pytest
 import redis
 
-import tasks  # noqa: F401  (installs the transport)
+import tasks.celery_app  # noqa: F401  (installs the transport)
 from tasks.delivery import transport
 from tasks.redis_client import free_port, server_argv
 from tests.conftest import wait_until
@@ -24,7 +24,7 @@ def broker(tmp_path):
     proc = subprocess.Popen(server_argv(port, tmp_path), stdout=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     wait_until(lambda: _answers(url), 10, "the private redis-server", poll_s=0.02)
-    with kombu.Connection(url) as conn:  # redis:// resolves to tasks.delivery.transport (installed by `import tasks`)
+    with kombu.Connection(url) as conn:  # redis:// resolves to tasks.delivery.transport (installed by tasks.celery_app)
         yield conn, proc
     proc.kill()
     proc.wait()

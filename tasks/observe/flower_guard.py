@@ -1,7 +1,7 @@
 """Flower must not listen beyond loopback without authentication.
 
-``celery -A tasks flower`` imports this package before it runs Flower, so the check runs at
-import, when ``sys.argv`` is a Flower command line: it resolves Flower's own options (its
+``celery -A tasks flower`` loads the app (``tasks.app``), and with it this module, before it runs
+Flower, so the check runs at import, when ``sys.argv`` is a Flower command line: it resolves Flower's own options (its
 ``FLOWER_*`` variables, command line and config file, with Flower's own parsers) and ends the
 process with exit status 2 and the fix when the address is not loopback and no auth is set.
 """

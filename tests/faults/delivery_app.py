@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from tasks.celery_app import app
+from tasks import app  # the project's app, with everything it registers (its worker's signals)
 
 
 @app.task(name="faults.work", acks_late=True)

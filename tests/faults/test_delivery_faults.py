@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from tasks.celery_app import app as project_app
+from tasks import app as project_app
 from tasks.delivery import queues
 from tests.conftest import ROOT, wait_until
 from tests.faults.conftest import RedisServer

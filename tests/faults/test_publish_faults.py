@@ -15,8 +15,7 @@ from tests.faults.conftest import env_for
 # retry policy; each refused connection of that send prints "refused".
 SENDER = """
 import sys
-import tasks
-from tasks.celery_app import app
+from tasks import app
 
 job = {"video": "a.mp4", "run_id": "r1", "video_id": "a"}
 app.tasks["framefleet.h5"].apply_async(args=(job,), queue="gpu0")
