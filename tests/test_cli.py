@@ -52,6 +52,37 @@ def test_every_subcommand_has_help_under_its_own_name(name, capsys):
     assert capsys.readouterr().out.startswith(f"usage: framefleet {name}")
 
 
+def test_status_and_the_listing_leave_celery_unloaded(pipeline_env):
+    # `framefleet status` reads Redis alone; Celery and the app (a third of a second to import) come only
+    # with what sends or follows tasks, --watch among them.
+    loaded = """
+import sys
+from tasks.cli.main import main
+code = main(sys.argv[1:])
+print(code, sorted(m for m in ("celery", "kombu", "tasks.celery_app") if m in sys.modules))
+"""
+
+    def run(*argv: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", loaded, *argv],
+            cwd=ROOT,
+            env=pipeline_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return [*done.stdout.splitlines(), *done.stderr.splitlines()]
+
+    assert run("--help")[-1] == "0 []"
+    shown = run("status")
+    assert shown[0].startswith("framefleet status at") and shown[-1] == "0 []"
+    watched = run("status", "--watch")  # no run to follow: refused, after loading the app it would follow with
+    assert watched[-2:] == [
+        "2 ['celery', 'kombu', 'tasks.celery_app']",
+        "framefleet: Redis knows no run; give a run id or --out OUT",
+    ]
+
+
 def test_no_script_imports_another_script():
     for script in (ROOT / "scripts").glob("*.py"):
         text = script.read_text()

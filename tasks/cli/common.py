@@ -34,8 +34,9 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help=f"YAML settings file (else ${CONFIG_ENV})")
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
-    """Load and apply the settings named by --config; exit 2 with the reason when they are bad."""
+def settings_from(args: argparse.Namespace, celery: bool = True) -> Settings:
+    """Load the settings named by --config and, with ``celery``, apply them to the Celery app (which that
+    loads: a command that reads only Redis passes False); exit 2 with the reason when they are bad."""
     try:
         conf = load_settings(args.config)
     except ConfigError as exc:
@@ -43,9 +44,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if args.config:
         # Child processes (workers, Flower) read the same file.
         os.environ[CONFIG_ENV] = str(Path(args.config).resolve())
-    from tasks import configure
+    if celery:
+        from tasks import configure
 
-    configure(conf)
+        configure(conf)
     return conf
 
 

@@ -21,14 +21,13 @@ from typing import Any
 
 from tasks import keys
 from tasks.cli import common as _cli
-from tasks.cli import watch
 from tasks.cli.common import check_redis
 from tasks.delivery import settings_queues
 from tasks.delivery.queues import lengths as queue_lengths
 from tasks.gpu import GpuReading, open_probe
-from tasks.observe import progress, stall
+from tasks.observe import progress
 from tasks.redis_client import get_redis
-from tasks.run import cancel, quarantine, runs, settings_check
+from tasks.run import quarantine, runs, settings_check
 from tasks.workers import registry
 from worker_config.settings import Settings, redact_url
 
@@ -222,7 +221,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--watch", action="store_true", help="follow the run's progress until it ends, as enqueue does")
     _cli.add_config_argument(parser)
     args = parser.parse_args(argv)
-    conf = _cli.settings_from(args)
+    conf = _cli.settings_from(args, celery=args.watch)
     if (why := check_redis(conf)) is not None:
         return _cli.fail(why)
     chosen = None
@@ -234,32 +233,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if args.watch:
         if chosen is None:
             return _cli.fail("no run to watch: name one (RUN or --out OUT)")
-        return follow(conf, chosen)
+        # Following loads the Celery app (the callback's result); the one-shot view reads Redis only.
+        from tasks.cli import watch
+
+        return watch.follow(conf, chosen)
     print(render(conf, args.out, chosen))
     return 0
-
-
-def follow(conf: Settings, record: dict[str, Any]) -> int:
-    """Show a run's progress until it ends, as the enqueue command does; return the same exit status."""
-    out = Path(record["output_root"])
-    if record.get("status") == "finished":
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["finished"]))
-        print(f"run {record['run_id']} finished at {when}; summary in {out / 'run_summary.json'}")
-        return 0
-    print(
-        f"following run {record['run_id']} ({_cli.plural(record['videos'], 'video')}, outputs in {out}); "
-        "Ctrl-C stops watching, not the run",
-        flush=True,
-    )
-    try:
-        return watch.report(watch.wait_for(conf, record), out)
-    except cancel.RunCancelled:
-        return watch.cancelled(record, out)
-    except stall.RunLost as exc:
-        return _cli.fail(f"{exc}; complete outputs are kept: --continue finishes the run", code=3)
-    except KeyboardInterrupt:
-        watch.detached(record, out)
-        return 130
 
 
 if __name__ == "__main__":

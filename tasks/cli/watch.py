@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from tasks.cli.common import plural
+from tasks.cli.common import fail, plural
 from tasks.delivery import requeues
 from tasks.observe import progress, stall
 from tasks.outputs.intermediates import summary_line
@@ -237,3 +237,26 @@ def detached(record: dict[str, Any], out_dir: Path) -> None:
         f"  stop it:         framefleet cancel {run_id}   (complete outputs stay; --continue finishes it)",
         flush=True,
     )
+
+
+def follow(conf: Settings, record: dict[str, Any]) -> int:
+    """Show a run's progress until it ends, as the enqueue command does; return the same exit status."""
+    out = Path(record["output_root"])
+    if record.get("status") == "finished":
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["finished"]))
+        print(f"run {record['run_id']} finished at {when}; summary in {out / 'run_summary.json'}")
+        return 0
+    print(
+        f"following run {record['run_id']} ({plural(record['videos'], 'video')}, outputs in {out}); "
+        "Ctrl-C stops watching, not the run",
+        flush=True,
+    )
+    try:
+        return report(wait_for(conf, record), out)
+    except cancel.RunCancelled:
+        return cancelled(record, out)
+    except stall.RunLost as exc:
+        return fail(f"{exc}; complete outputs are kept: --continue finishes the run", code=3)
+    except KeyboardInterrupt:
+        detached(record, out)
+        return 130

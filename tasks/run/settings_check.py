@@ -8,7 +8,7 @@ from typing import Any
 
 import redis
 
-from tasks.run.dataset import DatasetError
+from tasks.errors import DatasetError
 from tasks.workers import registry
 from worker_config.settings import CONFIG_ENV, Settings, run_stage_settings
 from worker_config.settings_match import explain, unserved
