@@ -48,9 +48,10 @@ def _task_ids(rng: random.Random, count: int) -> list[str]:
     return [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(count)]
 
 
-def live_run(n: int, url: str, tiny: Path, keep: bool = False) -> dict[str, Any]:
+def live_run(n: int, url: str, tiny: Path, keep: bool = False, main_layout: bool = True) -> dict[str, Any]:
     """The Redis memory of a live run of ``n`` videos at its two moments, per structure, now and with main's
-    done marks and start counts. With ``keep`` the run stays in Redis (now's layout) for the timings."""
+    done marks and start counts. With ``keep`` the run stays in Redis (now's layout) for the timings; without
+    ``main_layout`` main's order, marks and counts are not written (their figures are 0)."""
     if n <= WINDOW:
         raise SystemExit(
             f"a live run is measured at its last window of {WINDOW} videos: give more than {WINDOW}, not {n}"
@@ -124,7 +125,7 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False) -> dict[str, Any]
     # The order first, as main kept it (one hash of video ids) for the baseline, then as now: the places the
     # recording Lua below finds there and keeps (the same writes as its own HSET, measured alone).
     pipe = r.pipeline(transaction=False)
-    for at in range(0, len(finished), 1000):
+    for at in range(0, len(finished) if main_layout else 0, 1000):
         places = {ids[i]: at + j + 1 for j, i in enumerate(finished[at : at + 1000])}
         pipe.hset(completion.key(run_id, ":order"), mapping=places)
         if at % (20 * 1000) == 0:
@@ -205,7 +206,7 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False) -> dict[str, Any]
         pipe.expire(marks.attempts_key(run_id), 3600)
         pipe.execute()
 
-    def main_layout(seed: int) -> None:
+    def main_marks(seed: int) -> None:
         rng = random.Random(seed)
         done, attempts = f"ff:run:{run_id}:done", marks.attempts_key(run_id)
         for start in range(0, len(finished), 20_000):
@@ -221,7 +222,8 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False) -> dict[str, Any]
         pipe.execute()
 
     t = time.perf_counter()
-    main_layout(2)
+    if main_layout:
+        main_marks(2)
     figures["main_marks_s"] = time.perf_counter() - t
     step("main_marks")
     t = time.perf_counter()
