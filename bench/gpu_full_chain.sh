@@ -17,7 +17,9 @@
 #   STEP=run    carry nothing                     STEP=run bash bench/gpu_full_chain.sh
 #     bench/gpu_real_autoscale.sh SETUP=reuse PARALLEL=1: A (the autoscaler on GPU 0), the models' own compute
 #     bound (GPU 1) and B (the autoscaler on GPUs 2 and 3) side by side, enqueue -> statistics, verified.
-# Each step writes $OUT/<step>.txt and its parts' folders; knobs: VIDEOS (288), RUN_S (420), CHAIN_S (400).
+# Each step writes $OUT/<step>.txt and its parts' folders; knobs: VIDEOS (288), RUN_S (420), CHAIN_S (400),
+# MAX_FLAT_PCT (100: random-weight ViPE's depth is a plane, and y2r's flat-depth gate, 10 %, quarantined 18 of
+# the 24 videos in the first run; 100 lets every video through the later stages).
 set -u
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 F=/tmp/ff-full
@@ -69,7 +71,7 @@ prep2)
   wait $pointops; say "pointops2: exit $? ($(tail -n 1 "$OUT/pointops2.log"))"
   wait $vipe; say "ViPE built: exit $? ($(tail -n 2 "$OUT/vipe/progress.txt" 2>/dev/null | tr '\n' ' '))"
   OUT=$OUT/setup BASE=/tmp/rc-full UPSTREAM_ARCHIVES=$F/archives REAL=masks,depth,tracks,hands MASKS=sam3 \
-    VIPE_WORK=/tmp/ff-vipe SITES=$F/site NO_TRACKS2D=1 RAW=$F/raw SETUP=only CUDA_VISIBLE_DEVICES=1 \
+    VIPE_WORK=/tmp/ff-vipe SITES=$F/site NO_TRACKS2D=1 RAW=$F/raw MAX_FLAT_PCT=${MAX_FLAT_PCT:-100} SETUP=only CUDA_VISIBLE_DEVICES=1 \
     bash bench/gpu_real_autoscale.sh > "$OUT/setup.log" 2>&1
   say "chain setup: exit $?; $(grep -h '"load_s"\|"error"' /tmp/rc-full/res/check.json 2>/dev/null | tr -s ' \n' ' ')"
   wait $scaling

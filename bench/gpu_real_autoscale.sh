@@ -19,7 +19,8 @@
 # Knobs: VIDEOS (6), CLIP_S (2-2.5 s), MAXW (--max-workers-per-gpu, 4), CPUW (CPU workers, 6), PHASES (ABC).
 # The whole chain (bench/gpu_full_chain.sh): REAL=masks,depth,tracks,hands MASKS=sam3 VIPE_WORK=DIR (gpu_vipe.sh's
 # WORK) SITES=DIR[:DIR] (more package folders: pointops2, decord) NO_TRACKS2D=1 (configs/real-gpu.yaml as it
-# ships) RAW=DIR (these videos, not sample ones). A_GPUS (0) and B_GPUS (0,1): the GPUs of A and B;
+# ships) RAW=DIR (these videos, not sample ones) MAX_FLAT_PCT (quality.max_flat_frame_pct; 100: random-weight
+# ViPE's planar depth passes y2r's flat-depth gate). A_GPUS (0) and B_GPUS (0,1): the GPUs of A and B;
 # BOUND_GPU: the bound's; PARALLEL=1 runs the bound, A and B side by side (on a 4-GPU host: A_GPUS=0
 # BOUND_GPU=1 B_GPUS=2,3), B then without A's learned peaks (it starts from the seeds, as a new cluster does).
 # SETUP=only / SETUP=reuse: the setup in one call, the phases in the next (see BASE below).
@@ -62,6 +63,7 @@ IFS=: read -r -a more <<< "${SITES:-}"
 for d in "${more[@]}"; do SITE+=(--site "$d"); done
 [ -n "${VIPE_WORK:-}" ] && SITE+=(--vipe-work "$VIPE_WORK")
 [ "${NO_TRACKS2D:-0}" = 1 ] && SITE+=(--no-tracks2d)
+[ -n "${MAX_FLAT_PCT:-}" ] && SITE+=(--max-flat-frame-pct "$MAX_FLAT_PCT")
 python3 bench/real_chain.py setup --base "$B" --real "${REAL-masks,tracks2d,hands}" --masks "${MASKS:-grounded_sam}" \
   "${SITE[@]}" > "$R/setup.txt" 2>&1 || { cat "$R/setup.txt" "$B"/prepare-*.log; exit 1; }
 if [ -n "${RAW:-}" ]; then

@@ -97,6 +97,7 @@ def setup(
     masks: str = "grounded_sam",
     vipe_work: Path | None = None,
     tracks2d: bool = True,
+    max_flat_frame_pct: float | None = None,
 ) -> dict[str, Any]:
     """Lay out models, environments and DIR/real.yaml under ``base``; return what each stage runs."""
     import yaml
@@ -115,6 +116,8 @@ def setup(
     if not tracks2d:  # configs/real-gpu.yaml as it ships: 3D tracks only
         stages["tracks2d"]["enabled"] = False
         del stages["tracks2d"]["python"]
+    if max_flat_frame_pct is not None:  # random-weight ViPE makes depth a plane: y2r's flat-depth gate would fire
+        conf.setdefault("quality", {})["max_flat_frame_pct"] = max_flat_frame_pct
     runs = {s: {"python": str(standin), "runs": "stand-in (tests/standins)"} for s in stages if stages[s].get("python")}
     upstream = base / "upstream"
     shutil.rmtree(upstream, ignore_errors=True)
@@ -286,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--masks", choices=["grounded_sam", "sam3"], default="grounded_sam", help="the masks' real model")
     s.add_argument("--vipe-work", type=Path, help="bench/gpu_vipe.sh's WORK folder, for --real depth")
     s.add_argument("--no-tracks2d", action="store_true", help="tracks2d off, as configs/real-gpu.yaml ships")
+    s.add_argument("--max-flat-frame-pct", type=float, help="quality.max_flat_frame_pct (100: the gate off)")
     c = sub.add_parser("check")
     c.add_argument("--base", type=Path, required=True)
     c.add_argument("--device", default="cuda:0")
@@ -304,7 +308,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--real: {unknown} have no real model here; choose from {', '.join(REAL)}")
         sites = [site.resolve() for site in args.site]
         vipe_work = args.vipe_work.resolve() if args.vipe_work else None
-        runs = setup(args.base.resolve(), real, sites, args.masks, vipe_work, tracks2d=not args.no_tracks2d)
+        runs = setup(
+            args.base.resolve(),
+            real,
+            sites,
+            args.masks,
+            vipe_work,
+            tracks2d=not args.no_tracks2d,
+            max_flat_frame_pct=args.max_flat_frame_pct,
+        )
         print(json.dumps(runs, indent=1))
     elif args.command == "check":
         print(json.dumps(check(args.base.resolve(), args.device), indent=1))
