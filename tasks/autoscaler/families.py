@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tasks.autoscaler.supervisor import queue_of, worker_argv
+from tasks.stages import STAGE_NAMES
 from worker_config.settings import Settings, stage_entry
 from worker_config.settings_match import SETTINGS_QUEUE_SEP, settings_queue
 
@@ -29,6 +30,11 @@ class Family:
     config: str | None = field(default=None, compare=False)
     settings_queues: tuple[str, ...] = field(default=(), compare=False)
     conf: Settings | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def position(self) -> int:
+        """Where its first stage comes in the chain: a family of a smaller position feeds those of larger ones."""
+        return STAGE_NAMES.index(self.stages[0])
 
     @property
     def key(self) -> str:

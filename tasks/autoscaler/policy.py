@@ -25,7 +25,10 @@ class AutoscalePolicy:
     running for this long goes down to ``min_workers_per_gpu``. ``pressure_free_mib``: below this
     much free GPU memory, one worker goes. ``host_margin_mib``: host RAM left over after another
     worker's RSS. ``oom_recent_s``: how long an OOM counts as recent (no scale-up, scale-down
-    allowed while workers x peak do not fit). Raises ValueError naming a bad value.
+    allowed while workers x peak do not fit). ``chain_horizon_s``: a family with work upstream of it on its
+    GPU (tasks waiting for, or in, a family of an earlier stage) adds workers for that work before it arrives
+    while each of them would get at least this many seconds of it (``wanted``): a slow model downstream starts
+    before its input reaches it, a cheap one does not. Raises ValueError naming a bad value.
     """
 
     headroom_mib: float = 1024.0
@@ -36,12 +39,18 @@ class AutoscalePolicy:
     pressure_free_mib: float = 512.0
     host_margin_mib: float = 2048.0
     oom_recent_s: float = 120.0
+    chain_horizon_s: float = 60.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if value < 0:
                 raise ValueError(f"autoscale policy: {f.name} = {value} must be >= 0")
+        if self.chain_horizon_s <= 0:
+            raise ValueError(
+                f"autoscale policy: chain_horizon_s = {self.chain_horizon_s} must be > 0 (inf: no family scales "
+                "up on the work upstream of it)"
+            )
         if self.max_workers_per_gpu < max(1, self.min_workers_per_gpu):
             raise ValueError(
                 f"autoscale policy: max_workers_per_gpu = {self.max_workers_per_gpu} must be >= 1 and >= "
@@ -61,6 +70,11 @@ class GpuView:
     stop and not gone yet. ``backlog``: tasks waiting in ``queue``. ``peak_mib``: the learned peak of
     one of its workers (None until one is known). ``host_free_mib``: MemAvailable; ``worker_rss_mib``: the largest
     RSS of one of its workers. ``backlog_empty_for_s``: how long nothing has waited or run.
+
+    ``upstream``: tasks that will reach the family from the GPU's families of earlier stages (waiting in their
+    queues or running in their workers); 0 for a GPU with one family. ``service_s``: seconds one of its tasks
+    takes (the mean over its workers' tasks so far; until one has ended, the slowest of the GPU's other
+    families'); None while no family of the GPU has ended a task.
     """
 
     index: int
@@ -79,6 +93,8 @@ class GpuView:
     backlog_empty_for_s: float = 0.0
     stopping: int = 0
     queue: str = ""
+    upstream: int = 0
+    service_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +117,20 @@ def capacity(total_mib: float, headroom_mib: float, peak_mib: float, other_used_
     return max(0, math.floor((total_mib - headroom_mib - other_used_mib) / peak_mib))
 
 
+def demand_s(view: GpuView) -> float:
+    """Seconds of work still to pass through ``view``'s family: its service time x the tasks waiting in it or
+    upstream of it on its GPU (a task counts 1 s while no service time is known)."""
+    return (view.service_s or 1.0) * (view.backlog + view.upstream)
+
+
+def wanted(view: GpuView, policy: AutoscalePolicy) -> int:
+    """How many workers the family's work asks for: one per task waiting in its queue or, with work upstream of
+    it and a known service time, as many as each get ``policy.chain_horizon_s`` of the work still to pass
+    through it, whichever is more. On a GPU with one family: its backlog."""
+    chain = math.floor(demand_s(view) / policy.chain_horizon_s) if view.upstream and view.service_s else 0
+    return max(view.backlog, chain)
+
+
 def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -> Decision:
     """Return whether to add a worker to ``view``'s GPU, remove its newest, or hold.
 
@@ -114,8 +144,11 @@ def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -
         else capacity(view.total_mib, policy.headroom_mib, view.peak_mib, view.other_used_mib)
     )
     readings = {k: _rounded(v) for k, v in asdict(view).items()}
+    want = wanted(view, policy)
     readings.update(
         gpu=readings.pop("index"),
+        demand_s=_rounded(demand_s(view)),
+        wanted=want,
         capacity=fits,
         headroom_mib=policy.headroom_mib,
         since_last_change_s=_rounded(since_last_change_s),
@@ -148,12 +181,12 @@ def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -
             )
     if since_last_change_s < policy.cooldown_s:
         return verdict("hold", f"cooldown: last change {since_last_change_s:.1f} s ago, under {policy.cooldown_s:g} s")
-    if view.backlog <= have:
-        return verdict("hold", f"backlog {view.backlog} <= {have} worker(s)")
+    if want <= have:
+        return verdict("hold", f"backlog {view.backlog} <= {have} worker(s){_chain_note(view, policy, have + 1)}")
     if view.peak_mib is None:
         if have >= 1:
             return verdict("hold", "no learned peak yet: one worker until it has run a task")
-        return verdict("up", f"backlog {view.backlog} and no worker")
+        return verdict("up", f"backlog {view.backlog} and no worker{_chain_note(view, policy, 1)}")
     if have >= policy.max_workers_per_gpu:
         return verdict("hold", f"at the maximum of {policy.max_workers_per_gpu} workers")
     if view.recent_oom:
@@ -180,13 +213,26 @@ def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -
     live = math.floor((view.free_mib - view.starting * view.peak_mib - policy.headroom_mib) / view.peak_mib)
     host_room = view.host_free_mib - view.starting * view.worker_rss_mib - policy.host_margin_mib
     host = math.floor(host_room / view.worker_rss_mib) if view.worker_rss_mib > 0 else policy.max_workers_per_gpu
-    count = max(1, min(view.backlog - have, policy.max_workers_per_gpu - have, fits - have, live, host))
+    count = max(1, min(want - have, policy.max_workers_per_gpu - have, fits - have, live, host))
+    why = (
+        f"backlog {view.backlog} > {have} worker(s)"
+        if want == view.backlog
+        else f"backlog {view.backlog}{_chain_note(view, policy, have + count)}"
+    )
     return Decision(
-        "up",
-        f"backlog {view.backlog} > {have} worker(s) and {have + count} x {view.peak_mib:.0f} MiB fit "
-        f"(capacity {fits}): {count} more",
-        readings,
-        count,
+        "up", f"{why} and {have + count} x {view.peak_mib:.0f} MiB fit (capacity {fits}): {count} more", readings, count
+    )
+
+
+def _chain_note(view: GpuView, policy: AutoscalePolicy, workers: int) -> str:
+    """What the work upstream of the family asks of ``workers`` of it, for a reason; "" without such work."""
+    if not view.upstream or not view.service_s:
+        return ""
+    ahead, demand = view.backlog + view.upstream, demand_s(view)
+    compare = ">=" if demand >= workers * policy.chain_horizon_s else "<"
+    return (
+        f"; {view.upstream} task(s) upstream: {ahead} x {view.service_s:.1f} s = {demand:.0f} s of work {compare} "
+        f"{workers} worker(s) x the {policy.chain_horizon_s:g} s horizon"
     )
 
 
@@ -198,7 +244,8 @@ def one_change(
     A GPU changes by at most one worker per tick, so that the next reading shows its effect. A
     scale-down goes first: from ``oomed_queue`` (the family whose task last ran out of memory there),
     else from the family with the most workers above the minimum. Else a scale-up: a family below its
-    minimum first, else the one with the most tasks waiting per worker.
+    minimum first, else the one whose next worker would get the most work (``demand_s`` / (workers + 1):
+    the chain's slowest family, counting what waits upstream of it; with one family, its backlog).
     """
 
     def have(view: GpuView) -> int:
@@ -211,9 +258,48 @@ def one_change(
     if ups:
         return min(
             ups,
-            key=lambda i: (have(views[i]) >= policy.min_workers_per_gpu, -views[i].backlog / (have(views[i]) + 1), i),
+            key=lambda i: (have(views[i]) >= policy.min_workers_per_gpu, -_share_s(views[i], 1), i),
         )
     return None
+
+
+def leave_room(views: list[GpuView], decisions: list[Decision], chosen: int, policy: AutoscalePolicy) -> Decision:
+    """``decisions[chosen]``, an "up" of several workers cut so that it leaves room for each worker that another
+    family of the GPU wants and would get first, in ``one_change``'s order (most work per next worker); any
+    other decision unchanged. The cut keeps at least one worker; a family that would get a worker first and
+    has no known peak keeps the change to one worker (its room is not known)."""
+    view, decision = views[chosen], decisions[chosen]
+    if decision.action != "up" or decision.count <= 1 or view.peak_mib is None:
+        return decision
+    have = view.workers + view.starting
+    room = view.total_mib - policy.headroom_mib - view.other_used_mib - have * view.peak_mib
+    others = [v for i, v in enumerate(views) if i != chosen]
+    kept = dict.fromkeys(range(len(others)), 0)  # workers of each other family that come first
+    for k in range(1, decision.count + 1):
+        for i, other in enumerate(others):
+            most = min(wanted(other, policy), policy.max_workers_per_gpu) - other.workers - other.starting
+            while kept[i] < most and _share_s(other, kept[i] + 1) > _share_s(view, k):
+                if other.peak_mib is None:
+                    return _cut(decision, k - 1, f"the next worker of {other.queue} (its peak is not known yet)")
+                room -= other.peak_mib
+                kept[i] += 1
+        room -= view.peak_mib
+        if room < 0:
+            return _cut(decision, k - 1, ", ".join(f"{n} x {others[i].queue}" for i, n in kept.items() if n))
+    return decision
+
+
+def _share_s(view: GpuView, extra: int) -> float:
+    """The work (s) each worker of ``view``'s family would have with ``extra`` more."""
+    return demand_s(view) / (view.workers + view.starting + extra)
+
+
+def _cut(decision: Decision, count: int, kept_for: str) -> Decision:
+    count = max(1, count)
+    if count >= decision.count:
+        return decision
+    reason = f"{decision.reason}; cut to {count}: room kept for {kept_for}, which would get more work per worker"
+    return Decision("up", reason, decision.readings, count)
 
 
 def _rounded(value: Any) -> Any:

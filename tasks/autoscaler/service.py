@@ -23,7 +23,7 @@ import redis
 from tasks import keys
 from tasks.autoscaler import profiles
 from tasks.autoscaler.families import Family, families
-from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide, one_change
+from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide, leave_room, one_change
 from tasks.autoscaler.run_settings import FamilyBook
 from tasks.autoscaler.supervisor import Slot, Supervisor
 from tasks.delivery import settings_queues
@@ -56,7 +56,9 @@ class Autoscaler:
     """One host's autoscaler; ``tick`` reads everything once and makes at most one change per GPU.
 
     Each GPU's workers come in families, one per queue (``families``), each scaled by its own
-    backlog and its own learned peak; the cooldown and the one change per tick are per GPU. Tasks
+    backlog and its own learned peak, and by the work upstream of it on the GPU (the families of earlier
+    stages: their tasks will reach it) times its learned seconds per task; the cooldown and the one change
+    per tick are per GPU. Tasks
     waiting in a settings queue that no live worker consumes (their run's settings are not this
     autoscaler's) get a family of their own, started from the run's recorded settings
     (tasks.autoscaler.run_settings) and scaled like the others down to none once idle.
@@ -87,6 +89,8 @@ class Autoscaler:
         self.last_raise: dict[str, float] = {}  # per family (queue)
         self.idle_since: dict[str, float] = {}  # per family
         self.last_hold: dict[str, str] = {}  # per family
+        # per family: pid -> (busy s, tasks done) as each of its workers last published them, kept after it exits
+        self.served: dict[str, dict[int, tuple[float, int]]] = {}
         self._seen_ooms: set[str | bytes] = set()
         self._dispatcher: Any = None
         self.book = FamilyBook(conf, self.r, self.broker, settings_dir)
@@ -157,6 +161,7 @@ class Autoscaler:
             for slot in self.supervisor.active(idx, f.key) + self.supervisor.stopping(idx, f.key):
                 if slot.pid is not None:
                     self._learn(slot, snap, keys[f.key])
+                    self._note_service(f.key, slot.pid, snap)
         for record in (r for r in snap.ooms if int(r.get("gpu", -1)) == idx):
             family = self._family_of(record, fams)
             self._on_oom(idx, family.key, record, keys[family.key], stopping)
@@ -166,6 +171,8 @@ class Autoscaler:
             decide(view, self.book.policy_for(f, self.policy), since) for f, view in zip(fams, views, strict=True)
         ]
         chosen = one_change(views, decisions, self.policy, self.last_oom_queue.get(idx))
+        if chosen is not None:  # a scale-up of several leaves room for the workers other families get first
+            decisions[chosen] = leave_room(views, decisions, chosen, self.book.policy_for(fams[chosen], self.policy))
         for i, (family, decision) in enumerate(zip(fams, decisions, strict=True)):
             if decision.action != "hold" and i != chosen:
                 # one change per GPU per tick: the others are decided afresh next tick
@@ -180,7 +187,8 @@ class Autoscaler:
         return decisions
 
     def _views(self, gpu: GpuReading, snap: Snapshot, fams: list[Family], keys: dict[str, str]) -> list[GpuView]:
-        """One GpuView per family; each counts the other families' workers as used memory."""
+        """One GpuView per family; each counts the other families' workers as used memory, and the tasks
+        waiting in or held by the families of earlier stages as work upstream of it."""
         now, idx = self.clock(), gpu.index
         active = {f.key: self.supervisor.active(idx, f.key) for f in fams}
         stopping = {f.key: self.supervisor.stopping(idx, f.key) for f in fams}
@@ -193,12 +201,22 @@ class Autoscaler:
         reserved = {q: max(measured[q], (len(active[q]) + len(stopping[q])) * (peaks[q] or 0.0)) for q in active}
         foreign = max(0.0, gpu.used_mib - sum(measured.values()))
         recent_oom = now - self.last_oom.get(idx, -float("inf")) < self.policy.oom_recent_s
+        waiting = {f.key: self.book.backlog(f, snap.backlog) for f in fams}
+        held = {
+            q: sum(1 for s in active[q] + stopping[q] if (snap.workers.get(s.pid or -1) or {}).get("busy"))
+            for q in active
+        }
+        upstream = {f.key: sum(waiting[g.key] + held[g.key] for g in fams if g.position < f.position) for f in fams}
+        served = {q: self.service_s(q) for q in active}
+        # Until a family has ended a task, assume it as slow as the slowest that has: a model downstream
+        # is then counted as the chain's bottleneck rather than as free.
+        slowest = max((s for s in served.values() if s is not None), default=None)
         views = []
         for f in fams:
-            q, backlog = f.key, self.book.backlog(f, snap.backlog)
+            q, backlog = f.key, waiting[f.key]
             registered = [s for s in active[q] if s.pid in snap.workers]
-            busy = any(snap.workers[s.pid].get("busy") for s in registered if s.pid is not None)
-            if backlog == 0 and not busy:
+            busy = held[q] > 0
+            if backlog == 0 and not busy and upstream[q] == 0:
                 self.idle_since.setdefault(q, now)
             else:
                 self.idle_since.pop(q, None)
@@ -221,9 +239,24 @@ class Autoscaler:
                     backlog_empty_for_s=now - self.idle_since.get(q, now),
                     stopping=len(stopping[q]),
                     queue=q,
+                    upstream=upstream[q],
+                    service_s=served[q] or slowest,
                 )
             )
         return views
+
+    def service_s(self, family: str) -> float | None:
+        """Mean seconds per task of ``family``'s workers over every task they have ended (None before the first)."""
+        seen = self.served.get(family, {}).values()
+        tasks = sum(n for _, n in seen)
+        return sum(s for s, _ in seen) / tasks if tasks else None
+
+    def _note_service(self, family: str, pid: int, snap: Snapshot) -> None:
+        """Keep the busy seconds and tasks that worker ``pid`` last published (workers that do not publish
+        ``busy_s`` count for nothing)."""
+        state = snap.workers.get(pid) or {}
+        if state.get("busy_s") is not None and int(state.get("tasks_done") or 0) > 0:
+            self.served.setdefault(family, {})[pid] = (float(state["busy_s"]), int(state["tasks_done"]))
 
     def _family_of(self, record: dict[str, Any], fams: list[Family]) -> Family:
         """The family whose task wrote this OOM record: by its worker's pid, else by its stage."""

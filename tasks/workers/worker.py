@@ -42,7 +42,8 @@ class WorkerRole:
 ROLE = WorkerRole()
 STAGES: dict[str, Any] = {}
 MODEL_LOADS: Counter[str] = Counter()
-STATE: dict[str, Any] = {"busy": False, "tasks_done": 0, "current": None}
+# busy_s: seconds spent in tasks, over tasks_done of them (the autoscaler's service time per task of its family)
+STATE: dict[str, Any] = {"busy": False, "tasks_done": 0, "busy_s": 0.0, "current": None}
 # Redis writes a task leaves to its end (tasks.pipeline: its progress and metrics), by task id: queued
 # on the pipeline that marks it done and releases its claim, after Celery has sent the next stage.
 AT_END: dict[str, Callable[[Any], None]] = {}
@@ -359,8 +360,10 @@ def on_task_end(
     from tasks.redis_client import get_redis
 
     current = STATE.get("current") or {}
-    STATE.update(busy=False, current=None, frames=None, tasks_done=STATE["tasks_done"] + 1)
     took_s = time.time() - current.get("started", time.time())
+    STATE.update(
+        busy=False, current=None, frames=None, tasks_done=STATE["tasks_done"] + 1, busy_s=STATE["busy_s"] + took_s
+    )
     log.info("end %s of %s: %s in %.2f s", _stage_of(task), current.get("video") or "?", state, took_s)
     if task_id and state:
         flower_view.RECENT_ENDS.note(task_id, state, retval)
