@@ -8,7 +8,8 @@ Every tick it reads NVML (or a fake GPU ledger), the worker registry, queue back
 the OOM records (ff:oom), decides per GPU (tasks.autoscaler.policy) and acts by starting a worker or
 warm-stopping the newest. A GPU's workers come in families, one per queue: gpuN for the stages of
 the main environment and gpuN.<stage> for each stage with its own python (started from it); each
-family has its own learned peak, backlog and worker count, and counts the others as used memory.
+family has its own learned peak, backlog and worker count, and counts the others as used memory; a
+family of a later stage also grows on the tasks upstream of it on the GPU (--chain-horizon-s).
 Tasks of a run whose settings no live worker has wait in a settings queue (gpuN~<stage>-<hash>); the
 autoscaler writes that run's recorded stage settings to a file (under --log-dir/settings, else a
 temporary folder) and starts a family of workers from it (gpuN~<tag>-<n>), down to none once idle.
@@ -45,6 +46,10 @@ POLICY_FLAGS = {  # AutoscalePolicy field: (type, help)
     "cooldown_s": (float, "seconds between changes"),
     "idle_scale_down_s": (float, "seconds without work before a GPU goes down to its minimum"),
     "host_margin_mib": (float, "host RAM to leave free beyond another worker's RSS"),
+    "chain_horizon_s": (
+        float,
+        "a family grows on the work upstream of it on its GPU while each worker would get this many seconds of it",
+    ),
 }
 
 

@@ -1,4 +1,4 @@
-"""The autoscaling policy on simulated GPUs: packing, hysteresis, OOM, idle, unknown peak, host RAM."""
+"""The autoscaling policy on simulated GPUs: packing, hysteresis, OOM, idle, unknown peak, host RAM, chains."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import math
 from dataclasses import dataclass, replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, capacity, decide, one_change
+from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, capacity, decide, leave_room, one_change
 
 POLICY = AutoscalePolicy(
     headroom_mib=1000,
@@ -38,6 +38,9 @@ class SimGpu:
     empty_for_s: float = 0.0
     recent_oom: bool = False
     used_per_worker_mib: float | None = None
+    queue: str = "gpu0"
+    upstream: int = 0
+    service_s: float | None = None
 
     def view(self) -> GpuView:
         used = self.other_mib + self.workers * (self.used_per_worker_mib or self.peak_mib or 500.0)
@@ -56,6 +59,9 @@ class SimGpu:
             worker_rss_mib=self.rss_mib,
             recent_oom=self.recent_oom,
             backlog_empty_for_s=self.empty_for_s,
+            queue=self.queue,
+            upstream=self.upstream,
+            service_s=self.service_s,
         )
 
     def tick(self, policy: AutoscalePolicy, tick_s: float = 1.0, may_change: bool = True) -> str:
@@ -259,6 +265,7 @@ def test_readings_say_what_the_decision_saw():
         ({"headroom_mib": -1}, "headroom_mib = -1 must be >= 0"),
         ({"max_workers_per_gpu": 0}, "max_workers_per_gpu = 0 must be >= 1"),
         ({"min_workers_per_gpu": 3, "max_workers_per_gpu": 2}, "raise --max-workers-per-gpu"),
+        ({"chain_horizon_s": 0}, "chain_horizon_s = 0 must be > 0"),
     ],
 )
 def test_a_bad_policy_is_refused_with_the_field_named(change, message):
@@ -302,3 +309,158 @@ def test_one_change_per_gpu_a_scale_down_first_then_the_neediest_scale_up():
     # downs before ups: the family that ran out of memory, else the one with the most workers
     assert one_change(views, _decided("down", "down", "up"), POLICY) == 0
     assert one_change(views, _decided("down", "down", "up"), POLICY, oomed_queue="gpu0.hands") == 1
+    # with service times, the family whose next worker gets the most work: 9 tasks x 1 s per 2 workers
+    # against 2 waiting + 9 upstream x 2 s per 2
+    chain = [replace(views[0], service_s=1.0), replace(views[1], backlog=2, upstream=9, service_s=2.0), views[2]]
+    assert one_change(chain, _decided("up", "up", "hold"), POLICY) == 1
+
+
+@dataclass
+class SimChain:
+    """One GPU's families ticked as the service does: each counts the others' workers x peaks as used memory
+    (their loaded weights while a peak is unknown), one change a tick (one_change), a scale-up of several cut
+    to leave room (leave_room); the GPU's cooldown is shared."""
+
+    families: list[SimGpu]
+    since_change_s: float = math.inf
+
+    def tick(self, policy: AutoscalePolicy) -> tuple[str, Decision] | None:
+        for f in self.families:
+            f.other_mib = sum(
+                (o.workers + o.starting) * (o.peak_mib or o.used_per_worker_mib or 0.0)
+                for o in self.families
+                if o is not f
+            )
+        self.since_change_s += 1.0
+        views = [f.view() for f in self.families]
+        decided = [decide(v, policy, self.since_change_s) for v in views]
+        chosen = one_change(views, decided, policy)
+        for f in self.families:
+            f.workers, f.starting = f.workers + f.starting, 0
+        if chosen is None:
+            return None
+        decision, family = leave_room(views, decided, chosen, policy), self.families[chosen]
+        if decision.action == "up":
+            family.starting += decision.count
+        else:
+            family.workers -= 1
+        self.since_change_s = 0.0
+        return family.queue, decision
+
+    def run(self, policy: AutoscalePolicy, ticks: int) -> list[tuple[str, Decision]]:
+        changes = []
+        for _ in range(ticks):
+            if (change := self.tick(policy)) is not None:
+                changes.append(change)
+            assert self.used_mib() <= self.families[0].total_mib - policy.headroom_mib
+        return changes
+
+    def used_mib(self) -> float:
+        return sum((f.workers + f.starting) * (f.peak_mib or f.used_per_worker_mib or 0.0) for f in self.families)
+
+    def counts(self) -> dict[str, int]:
+        return {f.queue: f.workers + f.starting for f in self.families}
+
+
+# The whole chain with the real models on an H200 (bench/RESULTS.md): SAM 3 33.4 GB and 8 s a video, ViPE
+# 13.2 GB and 16 s, a 141 GB GPU; SAM 3's first task has ended with 22 videos waiting for it, one in hand.
+H200_MIB, SAM3_MIB, VIPE_MIB = 143_771, 33_400, 13_200
+
+
+def masks_then_depth(depth_peak_mib: float | None = VIPE_MIB, depth_service_s: float = 16.0) -> SimChain:
+    masks = SimGpu(H200_MIB, SAM3_MIB, backlog=22, workers=1, queue="gpu0.masks", service_s=8.0)
+    depth = SimGpu(H200_MIB, depth_peak_mib, backlog=0, workers=1, queue="gpu0.depth", upstream=22 + 1)
+    depth.service_s, depth.used_per_worker_mib = depth_service_s, 6000.0  # ViPE's weights, loaded
+    return SimChain([masks, depth])
+
+
+def test_without_the_chain_the_first_model_takes_the_gpu_and_the_slower_next_one_waits():
+    gpu = masks_then_depth()
+    for f in gpu.families:  # what the policy saw before it knew the chain
+        f.upstream, f.service_s = 0, None
+    changes = gpu.run(POLICY, 30)
+    assert gpu.counts() == {"gpu0.masks": 3, "gpu0.depth": 1}
+    assert [(queue, d.count) for queue, d in changes] == [("gpu0.masks", 2)]
+    assert decide(gpu.families[1].view(), POLICY, math.inf).reason == "backlog 0 <= 1 worker(s)"
+
+
+def test_the_slower_model_downstream_gets_its_workers_first_and_the_first_stops_where_they_fit():
+    gpu = masks_then_depth()
+    changes = gpu.run(POLICY, 30)
+    (first_queue, first), (second_queue, second) = changes
+    # ViPE's next worker gets 23 x 16 s / 2 = 184 s of work, SAM 3's 22 x 8 s / 2 = 88 s: depth first, up
+    # to 368 s / 60 s = 6 workers, cut to 5 so that a second SAM 3 worker (88 s) fits before a sixth ViPE (61 s)
+    assert (first_queue, first.count) == ("gpu0.depth", 4), first.reason
+    assert (
+        "backlog 0; 23 task(s) upstream: 23 x 16.0 s = 368 s of work >= 5 worker(s) x the 60 s horizon" in first.reason
+    )
+    assert first.reason.endswith("cut to 4: room kept for 1 x gpu0.masks, which would get more work per worker")
+    assert (second_queue, second.count) == ("gpu0.masks", 1)
+    assert gpu.counts() == {"gpu0.masks": 2, "gpu0.depth": 5}
+    # a third SAM 3 worker would not fit: the chain runs at 2 / 8 s = 0.25 videos/s, not at 1 ViPE's 1 / 16 s
+    assert "does not fit" in decide(gpu.families[0].view(), POLICY, math.inf).reason
+
+
+def test_while_the_downstream_peak_is_unknown_the_first_model_adds_one_worker_at_a_time():
+    gpu = masks_then_depth(depth_peak_mib=None, depth_service_s=8.0)  # its time assumed as SAM 3's
+    queue, decision = gpu.tick(POLICY) or ("", None)
+    assert queue == "gpu0.masks" and decision is not None and decision.count == 1
+    assert "cut to 1: room kept for the next worker of gpu0.depth (its peak is not known yet)" in decision.reason
+    held = decide(gpu.families[1].view(), POLICY, math.inf)
+    assert held.action == "hold" and held.reason.startswith("no learned peak yet")
+
+
+def test_a_cheap_family_downstream_does_not_grow_on_the_work_upstream():
+    tracks = SimGpu(H200_MIB, 600, backlog=0, workers=1, queue="gpu0.tracks", upstream=23, service_s=0.2)
+    decision = decide(tracks.view(), POLICY, math.inf)
+    assert decision.action == "hold"
+    assert decision.reason == (
+        "backlog 0 <= 1 worker(s); 23 task(s) upstream: 23 x 0.2 s = 5 s of work < 2 worker(s) x the 60 s horizon"
+    )
+    assert decision.readings["upstream"] == 23 and decision.readings["wanted"] == 0
+    depth = replace(tracks.view(), service_s=16.0, peak_mib=VIPE_MIB)
+    assert decide(depth, replace(POLICY, chain_horizon_s=math.inf), math.inf).action == "hold"  # the rule off
+
+
+view_fields = st.builds(
+    SimGpu,
+    total_mib=st.floats(4000, 200_000),
+    peak_mib=st.one_of(st.none(), st.floats(500, 40_000)),
+    backlog=st.integers(0, 40),
+    other_mib=st.floats(0, 8000),
+    host_mib=st.floats(10_000, 300_000),
+    workers=st.integers(0, 6),
+    starting=st.integers(0, 2),
+    empty_for_s=st.floats(0, 600),
+    recent_oom=st.booleans(),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(gpu=view_fields, service_s=st.floats(0.01, 100), since_s=st.floats(0, 100))
+def test_a_gpu_of_one_family_is_scaled_as_without_service_times(gpu, service_s, since_s):
+    view = gpu.view()
+    before = decide(view, POLICY, since_s)
+    timed = decide(replace(view, service_s=service_s), POLICY, since_s)
+    assert (timed.action, timed.reason, timed.count) == (before.action, before.reason, before.count)
+    assert leave_room([view], [before], 0, POLICY) is before
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    families=st.lists(
+        st.tuples(st.floats(300, 40_000), st.floats(0.05, 30), st.integers(0, 30)), min_size=2, max_size=4
+    ),
+    total=st.floats(20_000, 150_000),
+)
+def test_families_of_a_chain_never_pass_the_gpu(families, total):
+    sims = [
+        SimGpu(total, peak, backlog=backlog, queue=f"gpu0.s{i}", service_s=service)
+        for i, (peak, service, backlog) in enumerate(families)
+    ]
+    for i, sim in enumerate(sims):  # a busy worker of each earlier family holds one task more
+        sim.upstream = sum(s.backlog + 1 for s in sims[:i])
+    assume(sum(peak for peak, _, _ in families) <= total - POLICY.headroom_mib)  # the minimum of one each fits
+    gpu = SimChain(sims)
+    gpu.run(replace(POLICY, pressure_free_mib=0), 60)  # asserts the usable memory every tick
+    assert all(f.workers >= 1 for f in sims)
