@@ -564,3 +564,40 @@ def test_two_runs_with_other_settings_each_get_workers_with_theirs_and_the_idle_
     assert "idle for" in down[0]["reason"]
     wait_until(lambda: not [w for w in live_workers(r) if w["hostname"].startswith(family)], 60, "its worker gone")
     assert gpu0_workers(r) and autoscaler.stop() == 0, autoscaler.log()[-4000:]
+
+
+@pytest.mark.timeout(240)
+def test_a_slower_family_downstream_grows_on_the_work_upstream_of_it(
+    video_factory, workers, pipeline_env, autoscaler, r, tmp_path
+):
+    """gpu0 (depth, tracks: 300 MiB, fast) feeds gpu0.hands (150 MiB, slow): once both have run a video, a run's
+    tasks waiting for gpu0 make hands grow before any reaches its own queue, and gpu0 does not take its room."""
+    ledger, config = make_ledger(tmp_path), tmp_path / "chain.yaml"
+    config.write_text(
+        "stages:\n  depth:\n    params: {hold_mib: 250, activation_mib: 50, seconds_per_frame: 0.01}\n"
+        f"  hands:\n    python: {sys.executable}\n"
+        "    params: {hold_mib: 100, activation_mib: 50, seconds_per_frame: 0.1}\n"
+    )
+    env = {**pipeline_env, "FRAMEFLEET_CONFIG": str(config)}
+    workers.start("cpu", env={"FRAMEFLEET_CONFIG": str(config)})
+    proc = autoscaler.start("--fake-gpu", str(ledger), "--config", str(config), *FAST, "--chain-horizon-s", "1")
+    wait_until(lambda: gpu0_workers(r) and hands_workers(r), 90, "a gpu0 and a gpu0.hands worker")
+    finished_summary(enqueue(video_factory(1), tmp_path / "first", env, tmp_path), tmp_path / "first", tmp_path, 1)
+    assert [d["worker"] for d in decisions(r)] == ["gpu0-1", "gpu0.hands-1"], autoscaler.log()[-4000:]
+
+    out = tmp_path / "out"
+    enqueuer = enqueue(video_factory(4), out, env, tmp_path)
+    most_main, most_hands = 0, 0
+    while enqueuer.poll() is None:
+        most_main, most_hands = max(most_main, len(gpu0_workers(r))), max(most_hands, len(hands_workers(r)))
+        time.sleep(0.1)
+    finished_summary(enqueuer, out, tmp_path, 4)
+    assert proc.poll() is None and r.llen("ff:oom") == 0, autoscaler.log()[-4000:]
+    grown = decisions(r)[2]
+    assert grown["queue"] == "gpu0.hands" and grown["action"] == "up", decisions(r)
+    # its own queue held no more tasks than it had workers: the tasks upstream of it (in gpu0) made it grow
+    assert grown["backlog"] <= grown["workers"] + grown["starting"] and grown["upstream"] >= 1, grown
+    assert "task(s) upstream" in grown["reason"] and grown["service_s"] > 1.0, grown
+    # 300 + 4 x 150 MiB fill the 900 usable: hands, the chain's slowest, took the room
+    assert (most_main, most_hands) == (1, 4), (most_main, most_hands, decisions(r))
+    assert not [d for d in decisions(r) if d["queue"] == "gpu0" and d["action"] == "up"][1:]
