@@ -73,8 +73,8 @@ class GpuView:
 
     ``upstream``: tasks that will reach the family from the GPU's families of earlier stages (waiting in their
     queues or running in their workers); 0 for a GPU with one family. ``service_s``: seconds one of its tasks
-    takes (the mean over its workers' tasks so far; until one has ended, the slowest of the GPU's other
-    families'); None while no family of the GPU has ended a task.
+    takes, the mean over its workers' tasks so far; until one has ended, the slowest of the GPU's other
+    families' (``service_assumed``), or None while no family of the GPU has ended a task.
     """
 
     index: int
@@ -95,6 +95,7 @@ class GpuView:
     queue: str = ""
     upstream: int = 0
     service_s: float | None = None
+    service_assumed: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,9 @@ def demand_s(view: GpuView) -> float:
 
 def wanted(view: GpuView, policy: AutoscalePolicy) -> int:
     """How many workers the family's work asks for: one per task waiting in its queue or, with work upstream of
-    it and a known service time, as many as each get ``policy.chain_horizon_s`` of the work still to pass
-    through it, whichever is more. On a GPU with one family: its backlog."""
+    it and a service time, as many as each get ``policy.chain_horizon_s`` of the work still to pass through it,
+    whichever is more. On a GPU with one family: its backlog. (``decide`` grows a family on its own service
+    time only; ``leave_room`` also keeps room for one whose time is assumed: it may be the slowest.)"""
     chain = math.floor(demand_s(view) / policy.chain_horizon_s) if view.upstream and view.service_s else 0
     return max(view.backlog, chain)
 
@@ -144,7 +146,7 @@ def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -
         else capacity(view.total_mib, policy.headroom_mib, view.peak_mib, view.other_used_mib)
     )
     readings = {k: _rounded(v) for k, v in asdict(view).items()}
-    want = wanted(view, policy)
+    want = view.backlog if view.service_assumed else wanted(view, policy)
     readings.update(
         gpu=readings.pop("index"),
         demand_s=_rounded(demand_s(view)),
@@ -228,6 +230,8 @@ def _chain_note(view: GpuView, policy: AutoscalePolicy, workers: int) -> str:
     """What the work upstream of the family asks of ``workers`` of it, for a reason; "" without such work."""
     if not view.upstream or not view.service_s:
         return ""
+    if view.service_assumed:
+        return f"; {view.upstream} task(s) upstream, its seconds per task not known yet"
     ahead, demand = view.backlog + view.upstream, demand_s(view)
     compare = ">=" if demand >= workers * policy.chain_horizon_s else "<"
     return (
@@ -267,7 +271,7 @@ def leave_room(views: list[GpuView], decisions: list[Decision], chosen: int, pol
     """``decisions[chosen]``, an "up" of several workers cut so that it leaves room for each worker that another
     family of the GPU wants and would get first, in ``one_change``'s order (most work per next worker); any
     other decision unchanged. The cut keeps at least one worker; a family that would get a worker first and
-    has no known peak keeps the change to one worker (its room is not known)."""
+    has no known peak or an assumed service time keeps the change to one worker (its room is not known)."""
     view, decision = views[chosen], decisions[chosen]
     if decision.action != "up" or decision.count <= 1 or view.peak_mib is None:
         return decision
@@ -279,8 +283,9 @@ def leave_room(views: list[GpuView], decisions: list[Decision], chosen: int, pol
         for i, other in enumerate(others):
             most = min(wanted(other, policy), policy.max_workers_per_gpu) - other.workers - other.starting
             while kept[i] < most and _share_s(other, kept[i] + 1) > _share_s(view, k):
-                if other.peak_mib is None:
-                    return _cut(decision, k - 1, f"the next worker of {other.queue} (its peak is not known yet)")
+                if other.peak_mib is None or other.service_assumed:
+                    unknown = "peak" if other.peak_mib is None else "seconds per task"
+                    return _cut(decision, k - 1, f"the next worker of {other.queue} (no {unknown} known yet)")
                 room -= other.peak_mib
                 kept[i] += 1
         room -= view.peak_mib

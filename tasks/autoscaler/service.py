@@ -208,8 +208,8 @@ class Autoscaler:
         }
         upstream = {f.key: sum(waiting[g.key] + held[g.key] for g in fams if g.position < f.position) for f in fams}
         served = {q: self.service_s(q) for q in active}
-        # Until a family has ended a task, assume it as slow as the slowest that has: a model downstream
-        # is then counted as the chain's bottleneck rather than as free.
+        # Until a family has ended a task, assume it as slow as the slowest that has: the others leave room
+        # for it (leave_room) rather than count it as free, and it grows on its own time once known.
         slowest = max((s for s in served.values() if s is not None), default=None)
         views = []
         for f in fams:
@@ -241,6 +241,7 @@ class Autoscaler:
                     queue=q,
                     upstream=upstream[q],
                     service_s=served[q] or slowest,
+                    service_assumed=served[q] is None and slowest is not None,
                 )
             )
         return views

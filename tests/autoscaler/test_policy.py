@@ -41,6 +41,7 @@ class SimGpu:
     queue: str = "gpu0"
     upstream: int = 0
     service_s: float | None = None
+    service_assumed: bool = False
 
     def view(self) -> GpuView:
         used = self.other_mib + self.workers * (self.used_per_worker_mib or self.peak_mib or 500.0)
@@ -62,6 +63,7 @@ class SimGpu:
             queue=self.queue,
             upstream=self.upstream,
             service_s=self.service_s,
+            service_assumed=self.service_assumed,
         )
 
     def tick(self, policy: AutoscalePolicy, tick_s: float = 1.0, may_change: bool = True) -> str:
@@ -399,13 +401,16 @@ def test_the_slower_model_downstream_gets_its_workers_first_and_the_first_stops_
     assert "does not fit" in decide(gpu.families[0].view(), POLICY, math.inf).reason
 
 
-def test_while_the_downstream_peak_is_unknown_the_first_model_adds_one_worker_at_a_time():
-    gpu = masks_then_depth(depth_peak_mib=None, depth_service_s=8.0)  # its time assumed as SAM 3's
+@pytest.mark.parametrize(("depth_peak_mib", "unknown"), [(None, "peak"), (VIPE_MIB, "seconds per task")])
+def test_while_the_downstream_model_is_unknown_the_first_adds_one_worker_at_a_time(depth_peak_mib, unknown):
+    gpu = masks_then_depth(depth_peak_mib, depth_service_s=8.0)
+    gpu.families[1].service_assumed = True  # ViPE has ended no task: the service gives it SAM 3's 8 s
     queue, decision = gpu.tick(POLICY) or ("", None)
     assert queue == "gpu0.masks" and decision is not None and decision.count == 1
-    assert "cut to 1: room kept for the next worker of gpu0.depth (its peak is not known yet)" in decision.reason
+    assert f"cut to 1: room kept for the next worker of gpu0.depth (no {unknown} known yet)" in decision.reason
+    # and it does not grow on an assumed time, even with a seeded peak
     held = decide(gpu.families[1].view(), POLICY, math.inf)
-    assert held.action == "hold" and held.reason.startswith("no learned peak yet")
+    assert held.reason == "backlog 0 <= 1 worker(s); 23 task(s) upstream, its seconds per task not known yet"
 
 
 def test_a_cheap_family_downstream_does_not_grow_on_the_work_upstream():
@@ -435,11 +440,11 @@ view_fields = st.builds(
 
 
 @settings(max_examples=200, deadline=None)
-@given(gpu=view_fields, service_s=st.floats(0.01, 100), since_s=st.floats(0, 100))
-def test_a_gpu_of_one_family_is_scaled_as_without_service_times(gpu, service_s, since_s):
+@given(gpu=view_fields, service_s=st.floats(0.01, 100), assumed=st.booleans(), since_s=st.floats(0, 100))
+def test_a_gpu_of_one_family_is_scaled_as_without_service_times(gpu, service_s, assumed, since_s):
     view = gpu.view()
     before = decide(view, POLICY, since_s)
-    timed = decide(replace(view, service_s=service_s), POLICY, since_s)
+    timed = decide(replace(view, service_s=service_s, service_assumed=assumed), POLICY, since_s)
     assert (timed.action, timed.reason, timed.count) == (before.action, before.reason, before.count)
     assert leave_room([view], [before], 0, POLICY) is before
 
