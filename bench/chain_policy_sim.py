@@ -2,7 +2,7 @@
 """The autoscaler's policy over the whole real chain on one H200, simulated on a CPU: each family scaled by
 its own backlog (as before) against the chain's work upstream of it (now).
 
-    python bench/chain_policy_sim.py [--videos 24] [--max-workers-per-gpu 4] [--no-seeds]
+    python bench/chain_policy_sim.py [--videos 24] [--max-workers-per-gpu 4] [--no-seeds] [--reasons]
 
 The real ``tasks.autoscaler.policy`` decides once a second on views built as ``tasks.autoscaler.service``
 builds them (each family counting the others' workers x peaks as used; one change per GPU per tick; the
@@ -80,7 +80,7 @@ def run(videos: int, policy: AutoscalePolicy, chain: bool, seeds: bool = True) -
     fams[0].queue.extend(range(videos))
     masks_end: dict[int, float] = {}
     waits: list[float] = []
-    changes: list[tuple[float, str, str, int, dict[str, int]]] = []
+    changes: list[tuple[float, str, Decision, dict[str, int]]] = []
     finished, last_change, step, most_mib = 0, -math.inf, 0, 0.0
     while finished < videos and step < 100_000:
         t = step * STEP_S
@@ -111,7 +111,7 @@ def run(videos: int, policy: AutoscalePolicy, chain: bool, seeds: bool = True) -
                 _act(fams[chosen], decision, t)
                 last_change = t
                 counts = {f.model.stage: len(f.active()) for f in fams}
-                changes.append((t, fams[chosen].model.stage, decision.action, decision.count, counts))
+                changes.append((t, fams[chosen].model.stage, decision, counts))
         step += 1
     return {"finish_s": step * STEP_S, "waits": waits, "changes": changes, "most_mib": most_mib}
 
@@ -170,6 +170,7 @@ def main() -> None:
     p.add_argument("--videos", type=int, default=24)
     p.add_argument("--max-workers-per-gpu", type=int, default=AutoscalePolicy().max_workers_per_gpu)
     p.add_argument("--no-seeds", action="store_true", help="no seeded peaks: every peak learned from a first task")
+    p.add_argument("--reasons", action="store_true", help="print each decision's reason")
     args = p.parse_args()
     policy = AutoscalePolicy(max_workers_per_gpu=args.max_workers_per_gpu)
     print(f"{args.videos} videos, {TOTAL_MIB:,.0f} MiB, {policy}")
@@ -181,10 +182,10 @@ def main() -> None:
         print(f"  masks -> depth wait: mean {sum(waits) / len(waits):.1f} s, max {max(waits):.1f} s")
         print(f"  most GPU memory held: {result['most_mib']:,.0f} MiB")
         print("  t (s)  change             masks depth tracks hands")
-        for t, stage, action, count, counts in result["changes"]:
-            change = f"{stage} {action}" + (f" +{count}" if action == "up" else "")
+        for t, stage, decision, counts in result["changes"]:
+            change = f"{stage} {decision.action}" + (f" +{decision.count}" if decision.action == "up" else "")
             row = " ".join(f"{counts[m.stage]:>5}" for m in CHAIN)
-            print(f"  {t:5.0f}  {change:<18} {row}")
+            print(f"  {t:5.0f}  {change:<18} {row}" + (f"  {decision.reason}" if args.reasons else ""))
     before, now = (r["finish_s"] for r in results.values())
     print(f"\nfinish: {before:.1f} s before, {now:.1f} s now: {before / now:.2f}x")
 
