@@ -56,12 +56,12 @@ class Autoscaler:
     """One host's autoscaler; ``tick`` reads everything once and makes at most one change per GPU.
 
     Each GPU's workers come in families, one per queue (``families``), each scaled by its own
-    backlog and its own learned peak, and by the work upstream of it on the GPU (the families of earlier
-    stages: their tasks will reach it) times its learned seconds per task; the cooldown and the one change
-    per tick are per GPU. Tasks
-    waiting in a settings queue that no live worker consumes (their run's settings are not this
-    autoscaler's) get a family of their own, started from the run's recorded settings
-    (tasks.autoscaler.run_settings) and scaled like the others down to none once idle.
+    backlog and its own learned peak, and by the work upstream of it on the GPU (the tasks of the
+    families of earlier stages, which will reach it) times its learned seconds per task; the cooldown
+    and the one change per tick are per GPU. Tasks waiting in a settings queue that no live worker
+    consumes (their run's settings are not this autoscaler's) get a family of their own, started from
+    the run's recorded settings (tasks.autoscaler.run_settings) and scaled like the others down to none
+    once idle.
     """
 
     def __init__(
@@ -215,8 +215,8 @@ class Autoscaler:
         for f in fams:
             q, backlog = f.key, waiting[f.key]
             registered = [s for s in active[q] if s.pid in snap.workers]
-            busy = held[q] > 0
-            if backlog == 0 and not busy and upstream[q] == 0:
+            busy = any(snap.workers[s.pid].get("busy") for s in registered if s.pid is not None)
+            if backlog == 0 and not busy and upstream[q] == 0:  # nothing waits for it, here or upstream
                 self.idle_since.setdefault(q, now)
             else:
                 self.idle_since.pop(q, None)
