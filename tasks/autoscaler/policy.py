@@ -1,6 +1,7 @@
 """The autoscaling policy as pure code: from one GPU's readings to "up", "down" or "hold".
 
-``tasks.autoscaler.service`` gathers a ``GpuView`` per worker family each tick and acts on ``decide``'s answer;
+``tasks.autoscaler.service`` gathers a ``GpuView`` per worker family each tick, asks ``decide`` for each,
+``one_change`` which family of a GPU changes and ``leave_room`` by how many workers, and acts on the answer;
 nothing here reads a GPU, Redis or a clock.
 """
 
