@@ -26,8 +26,10 @@ RUN_ENDED_FIELD = "ended"  # when the callback wrote the run's files: a task of 
 RUNS = "ff:runs"  # sorted set run id -> start time: the newest runs, without a scan of every key
 RUNS_SENDING = "ff:runs-sending"  # set of run ids with a sent hash: the sweep's runs, without a scan (tasks.run.sweep)
 # + run id + one of these: what a live run needs per video, gone soon after its files are written
-RUN_FINISHED_SUFFIX = ":finished"  # hash video id -> the video's outcome, deflated (its count: HLEN)
-RUN_OUTCOME_DICT_SUFFIX = ":outcome-dict"  # the run's first outcome: the others are deflated against it
+RUN_TALLY_SUFFIX = ":tally"  # hash: the run's counters (videos finished, done, stage times in ms; tasks.run.tally)
+RUN_FAILED_SUFFIX = ":failed"  # hash video id -> the failure record of a video of the run that failed
+RUN_FINISHED_SUFFIX = ":finished"  # an earlier version's hash video id -> outcome, deflated (read at the run's end)
+RUN_OUTCOME_DICT_SUFFIX = ":outcome-dict"  # an earlier version's: the run's first outcome, the others deflated against it
 RUN_ORDER_SUFFIX = ":order"  # + ":" + shard: hash video mark (8 B) -> k: it was the k-th video to finish
 RUN_PENDING_SUFFIX = ":pending"  # hash: the shared job, chunks of videos not sent yet (tasks.run.pending)
 RUN_PENDING_SENT_SUFFIX = ":pending-sent"  # bitmap: bit i set once pending video i was sent

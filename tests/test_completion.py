@@ -74,9 +74,14 @@ def test_the_count_is_per_video_and_the_callback_is_sent_once(redis_url, monkeyp
     assert callbacks == ["callback-1"], waiting(r)  # eight deliveries of the last task, one callback
     completion.video_ended(r, last, 3600)
     assert len(waiting(r)) == 3
-    found = completion.outcomes(r, "run1")
-    assert [o["video_id"] for o in found] == ["v0", "v1", "v2"]
-    assert found[1]["failed"]["stage"] == "preprocess" and "dataset_root" not in found[0]
+    # Each video counted once, however often its end came; its line in the run's outcomes files (live).
+    fields, failures = completion.counted(r, "run1")
+    assert fields["videos"] == 3 and fields["done"] == 2 and fields["s:h5:tasks"] == 1 and fields["s:h5:ms"] == 1000
+    assert [f["video_id"] for f in failures] == ["v1"] and failures[0]["stage"] == "preprocess"
+    from tasks.run import outcome_files
+
+    lines = outcome_files.read(outcome_files.live_dir(tmp_path / "out", "run1"))
+    assert lines.status == {"v0": "done", "v1": "failed", "v2": "done"} and not lines.disagree
 
 
 def test_the_last_task_redelivered_after_dying_mid_send_sends_the_callback(redis_url, monkeypatch, tmp_path):
@@ -166,10 +171,11 @@ def test_a_window_of_one_finishes_every_video_without_its_enqueuer_and_counts_fa
     assert verify(out) == []  # the statistics of one NumPy pass over the files
     # A window of one: each video started after the one before it had ended.
     # (From the run's stage log in OUT/runs/: its outcomes left Redis once written to its files.)
-    from tasks.run import manifest, runs
+    from tasks.run import manifest, outcome_files, runs
 
     logged, where = runs.stage_log(None, out, record["run_id"])
-    assert where.endswith(".stages.jsonl") and completion.outcomes(r, record["run_id"]) == []
+    assert where.endswith(".stages.jsonl") and not r.exists(completion.key(record["run_id"], ":finished"))
+    counted = completion.counted(r, record["run_id"])
     by_video: dict[str, list[dict]] = {}
     for e in logged:
         by_video.setdefault(e["video"], []).append(e)
@@ -194,7 +200,8 @@ def test_a_window_of_one_finishes_every_video_without_its_enqueuer_and_counts_fa
     STAGE_TASKS[job.chain[-1]].apply_async((job.to_dict(),))
     wait_until(lambda: not waiting(r) and not r.hlen("unacked"), 120, "the repeated last stage taken and acked")
     assert progress.read(r, record["run_id"]).get("aggregate.done") == 1
-    assert completion.outcomes(r, record["run_id"]) == []  # nothing recorded after the run's end
+    assert completion.counted(r, record["run_id"]) == counted  # nothing counted after the run's end
+    assert not outcome_files.live_dir(out, record["run_id"]).exists()  # nor written
     logs = " ".join(p.read_text(errors="replace") for p in workers.logs.glob("*.log"))
     assert f"its run {record['run_id']} has ended" in logs
 

@@ -164,8 +164,7 @@ def test_a_video_due_before_it_was_held_is_sent_by_the_enqueuer(app_on_test_redi
     from tasks.run.dataset import build_jobs
 
     jobs, _ = build_jobs([{"video_id": f"v{i}", "path": f"v{i}.mp4"} for i in range(10)], tmp_path, tmp_path, "run2")
-    finished = keys.RUN_PREFIX + "run2" + keys.RUN_FINISHED_SUFFIX
-    r.hset(finished, mapping={"w0": "{}", "w1": "{}", "w2": "{}"})  # three window videos ended already
+    r.hset(keys.RUN_PREFIX + "run2" + keys.RUN_TALLY_SUFFIX, "videos", 3)  # three window videos ended already
     for index in range(3):
         assert not completion.send_pending(r, "run2", index, 3600)  # their finishing tasks found nothing held
     holder = completion.holder_of(r, "run2", pending.shared_part(jobs[0]), 3600)
@@ -215,10 +214,11 @@ def test_a_manifest_is_merged_in_one_pass_keeping_what_runs_recorded(tmp_path):
 
 
 def test_a_runs_outcomes_are_read_with_the_manifest_and_folded_into_it_by_the_next_enqueue(tmp_path):
-    """A run's end writes its videos' status, quality and provenance to OUT/runs/<run>.outcomes.jsonl, not
-    into the manifest; every reader sees them merged; the next enqueue writes them into the manifest and
-    names the file in its head, so a file left behind (its removal failed) is not merged again."""
-    from tasks.run import lineage, manifest
+    """Each finishing task appends its video's status, quality and provenance to the run's outcomes files
+    (OUT/runs/<run>.outcomes.live/), not to the manifest; once the run's end has put the folder in place every
+    reader sees them merged (an earlier version's one file per run too); the next enqueue writes them into the
+    manifest and names the run in its head, so files left behind (their removal failed) are not merged again."""
+    from tasks.run import lineage, manifest, outcome_files
     from tasks.run.dataset import write_manifest
     from tasks.run.listing import walk_videos
 
@@ -228,18 +228,23 @@ def test_a_runs_outcomes_are_read_with_the_manifest_and_folded_into_it_by_the_ne
     before = (out / "manifest.json").read_text()
     ids = [e["video_id"] for e in json.loads(before)["videos"]]
     prov = {"backends": {"depth": "x"}, "settings_sha256": "s1", "framefleet": {"version": "1"}, "run_id": "run-1"}
-    ended = lineage.Outcomes(out, "run-1")
-    ended.done(ids[0], {"quality": {"q": 1}, "provenance": {**prov, "source": {"sha256": "abc"}}})
-    ended.low_quality(ids[1], {"quality": {"q": 0}, "shortfalls": ["hands"]})
-    ended.failed(ids[2])
-    ended.commit()
-    assert (out / "manifest.json").read_text() == before  # the manifest itself is not rewritten
-    (out / "runs" / "run-1.outcomes.jsonl").open("a").write(f'{ids[3]}\t{{"status": "do')  # a torn last line
+    made = {"quality": {"q": 1}, "provenance": {**prov, "source": {"sha256": "abc"}}}
+    outcome_files.append(out, "run-1", ids[0], "done", made)
+    outcome_files.append(out, "run-1", ids[1], "low_quality", {"quality": {"q": 0}, "shortfalls": ["hands"]})
+    outcome_files.append(out, "run-1", ids[2], "failed", {})
 
     def status(entries: list[dict]) -> dict[str, str | None]:
         return {e["video_id"]: e.get("status") for e in entries}
 
-    want = {ids[0]: "done", ids[1]: "low_quality", ids[2]: "failed", **dict.fromkeys(ids[3:])}
+    assert set(status(manifest.read(out)["videos"]).values()) == {None}  # a live run's lines: not merged yet
+    outcome_files.close(out, "run-1", [])
+    assert (out / "manifest.json").read_text() == before  # the manifest itself is not rewritten
+    segment = next((out / "runs" / "run-1.outcomes").glob("*.jsonl"))
+    segment.open("a").write(f'{ids[3]}\t{{"status": "do')  # a torn last line
+    (out / "runs" / "run-0.outcomes.jsonl").write_text(f'{ids[4]}\t{{"status": "failed"}}\n')  # an earlier version's
+
+    want = {ids[0]: "done", ids[1]: "low_quality", ids[2]: "failed", ids[4]: "failed"}
+    want = {vid: want.get(vid) for vid in ids}
     assert status(manifest.read(out)["videos"]) == want
     assert status([json.loads(line) for line in manifest.lines(out)]) == want
     done = next(e for e in manifest.read(out)["videos"] if e["video_id"] == ids[0])
@@ -249,17 +254,15 @@ def test_a_runs_outcomes_are_read_with_the_manifest_and_folded_into_it_by_the_ne
 
     write_manifest(raw, out, videos, "run-2")  # the next enqueue (a --continue)
     head = manifest.head(out)
-    assert head["folded"] == ["run-1"] and not (out / "runs" / "run-1.outcomes.jsonl").exists()
+    assert head["folded"] == ["run-0", "run-1"] and not list((out / "runs").glob("run-[01].outcomes*"))
     assert status(json.loads((out / "manifest.json").read_text())["videos"]) == want  # in the file itself now
     assert not manifest.outcomes(out) and lineage.backend_sets(out) == sets
 
-    # The file left behind (its removal failed) is named in the head: not merged over a later run's record.
-    ended = lineage.Outcomes(out, "run-1")
-    ended.failed(ids[0])
-    ended.commit()
-    later = lineage.Outcomes(out, "run-3")
-    later.failed(ids[3])
-    later.commit()
+    # Files left behind (their removal failed) are named in the head: not merged over a later run's record.
+    outcome_files.append(out, "run-1", ids[0], "failed", {})
+    outcome_files.close(out, "run-1", [])
+    outcome_files.append(out, "run-3", ids[3], "failed", {})
+    outcome_files.close(out, "run-3", [])
     assert status(manifest.read(out)["videos"]) == {**want, ids[3]: "failed"}
 
 
@@ -310,4 +313,4 @@ def test_an_enqueuer_killed_mid_walk_loses_nothing_on_continue(video_factory, wo
     assert not list((out / "runs").glob(".manifest.json.*"))
     assert task_result(pipeline_env["REDIS_URL"], record["callback_id"]) is None  # the killed run never ended
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"], decode_responses=True)
-    assert r.hlen(f"ff:run:{record['run_id']}:finished") == 1
+    assert r.hget(f"ff:run:{record['run_id']}:tally", "videos") == "1"

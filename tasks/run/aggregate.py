@@ -26,7 +26,7 @@ from tasks.observe.flower_view import VideoTask
 from tasks.outputs.stage_io import marked_videos, read_done
 from tasks.outputs.storage import write_text_atomic
 from tasks.redis_client import get_redis
-from tasks.run import completion, lineage, manifest, outcomes, partials, quarantine, runs, sums, sweep
+from tasks.run import completion, lineage, manifest, outcome_files, outcomes, partials, quarantine, runs, sums, sweep
 from tasks.run.tally import Tally
 from tasks.stages import STAGE_NAMES, dataset_stage, model_backends
 
@@ -215,8 +215,8 @@ def _run_backends(found: dict[str, Any] | None) -> dict[str, str]:
 def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     """Statistics callback of a run: write normalization_stats.yaml and run_summary.json; return the summary.
 
-    Called as ``aggregate(run)`` by tasks.run.completion (the outcomes are read from Redis in chunks,
-    each counted and written to the run's outcomes file as it comes, then dropped from Redis), or as
+    Called as ``aggregate(run)`` by tasks.run.completion (the summary's per-video parts come from the run's
+    counters in Redis, the done videos from its outcomes files: no video's outcome is read), or as
     ``aggregate(results, run)`` by the chord of an earlier version.
     """
     try:
@@ -226,37 +226,32 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         r = None
     if run is None:
         run = first
+        # An earlier version's outcomes of this run (workers of two versions): read from Redis as it kept them.
         results: Iterable[dict[str, Any]] = (
             (outcome for _vid, outcome in outcomes.read(r, run["run_id"])) if r is not None else ()
         )
     else:
         results = first
     out_root = Path(run["output_root"])
+    run_id = run["run_id"]
     track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
-    tally = Tally(run["run_id"], settings().enabled_stages())
-    kept = lineage.Outcomes(out_root, run["run_id"])
-    try:
-        for outcome in results:
-            vid, status, found = tally.add(outcome)
-            if status == "done":
-                kept.done(vid, found)
-            elif status == "low_quality":
-                kept.low_quality(vid, found)
-            else:
-                kept.failed(vid)
-    except BaseException:
-        kept.abort()
-        raise
-    if not tally.videos and run.get("videos") and (earlier := _summary(out_root, run["run_id"])) is not None:
-        # Delivered again after the run was retired (its outcomes gone): the summary written then stands.
-        kept.abort()
-        log.warning("run %s: its summary was written already and its outcomes are gone; keeping it", run["run_id"])
+    tally = Tally(run_id, settings().enabled_stages())
+    extra = []
+    for outcome in results:
+        extra.append(outcome_files.line_of(*tally.add(outcome)))
+    fields, failures = completion.counted(r, run_id) if r is not None else ({}, [])
+    if not tally.videos and not fields and run.get("videos") and (earlier := _summary(out_root, run_id)) is not None:
+        # Delivered again after the run was retired (its counters gone): the summary written then stands.
+        log.warning("run %s: its summary was written already and its counters are gone; keeping it", run_id)
         return _short(earlier)
-    kept.commit()  # before the statistics: their header reads it
-    done, failed, low = sorted(tally.done), tally.failed, tally.low
+    folder, lines = outcome_files.close(out_root, run_id, failures, extra)  # before the statistics: their header
+    tally.add_counts(fields, failures, outcome_files.notes_of(folder))
+    done = sorted(vid for vid, status in lines.status.items() if status == "done")
+    failed, low = tally.failed, tally.low
+    unmatched = _unmatched(run_id, tally, lines, len(done))
     current: dict[str, bytes] = {}
     folded = partials.segments(out_root)  # before the read: a segment begun later stays
-    merged, source = write_statistics_from(out_root, track_type, r, current, run["run_id"])
+    merged, source = write_statistics_from(out_root, track_type, r, current, run_id)
     try:
         if current:  # the full pass ran: its entries in one file, the segments it read folded in
             partials.save(out_root, current, folded)
@@ -292,6 +287,8 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
             "outcomes": str(manifest.outcomes_path(Path(), run["run_id"])),
         },
     }
+    if unmatched:
+        summary["outcomes_unmatched"] = unmatched
     write_text_atomic(out_root / "run_summary.json", json.dumps(summary, indent=2, sort_keys=True))
     runs.finished(out_root, run["run_id"], summary)
     log.info("run %s: %d done, %d failed; statistics over %d videos", run["run_id"], len(done), len(failed), merged)
@@ -299,6 +296,30 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         _retire(r, out_root, run["run_id"])
     write_report(out_root)
     return _short(summary)
+
+
+def _unmatched(run_id: str, tally: Tally, lines: outcome_files.Lines, done: int) -> dict[str, int] | None:
+    """The counts of videos in Redis and in the outcomes files when they differ (a line lost with its host
+    before it reached the disk, or a file removed), else None; logged as an error."""
+    counted = {"videos": tally.videos, "done": len(tally.done) + tally.counted_done}
+    found = {"videos": len(lines.status), "done": done}
+    if counted == found:
+        return None
+    log.error(
+        "run %s: Redis counted %d videos (%d done) but its outcomes files hold %d (%d done); the summary lists "
+        "the files' done videos",
+        run_id,
+        counted["videos"],
+        counted["done"],
+        found["videos"],
+        found["done"],
+    )
+    return {
+        "counted_videos": counted["videos"],
+        "counted_done": counted["done"],
+        "file_videos": found["videos"],
+        "file_done": found["done"],
+    }
 
 
 def _summary(out_root: Path, run_id: str) -> dict[str, Any] | None:
@@ -324,7 +345,7 @@ def _retire(r: Any, out_root: Path, run_id: str) -> None:
         progress.record(r, run_id, "aggregate", True, conf.result_expires_s)
         runs.save_stage_log(r, out_root, run_id)
         completion.retire(r, run_id, conf.finished_run_keep_s)
-        outcomes.drop(r, run_id)  # in OUT/runs/<run>.outcomes.jsonl and run_summary.json now
+        outcomes.drop(r, run_id)  # an earlier version's outcomes, in OUT/runs/<run>.outcomes/ now
         partials.retire(r, out_root.resolve(), conf.finished_run_keep_s)
     except Exception as exc:  # they expire with their TTLs anyway
         log.warning("run %s: its Redis keys not retired (%s); they expire with their TTLs", run_id, exc)

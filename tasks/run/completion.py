@@ -10,15 +10,17 @@ Instead:
   enqueuer once it has walked the folder; its size is recorded then (``listed``), and until then no
   count ends the run;
 - the task that ends a video's chain (its last stage, with the video's result or its failure record)
-  records the video in ``ff:run:<id>:finished``, one field per video id, so a redelivered task
-  counts its video once; the k-th video to finish sends pending job k-1, keeping ``window`` videos
-  in flight;
+  appends the video's line to the run's outcomes files in OUT (tasks.run.outcome_files), then counts it
+  once, by its place in the run's order, adding what it adds to the summary to the run's counters
+  ``ff:run:<id>:tally`` (integers: tasks.run.tally.counts) or its failure record to ``ff:run:<id>:failed``,
+  in one Lua call, so a redelivered task counts its video once; the k-th video to finish sends pending
+  job k-1, keeping ``window`` videos in flight. Nothing of a done video's outcome stays in Redis;
 - the task whose record brings the count to the run's size sets the field ``aggregated`` of the
   run's hash ``ff:run:<id>`` NX and sends ``aggregate`` with the run's callback id: once, however
   often the last task is delivered (and again by that same task's redelivery if its worker died
-  between the flag and the send). The callback reads the outcomes from Redis, not from a message;
+  between the flag and the send). The callback reads the counters, not the outcomes, nor a message;
 - once the callback has written the run's files it retires the run (``retire``): the field ``ended``
-  marks it, the per-video keys (order, done marks, attempts) go, the outcomes and stage log soon after,
+  marks it, the per-video keys (order, done marks, attempts) go, the counters and stage log soon after,
   and a task of the run delivered later is dropped as a duplicate (tasks.delivery.claims) and counts
   nothing here.
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -47,23 +50,52 @@ WINDOW_PER_WORKER = 4  # videos in flight per live worker: each worker's next ta
 MIN_WINDOW = 32  # the automatic window with few (or not yet any) workers
 OUTCOME_KEYS = ("video_id", "video", "failed", "timings", "notes", "gpu", "report")
 
-# KEYS: finished, the video's shard of the order, sent, the run's hash; ARGV: video id, outcome, ttl, the
-# video's mark (tasks.run.sums.mark_of). The newest outcome replaces the one before (a second chain of a video
-# that failed may succeed); the order is given once; the video leaves the sent hash (tasks.run.sweep reads it
-# whole: it holds the videos in flight only). Returns {k, count}, or {0, 0} when the run has ended (a late
-# duplicate: nothing is recorded).
+# KEYS: the video's shard of the order, sent, the run's hash, the run's counters, its failures, an earlier
+# version's outcomes; ARGV: video id, the video's mark (tasks.run.sums.mark_of), ttl, "done" or "failed", the
+# failure record, how many counters to add, then (counter, integer) to add, then (counter, integer) to raise to.
+# A video is counted once, by its place in the order (its mark): a redelivered or repeated end adds nothing,
+# but a done end of a video counted as failed replaces its failure (a second chain of a video that failed may
+# succeed), and a failed end of a video counted as failed replaces the record; a failure never replaces a done
+# video (its file is complete). The sent hash holds the videos in flight only (tasks.run.sweep reads it whole).
+# The count includes an earlier version's outcomes (its order held the same marks). Returns {k, count}, or
+# {0, 0} when the run has ended (a late duplicate: nothing is recorded).
 _RECORD = """
-if redis.call('HEXISTS', KEYS[4], 'ended') == 1 then return {0, 0} end
-local k = redis.call('HGET', KEYS[2], ARGV[4])
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('HDEL', KEYS[3], ARGV[1])
-local count = redis.call('HLEN', KEYS[1])
+if redis.call('HEXISTS', KEYS[3], 'ended') == 1 then return {0, 0} end
+redis.call('HDEL', KEYS[2], ARGV[1])
+local k = redis.call('HGET', KEYS[1], ARGV[2])
+local count
+local apply = false
 if not k then
+  count = redis.call('HINCRBY', KEYS[4], 'videos', 1) + redis.call('HLEN', KEYS[6])
   k = count
-  redis.call('HSET', KEYS[2], ARGV[4], k)
+  redis.call('HSET', KEYS[1], ARGV[2], k)
+  apply = true
+else
+  count = tonumber(redis.call('HGET', KEYS[4], 'videos') or '0') + redis.call('HLEN', KEYS[6])
+  if redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1 then
+    if ARGV[4] == 'done' then
+      redis.call('HDEL', KEYS[5], ARGV[1])
+      apply = true
+    else
+      redis.call('HSET', KEYS[5], ARGV[1], ARGV[5])
+    end
+  end
+end
+if apply then
+  if ARGV[4] == 'done' then
+    local n = tonumber(ARGV[6])
+    for i = 7, 6 + 2 * n, 2 do redis.call('HINCRBY', KEYS[4], ARGV[i], ARGV[i + 1]) end
+    for i = 7 + 2 * n, #ARGV, 2 do
+      local held = redis.call('HGET', KEYS[4], ARGV[i])
+      if not held or tonumber(held) < tonumber(ARGV[i + 1]) then redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
+    end
+  else
+    redis.call('HSET', KEYS[5], ARGV[1], ARGV[5])
+  end
 end
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('EXPIRE', KEYS[4], ARGV[3])
+if redis.call('EXISTS', KEYS[5]) == 1 then redis.call('EXPIRE', KEYS[5], ARGV[3]) end
 return {tonumber(k), count}
 """
 
@@ -136,42 +168,70 @@ def pending_count(r: redis.Redis, run_id: str) -> int:
     return pending.count(r, run_id)
 
 
-def outcomes(r: redis.Redis, run_id: str) -> list[dict[str, Any]]:
-    """The outcome of every finished video of the run (what the chord's results were), by video id."""
-    from tasks.run import outcomes as kept
-
-    return [outcome for _vid, outcome in sorted(kept.read(r, run_id), key=lambda found: found[0])]
+def finished_count(r: redis.Redis, run_id: str) -> int:
+    """How many of the run's videos have finished (each counted once). Raises redis.RedisError."""
+    pipe = r.pipeline(transaction=False)
+    pipe.hget(key(run_id, keys.RUN_TALLY_SUFFIX), "videos")
+    pipe.hlen(key(run_id, keys.RUN_FINISHED_SUFFIX))  # an earlier version's outcomes
+    videos, earlier = pipe.execute()
+    return int(videos or 0) + int(earlier)
 
 
 def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None) -> None:
-    """Count ``job``'s video as finished; send the next pending video and, last, the statistics callback.
+    """Record ``job``'s video in its run's outcomes files and count it in Redis, adding what it adds to the
+    run's counters; send the next pending video and, last, the statistics callback.
 
-    ``sender``: the id of the task that ended the video's chain (see ``start_statistics``).
+    ``sender``: the id of the task that ended the video's chain (see ``start_statistics``). The line is
+    written before the count: a video counted always has its line (tasks.run.outcome_files).
 
-    Raises redis.RedisError or the broker's error when a message cannot be sent (the caller retries
-    the task: every step here may be repeated).
+    Raises OSError when the line cannot be written, redis.RedisError or the broker's error when a message
+    cannot be sent (the caller retries the task: every step here may be repeated).
     """
+    from tasks.celery_app import settings
+    from tasks.run import outcome_files, sums, tally
+
     run_id = job.run_id
-    from tasks.run import outcomes as kept
-
     message = job.to_dict()
-    outcome = kept.encode(r, run_id, {k: message[k] for k in OUTCOME_KEYS if k in message}, ttl_s)
-    from tasks.run import sums
-
-    finished = key(run_id, keys.RUN_FINISHED_SUFFIX)
+    outcome = {k: message[k] for k in OUTCOME_KEYS if k in message}
+    vid, status, found = tally.classify(run_id, outcome)
+    outcome_files.append(Path(job.output_root), run_id, vid, status, found, outcome.get("notes"))
+    failure = tally.failure_of(run_id, outcome)
+    add, most = tally.counts(outcome, settings().enabled_stages()) if failure is None else ({}, {})
+    counters = [x for pair in add.items() for x in pair] + [x for pair in most.items() for x in pair]
+    record = json.dumps(failure, separators=(",", ":")) if failure is not None else ""
     order, mark = order_of(run_id, job.video_id, sums.run_shards(r, run_id))
-    run_hash = runs.redis_key(run_id)
-    k, count = r.eval(_RECORD, 4, finished, order, sent_key(run_id), run_hash, job.video_id, outcome, ttl_s, mark)
+    run_keys = (order, sent_key(run_id), runs.redis_key(run_id), *(key(run_id, s) for s in _COUNTED))
+    k, count = r.eval(
+        _RECORD, 6, *run_keys, job.video_id, mark, ttl_s, "failed" if failure else "done", record, len(add), *counters
+    )
     if not int(k):
         log.warning("run %s has ended: %s delivered again after its end is not counted", run_id, job.video_id)
         return
     send_pending(r, run_id, int(k) - 1, ttl_s)
-    record = runs.lookup(r, run_id)
-    if record is None:
+    found_record = runs.lookup(r, run_id)
+    if found_record is None:
         log.error("run %s has no record in Redis (expired or flushed): its statistics are not started", run_id)
         return
-    if record.get("videos") is not None and int(count) >= int(record["videos"]):  # None: still listing
-        start_statistics(r, record, ttl_s, sender)
+    if found_record.get("videos") is not None and int(count) >= int(found_record["videos"]):  # None: still listing
+        start_statistics(r, found_record, ttl_s, sender)
+
+
+_COUNTED = (keys.RUN_TALLY_SUFFIX, keys.RUN_FAILED_SUFFIX, keys.RUN_FINISHED_SUFFIX)
+
+
+def counted(r: redis.Redis, run_id: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """The run's counters (tasks.run.tally.counts summed) and the failure records of its failed videos, by
+    video id. Raises redis.RedisError."""
+    pipe = r.pipeline(transaction=False)
+    pipe.hgetall(key(run_id, keys.RUN_TALLY_SUFFIX))
+    pipe.hgetall(key(run_id, keys.RUN_FAILED_SUFFIX))
+    fields, failed = pipe.execute()
+    text = {_str(k): int(v) for k, v in fields.items()}
+    return text, [json.loads(failed[vid]) for vid in sorted(failed)]
+
+
+def _str(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def send_pending(r: redis.Redis, run_id: str, index: int, ttl_s: int) -> bool:
@@ -195,7 +255,7 @@ def listed(r: redis.Redis, record: dict[str, Any], ttl_s: int) -> bool:
     comes second sees both, and ``start_statistics`` sends once.
     """
     runs.publish(r, record, ttl_s)
-    if int(r.hlen(key(record["run_id"], keys.RUN_FINISHED_SUFFIX))) >= int(record["videos"]):
+    if finished_count(r, record["run_id"]) >= int(record["videos"]):
         return start_statistics(r, record, ttl_s)
     return False
 
@@ -241,7 +301,7 @@ def callback_run(record: dict[str, Any]) -> dict[str, Any]:
 
 def retire(r: redis.Redis, run_id: str, keep_s: int) -> None:
     """Mark the run ended and let its per-video keys go: the done marks and attempts at once, the
-    outcomes, order and stage log ``keep_s`` seconds from now (its files hold them for good).
+    counters and stage log ``keep_s`` seconds from now (its files hold them for good).
 
     The mark outlives them (the run's hash, ``result_expires_s``): a task of the run delivered
     later is a duplicate, dropped when it starts, and counts nothing (so the flag that guarded the
@@ -266,7 +326,8 @@ def retire(r: redis.Redis, run_id: str, keep_s: int) -> None:
 def let_go(pipe: Any, run_id: str, keep_s: int, videos: int = 0, shards: int | None = None) -> None:
     """Queue on ``pipe`` the end of the run's per-video keys: attempts, unsent and sent jobs, the sweep's
     misses, the done marks, the order and the merged marks (over ``shards``, or those of a run of ``videos``)
-    now; outcomes, stage log, running sums, requeues and resends ``keep_s`` seconds from now (also
+    now; counters, failures, an earlier version's outcomes, stage log, running sums, requeues and resends
+    ``keep_s`` seconds from now (also
     for a cancelled run, whose tasks stop at its flag and which the sweep leaves alone)."""
     from tasks.delivery import marks
     from tasks.run import sums
@@ -285,7 +346,13 @@ def let_go(pipe: Any, run_id: str, keep_s: int, videos: int = 0, shards: int | N
     named = [*sums.shard_keys(run_id, count), *marks.done_keys(run_id, count), *order_keys(run_id, count)]
     for start in range(0, len(named), 1000):  # by name, never a scan: at most 3 × MAX_SHARDS keys
         pipe.delete(*named[start : start + 1000])
-    kept = (keys.RUN_FINISHED_SUFFIX, keys.RUN_OUTCOME_DICT_SUFFIX, keys.RUN_STAGES_SUFFIX)
+    kept = (
+        keys.RUN_TALLY_SUFFIX,
+        keys.RUN_FAILED_SUFFIX,
+        keys.RUN_FINISHED_SUFFIX,
+        keys.RUN_OUTCOME_DICT_SUFFIX,
+        keys.RUN_STAGES_SUFFIX,
+    )
     for suffix in (*kept, keys.RUN_SUMS_SUFFIX):
         pipe.expire(key(run_id, suffix), max(1, keep_s))
     for listed in (keys.REQUEUES_PREFIX, keys.RESENT_PREFIX):

@@ -10,7 +10,6 @@ with one set has one. Entries of ``videos`` gain ``status`` ("done" or "low_qual
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -96,63 +95,6 @@ def write(out_dir: Path, head: dict[str, Any], videos: list[dict[str, Any]]) -> 
     # One video a line: json.dumps with indent runs the pure-Python encoder (9 s for 50,000 videos).
     lines = ",\n".join(json.dumps(v) for v in videos)
     write_text_atomic(out_dir / MANIFEST, f'{top}, "videos": [\n{lines}\n]}}\n')
-
-
-class Outcomes:
-    """Writes what a run's end records of its videos (status, quality, provenance) to its outcomes file,
-    OUT/runs/<run>.outcomes.jsonl (tasks.run.manifest: readers merge it over the manifest's entries), a
-    video at a time as the outcomes are read; ``commit`` puts it in place (a callback delivered again
-    writes it again, whole)."""
-
-    def __init__(self, out_dir: Path, run_id: str) -> None:
-        self.path = manifests.outcomes_path(out_dir, run_id)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        self.fh = open(self.tmp, "w", encoding="utf-8")
-        self.written = 0
-
-    def done(self, video_id: str, report: dict[str, Any]) -> None:
-        """A video done: ``report`` is its dataset stage's (tasks.outputs.provenance.summary under
-        "provenance", "quality")."""
-        fields: dict[str, Any] = {"status": "done", "quality": report.get("quality", {})}
-        if report.get("provenance"):
-            fields["provenance"] = _short(report["provenance"])
-        self._write(video_id, fields)
-
-    def low_quality(self, video_id: str, detail: dict[str, Any]) -> None:
-        """A video quarantined as low_quality: ``detail`` holds its quality and shortfalls."""
-        self._write(
-            video_id,
-            {"status": "low_quality", "quality": detail.get("quality", {}), "shortfalls": detail.get("shortfalls", [])},
-        )
-
-    def failed(self, video_id: str) -> None:
-        self._write(video_id, {"status": "failed"})
-
-    def _write(self, video_id: str, fields: dict[str, Any]) -> None:
-        self.fh.write(f"{video_id}\t{json.dumps(fields)}\n")
-        self.written += 1
-
-    def commit(self) -> None:
-        """Put the file in place (fsynced). Raises OSError."""
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
-        self.fh.close()
-        os.replace(self.tmp, self.path)
-
-    def abort(self) -> None:
-        self.fh.close()
-        self.tmp.unlink(missing_ok=True)
-
-
-def _short(prov: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "backends": prov.get("backends", {}),
-        "settings_sha256": prov.get("settings_sha256"),
-        "framefleet": prov.get("framefleet", {}).get("version"),
-        "source_sha256": prov.get("source", {}).get("sha256"),
-        "run_id": prov.get("run_id"),
-    }
 
 
 _PROVENANCE, _SOURCE, _DONE = '"provenance": {', ', "source_sha256"', '"status": "done"'

@@ -7,12 +7,13 @@ old one (in OUT/runs/) and replaces it at the end (an enqueuer that dies mid-way
 manifest, and its part, which the next run removes). A
 manifest of an earlier version (another order, or indented JSON) is read whole once and sorted.
 
-What a run's end records of its videos (status, quality, provenance) goes to a file of its own,
-OUT/runs/<run>.outcomes.jsonl (a line per video: its id, a tab, the fields to set), not into the
-manifest: rewriting a million videos' manifest at each run's end took longer than the run's
-statistics. Readers here merge those files over the manifest's entries (the newer run's last); the
-next enqueue writes them into the manifest as it rewrites it anyway, and names them in its head
-(``folded``), so a file left behind is not merged twice.
+What a run records of its videos (status, quality, provenance) goes to files of its own,
+OUT/runs/<run>.outcomes/*.jsonl (a line per video: its id, a tab, the fields to set; tasks.run.outcome_files:
+each video's line appended as it finishes, the folder in place at the run's end; an earlier version
+wrote one file, OUT/runs/<run>.outcomes.jsonl), not into the manifest: rewriting a million videos'
+manifest at each run's end took longer than the run's statistics. Readers here merge those files over
+the manifest's entries (the newer run's last); the next enqueue writes them into the manifest as it
+rewrites it anyway, and names them in its head (``folded``), so a file left behind is not merged twice.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +31,8 @@ MANIFEST = "manifest.json"
 ORDER = "parts"
 TAIL = ', "videos": ['  # what ends the head's line (tasks.run.lineage.write writes the same)
 PARTS = "runs"  # the folder the new manifest is written in before it replaces the old (tasks.run.runs.FOLDER)
-OUTCOMES = ".outcomes.jsonl"  # OUT/runs/<run>.outcomes.jsonl: what a run's end recorded of its videos
+OUTCOMES = ".outcomes"  # OUT/runs/<run>.outcomes/: what a run recorded of its videos (tasks.run.outcome_files)
+LEGACY_OUTCOMES = ".outcomes.jsonl"  # OUT/runs/<run>.outcomes.jsonl: an earlier version's one file per run
 FOLDED = "folded"  # the head's list of the runs whose outcomes files the manifest holds
 _ID = '"video_id": "'  # how json.dumps writes an entry's id: found without parsing the line
 
@@ -60,18 +63,39 @@ def _whole(out_dir: Path) -> dict[str, Any]:
 
 
 def outcomes_path(out_dir: Path, run_id: str) -> Path:
+    """The folder of the run's outcomes files once the run has ended."""
     return out_dir / PARTS / f"{run_id}{OUTCOMES}"
 
 
-def outcome_files(out_dir: Path, top: dict[str, Any] | None = None) -> list[Path]:
-    """The runs' outcomes files the manifest (whose head is ``top``) does not hold yet, oldest run first
-    (run ids begin with their start time)."""
+def outcome_runs(out_dir: Path, top: dict[str, Any] | None = None) -> list[tuple[str, Path]]:
+    """(run id, its ended outcomes folder or an earlier version's file) of the runs whose outcomes the
+    manifest (whose head is ``top``) does not hold yet, oldest run first (run ids begin with their start time)."""
     folded = set((head(out_dir) if top is None else top).get(FOLDED) or ())
     try:
-        names = [n for n in os.listdir(out_dir / PARTS) if n.endswith(OUTCOMES) and not n.startswith(".")]
+        names = sorted(n for n in os.listdir(out_dir / PARTS) if not n.startswith("."))
     except FileNotFoundError:
         return []
-    return [out_dir / PARTS / n for n in sorted(names) if n[: -len(OUTCOMES)] not in folded]
+    found = []
+    for name in names:
+        for suffix in (OUTCOMES, LEGACY_OUTCOMES):
+            if name.endswith(suffix) and name[: -len(suffix)] not in folded:
+                found.append((name[: -len(suffix)], out_dir / PARTS / name))
+    return found
+
+
+def _outcomes_left(out_dir: Path, run_id: str) -> bool:
+    """Whether the run's outcomes (folder or an earlier version's file) are still in OUT/runs/."""
+    return outcomes_path(out_dir, run_id).exists() or (out_dir / PARTS / f"{run_id}{LEGACY_OUTCOMES}").exists()
+
+
+def outcome_files(out_dir: Path, top: dict[str, Any] | None = None) -> list[Path]:
+    """The runs' outcomes files the manifest does not hold yet, in reading order (``outcome_runs``)."""
+    from tasks.run.outcome_files import segments
+
+    found: list[Path] = []
+    for _run, path in outcome_runs(out_dir, top):
+        found += segments(path) if path.name.endswith(OUTCOMES) else [path]
+    return found
 
 
 class Recorded:
@@ -239,10 +263,10 @@ class Writer:
             stale.unlink(missing_ok=True)
         self.tmp = parts / f".{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp"
         # The runs' outcomes files merged into this manifest, and those named before whose file is still there.
-        self.folds = outcome_files(out_dir)
+        self.folds = outcome_runs(out_dir)
         earlier = _head(out_dir).get(FOLDED) or []
-        folded = [f.name[: -len(OUTCOMES)] for f in self.folds]
-        folded += [run for run in earlier if outcomes_path(out_dir, run).exists() and run not in folded]
+        folded = [run for run, _path in self.folds]
+        folded += [run for run in earlier if run not in folded and _outcomes_left(out_dir, run)]
         self.earlier = _Earlier(out_dir)
         self.fh = open(self.tmp, "w", encoding="utf-8")
         top = {**{k: v for k, v in head.items() if k not in ("videos", FOLDED)}, "order": ORDER}
@@ -292,8 +316,11 @@ class Writer:
             os.fsync(folder)
         finally:
             os.close(folder)
-        for path in self.folds:  # the manifest holds them now (and names them: one left behind is ignored)
-            path.unlink(missing_ok=True)
+        for _run, path in self.folds:  # the manifest holds them now (and names them: one left behind is ignored)
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
     def abort(self) -> None:
         self.fh.close()

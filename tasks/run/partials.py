@@ -77,10 +77,15 @@ def append(out_root: Path, video_id: str, entry: bytes) -> None:
 
 
 def _segment_name() -> str:
-    """This process's segment name: host, pid and a token drawn once per process (a pid may come back)."""
+    return process_name() + ".bin"
+
+
+def process_name() -> str:
+    """This process's name for the files it alone appends to: host, pid and a token drawn once per process
+    (a pid may come back)."""
     pid = os.getpid()
     if _TOKEN.get("pid") != pid:
-        _TOKEN.update(pid=pid, name=f"{socket.gethostname()}-{pid}-{uuid.uuid4().hex[:8]}.bin")
+        _TOKEN.update(pid=pid, name=f"{socket.gethostname()}-{pid}-{uuid.uuid4().hex[:8]}")
     return str(_TOKEN["name"])
 
 

@@ -110,8 +110,10 @@ class Holder:
         pipe = self.r.pipeline(transaction=True)
         pipe.hset(pending, mapping=fields)
         pipe.expire(pending, self.ttl_s)
-        pipe.hlen(keys.RUN_PREFIX + self.run_id + keys.RUN_FINISHED_SUFFIX)
-        finished = int(pipe.execute()[-1])
+        pipe.hget(keys.RUN_PREFIX + self.run_id + keys.RUN_TALLY_SUFFIX, "videos")
+        pipe.hlen(keys.RUN_PREFIX + self.run_id + keys.RUN_FINISHED_SUFFIX)  # an earlier version's count
+        *_, videos, earlier = pipe.execute()
+        finished = int(videos or 0) + int(earlier)
         self.held, self.ready, self.flushed_at = total, {}, time.monotonic()
         # Pending video i is due once i + 1 videos have finished: those finishing tasks found no chunk.
         for index in range(first, min(total, finished)):

@@ -74,16 +74,19 @@ def located(broker: redis.Redis, r: redis.Redis, conf: Settings) -> set[tuple[st
 def in_flight(r: redis.Redis, run_id: str) -> dict[str, Job]:
     """The videos of ``run_id`` sent and not yet counted as finished, by video id.
 
-    The sent hash holds the videos in flight (a window); each is looked up in the finished hash by
-    itself (HEXISTS), never with a read of every finished video (a million ids in one reply).
+    The sent hash holds the videos in flight (a window); each is looked up in the run's order (a
+    finished video has its place there) by itself (HEXISTS), never with a read of every finished video.
     A video counted between the two reads is in both, and left out: it has finished.
     """
+    from tasks.run import sums
+
     sent = {
         (v.decode() if isinstance(v, bytes) else v): raw for v, raw in r.hgetall(completion.sent_key(run_id)).items()
     }
+    shards = sums.run_shards(r, run_id) if sent else 1
     pipe = r.pipeline(transaction=False)
     for vid in sent:
-        pipe.hexists(completion.key(run_id, keys.RUN_FINISHED_SUFFIX), vid)
+        pipe.hexists(*completion.order_of(run_id, vid, shards))
     done = pipe.execute() if sent else []
     return {
         vid: Job.from_dict(json.loads(raw))

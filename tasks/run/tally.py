@@ -1,5 +1,7 @@
-"""The run summary's per-video parts, added up one outcome at a time as the statistics callback reads them:
-no list of every video's job is held (a million videos' outcomes are read in chunks from Redis)."""
+"""The run summary's per-video parts as values that add: a video's ``counts`` (integers, stage times in
+milliseconds) are added to the run's counters in Redis as it finishes (tasks.run.completion), and the run's
+end turns those counters into the summary's figures (``Tally.add_counts``). ``Tally.add`` still takes whole
+outcomes (an earlier version's chord results and outcomes kept in Redis)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,60 @@ class _Spans:
         self.gaps, self.gap_total_s, self.gap_max_s = 0, 0.0, float("-inf")
 
 
+def classify(run_id: str, outcome: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """(video id, "done", its report), (id, "low_quality", the gate's detail) or (id, "failed", {}) of an
+    outcome (tasks.run.completion.OUTCOME_KEYS). Raises tasks.errors.BadJobMessage without its identity."""
+    failure = failure_of(run_id, outcome)
+    if failure is not None:
+        detail = failure.get("detail")
+        return failure["video_id"], ("low_quality" if detail else "failed"), dict(detail or {})
+    return outcome["video_id"], "done", dict(outcome.get("report") or {})
+
+
+def failure_of(run_id: str, outcome: dict[str, Any]) -> dict[str, Any] | None:
+    """The summary's record of a failed outcome (video id, video, the failure's fields), None when it is done.
+    Raises tasks.errors.BadJobMessage on a failed outcome without its identity."""
+    if not outcome.get("failed"):
+        return None
+    job = Job.from_dict({"run_id": run_id, **outcome}, required=IDENTITY)
+    assert job.failed is not None
+    return {"video_id": job.video_id, "video": job.video, **job.failed.to_dict()}
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def counts(outcome: dict[str, Any], stages: Sequence[str]) -> tuple[dict[str, int], dict[str, int]]:
+    """What a done video adds to its run's counters: (fields to add, fields to raise to at least), integers,
+    stage times in whole milliseconds (outcomes keep them to the ms); ``Tally.add_counts`` reads them."""
+    add: dict[str, int] = {"done": 1}
+    most: dict[str, int] = {}
+    report = dict(outcome.get("report") or {})
+    backends = (report.get("provenance") or {}).get("backends")
+    if isinstance(backends, dict):
+        add["b:" + json.dumps(sorted(backends.items()))] = 1
+    elif report.get("provenance"):
+        add["j:" + json.dumps(backends)] = 1
+    timings = outcome.get("timings") or {}
+    previous = None
+    for stage in stages:
+        span = timings.get(stage)
+        if span is not None:
+            add[f"s:{stage}:tasks"] = 1
+            add[f"w:{stage}:{span['worker']}"] = 1
+            if span["skipped"]:
+                add[f"s:{stage}:skipped"] = 1
+            else:
+                took = _ms(span["end"]) - _ms(span["start"])
+                add[f"s:{stage}:ran"], add[f"s:{stage}:ms"], most[f"s:{stage}:max"] = 1, took, took
+            if previous is not None:
+                gap = _ms(span["start"]) - _ms(previous["end"])
+                add[f"s:{stage}:gaps"], add[f"s:{stage}:gap_ms"], most[f"s:{stage}:gap_max"] = 1, gap, gap
+        previous = span
+    return add, most
+
+
 class Tally:
     """What run_summary.json says of a run's videos, from their outcomes (tasks.run.completion.OUTCOME_KEYS,
     or an earlier version's whole job messages) given one at a time to ``add``."""
@@ -28,7 +84,8 @@ class Tally:
     def __init__(self, run_id: str, stages: Sequence[str]) -> None:
         self.run_id, self.stages = run_id, list(stages)
         self.videos = 0
-        self.done: list[str] = []
+        self.done: list[str] = []  # the videos given to ``add`` that are done
+        self.counted_done = 0  # the done videos of ``add_counts``
         self.failed: list[dict[str, Any]] = []
         self.low: dict[str, dict[str, Any]] = {}
         self.notes: dict[str, dict[str, Any]] = {}
@@ -41,14 +98,14 @@ class Tally:
         self.videos += 1
         if outcome.get("notes"):
             self.notes[outcome["video_id"]] = dict(outcome["notes"])
-        if outcome.get("failed"):
-            job = Job.from_dict({"run_id": self.run_id, **outcome}, required=IDENTITY)
-            assert job.failed is not None
-            self.failed.append({"video_id": job.video_id, "video": job.video, **job.failed.to_dict()})
-            if job.failed.detail:
-                self.low[job.video_id] = dict(job.failed.detail)
-                return job.video_id, "low_quality", self.low[job.video_id]
-            return job.video_id, "failed", {}
+        failure = failure_of(self.run_id, outcome)
+        if failure is not None:
+            self.failed.append(failure)
+            vid = failure["video_id"]
+            if failure.get("detail"):
+                self.low[vid] = dict(failure["detail"])
+                return vid, "low_quality", self.low[vid]
+            return vid, "failed", {}
         vid = outcome["video_id"]
         self.done.append(vid)
         report = dict(outcome.get("report") or {})
@@ -81,6 +138,31 @@ class Tally:
             previous = span
         return vid, "done", report
 
+    def add_counts(self, fields: dict[str, int], failed: list[dict[str, Any]], notes: dict[str, Any]) -> None:
+        """Add a run's counters (``counts`` summed over its done videos, tasks.run.completion), the failure
+        records of its failed videos and the notes of its videos."""
+        self.counted_done += int(fields.get("done", 0))
+        self.videos += int(fields.get("done", 0)) + len(failed)
+        for record in failed:
+            self.failed.append(record)
+            if record.get("detail"):
+                self.low[record["video_id"]] = dict(record["detail"])
+        self.notes.update(notes)
+        for name, value in fields.items():
+            kind, _, rest = name.partition(":")
+            if kind == "b":
+                self.backend_sets[tuple((k, v) for k, v in json.loads(rest))] += int(value)
+            elif kind == "j":
+                self.backend_sets[rest] += int(value)
+            elif kind == "w":
+                stage, _, worker = rest.partition(":")
+                if stage in self.spans:
+                    self.spans[stage].workers[worker] += int(value)
+            elif kind == "s":
+                stage, _, what = rest.partition(":")
+                if stage in self.spans:
+                    _add_span(self.spans[stage], what, int(value))
+
     def backends(self) -> dict[str, Any] | None:
         """The backends most of the done videos' files record, or None when none records them."""
         if not self.backend_sets:
@@ -103,3 +185,17 @@ class Tally:
                 }
             out[stage] = entry
         return out
+
+
+def _add_span(spans: _Spans, what: str, value: int) -> None:
+    """Add one stage counter (tasks.run.tally.counts' names, times in ms) to ``spans``."""
+    if what in ("tasks", "skipped", "ran", "gaps"):
+        setattr(spans, what, getattr(spans, what) + value)
+    elif what == "ms":
+        spans.total_s += value / 1000
+    elif what == "gap_ms":
+        spans.gap_total_s += value / 1000
+    elif what == "max":
+        spans.max_s = max(spans.max_s, value / 1000)
+    elif what == "gap_max":
+        spans.gap_max_s = max(spans.gap_max_s, value / 1000)

@@ -1,0 +1,194 @@
+"""A run's outcomes files: each finished video's status, quality and provenance as a line of OUT/runs/,
+appended by the task that ends the video, so that the run's end reads no video's outcome.
+
+While the run is live its lines go to OUT/runs/<run>.outcomes.live/<host>-<pid>-<token>.jsonl, a file per
+worker process (one writer per file: a line is one ``write`` to a file opened O_APPEND, on one host or
+many over a shared OUT), and a video's notes, when it has any, to <...>.notes.jsonl beside it. The line
+is written before the video is counted in Redis (tasks.run.completion): a counted video always has its
+line, and a task killed in between writes it again when it is delivered again, so a video may have
+several lines; readers take one. The run's end (``close``) checks the lines against what Redis counted,
+writes the lines that settle a video whose lines disagree to ``END`` (read last), and renames the
+folder to OUT/runs/<run>.outcomes/, which tasks.run.manifest's readers merge over the manifest (a live
+run's lines are not merged: a concurrent enqueue's fold would leave out those written after it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasks.outputs.storage import write_text_atomic
+from tasks.run import manifest
+
+log = logging.getLogger("framefleet.outcomes")
+LIVE = ".live"  # OUT/runs/<run>.outcomes.live/: the run's segments while it is live
+SEGMENT = ".jsonl"
+NOTES = ".notes.jsonl"  # a segment's notes: video id, a tab, the notes of the video's outcome (JSON)
+END = "~end.jsonl"  # the end's own lines: "~" sorts after any host name, so it is read last
+STATUSES = ("done", "low_quality", "failed")
+# A whole line (a killed writer leaves a last line without its newline): id, tab, fields starting with the status.
+_LINE = re.compile(rb'^([^\t\n]+)\t\{"status": "([a-z_]+)"[^\n]*\}\n', re.M)
+
+
+def live_dir(out_dir: Path, run_id: str) -> Path:
+    final = manifest.outcomes_path(out_dir, run_id)
+    return final.with_name(final.name + LIVE)
+
+
+def fields_of(status: str, found: dict[str, Any]) -> dict[str, Any]:
+    """The fields a video's line sets over its manifest entry: ``found`` is its dataset stage's report
+    ("done"), the quality gate's detail ("low_quality") or nothing ("failed")."""
+    if status == "done":
+        fields: dict[str, Any] = {"status": "done", "quality": found.get("quality", {})}
+        if found.get("provenance"):
+            fields["provenance"] = _short(found["provenance"])
+        return fields
+    if status == "low_quality":
+        return {"status": status, "quality": found.get("quality", {}), "shortfalls": found.get("shortfalls", [])}
+    return {"status": "failed"}
+
+
+def line_of(video_id: str, status: str, found: dict[str, Any]) -> str:
+    return f"{video_id}\t{json.dumps(fields_of(status, found))}\n"
+
+
+def append(out_dir: Path, run_id: str, video_id: str, status: str, found: dict[str, Any], notes: Any = None) -> None:
+    """Append ``video_id``'s line (and its notes, if any) to this process's segment of the live run.
+    Raises OSError (the caller retries: a second line of the same video is harmless)."""
+    from tasks.run.partials import process_name
+
+    folder = live_dir(out_dir, run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = process_name()
+    _append_line(folder / (name + SEGMENT), line_of(video_id, status, found))
+    if notes:
+        _append_line(folder / (name + NOTES), f"{video_id}\t{json.dumps(notes)}\n")
+
+
+def _append_line(path: Path, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    try:
+        os.write(fd, line.encode())  # one write: a reader sees the whole line or none (or a torn last one)
+    finally:
+        os.close(fd)
+
+
+def segments(folder: Path) -> list[Path]:
+    """The outcome segments of a run's folder, in reading order (the end's own last); [] without it."""
+    try:
+        names = [n for n in os.listdir(folder) if n.endswith(SEGMENT) and not n.endswith(NOTES) and n[:1] != "."]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [folder / n for n in sorted(names)]
+
+
+def notes_of(folder: Path) -> dict[str, Any]:
+    """Video id -> the notes of its newest outcome with notes, from the run's notes segments."""
+    found: dict[str, Any] = {}
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(NOTES) and n[:1] != ".")
+    except (FileNotFoundError, NotADirectoryError):
+        return found
+    for name in names:
+        for raw in (folder / name).read_text(encoding="utf-8").splitlines():
+            vid, tab, text = raw.partition("\t")
+            if tab and text.endswith("}"):
+                try:
+                    found[vid] = json.loads(text)
+                except ValueError:
+                    continue  # a line cut short by a killed writer
+    return found
+
+
+@dataclass
+class Lines:
+    """What a run's segments say: each video's status (a "done" line outranks the others, as the count in
+    Redis does; else the last line read), and the videos whose lines disagree."""
+
+    status: dict[str, str] = field(default_factory=dict)
+    disagree: set[str] = field(default_factory=set)
+
+
+def read(folder: Path) -> Lines:
+    """The status of every video with a line in ``folder``'s segments (ids and statuses only: no JSON parsed)."""
+    lines = Lines()
+    status = lines.status
+    for path in segments(folder):
+        data = path.read_bytes()
+        for match in _LINE.finditer(data):
+            vid, now = match.group(1).decode(), match.group(2).decode()
+            was = status.get(vid)
+            if was is None:
+                status[vid] = now
+            elif was != now:
+                lines.disagree.add(vid)
+                if was != "done":
+                    status[vid] = now
+    return lines
+
+
+def close(out_dir: Path, run_id: str, failed: list[dict[str, Any]], extra: Sequence[str] = ()) -> tuple[Path, Lines]:
+    """End the run's outcomes: settle each video whose lines disagree with each other or with the failure
+    records Redis holds (``failed``) in the end's own segment, with ``extra`` lines (an earlier version's
+    outcomes), and rename the folder to where the manifest's readers find it. Return the folder and its
+    lines as read (the settled statuses in). A second call (the callback delivered again) reads the
+    renamed folder. Raises OSError."""
+    final = manifest.outcomes_path(out_dir, run_id)
+    live = live_dir(out_dir, run_id)
+    folder = live if live.exists() or not final.exists() else final
+    lines = read(folder)
+    # Rare: a video ended twice in the run with other statuses; the line of the status that counts goes last.
+    settled = _winners(folder, {vid: lines.status[vid] for vid in lines.disagree}) if lines.disagree else {}
+    for record in failed:
+        vid, status = record["video_id"], "low_quality" if record.get("detail") else "failed"
+        if lines.status.get(vid) != status or vid in settled:
+            settled[vid] = line_of(vid, status, dict(record.get("detail") or {}))
+            lines.status[vid] = status
+    if settled or extra:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(folder / END, "".join(extra) + "".join(settled[v] for v in sorted(settled)))
+        for line in extra:
+            vid, _, text = line.partition("\t")
+            lines.status[vid] = json.loads(text)["status"]
+    if folder == live:
+        _rename(live, final)
+    return final, lines
+
+
+def _rename(live: Path, final: Path) -> None:
+    """Put the live folder's files in the run's final folder: one rename (a reader sees the live run's
+    lines or all of them), file by file when the final folder exists (the end ran before)."""
+    live.mkdir(parents=True, exist_ok=True)  # a run without any line (its videos counted by an earlier version)
+    if not final.exists():
+        os.replace(live, final)
+        return
+    for name in os.listdir(live):
+        os.replace(live / name, final / name)
+    live.rmdir()
+
+
+def _winners(folder: Path, wanted: dict[str, str]) -> dict[str, str]:
+    """Video id -> its last whole line with the status ``wanted`` gives it, in ``folder``'s segments."""
+    found: dict[str, str] = {}
+    for path in segments(folder):
+        for match in _LINE.finditer(path.read_bytes()):
+            vid = match.group(1).decode()
+            if wanted.get(vid) == match.group(2).decode():
+                found[vid] = match.group(0).decode()
+    return found
+
+
+def _short(prov: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "backends": prov.get("backends", {}),
+        "settings_sha256": prov.get("settings_sha256"),
+        "framefleet": prov.get("framefleet", {}).get("version"),
+        "source_sha256": prov.get("source", {}).get("sha256"),
+        "run_id": prov.get("run_id"),
+    }
