@@ -7,8 +7,9 @@ test is ``--code``'s tree, the run's record is given as JSON.
 Prints one JSON line: the callback's wall and CPU seconds, the seconds spent in each of its parts that
 the tree has as a function (reading the outcomes, recording them for the manifest, the statistics, the
 summary's files, retiring the run in Redis, the report), the process's peak memory (VmHWM) and that of
-the report's child process, and the summary's counts. The part not in a named function (in this
-version: reading, tallying and writing the outcomes a chunk at a time) is the wall time less the parts.
+the report's child process, and the summary's counts. The part not in a named function (in main's tree:
+reading, tallying and writing the outcomes a chunk at a time; in this one: the summary's done list sorted)
+is the wall time less the parts.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from typing import Any
 
 PARTS = {  # part -> (module, function) where the tree has it
     "outcomes_read": ("tasks.run.completion", "outcomes"),
+    "counters_read": ("tasks.run.completion", "counted"),
+    "outcomes_files_closed": ("tasks.run.outcome_files", "close"),
+    "notes_read": ("tasks.run.outcome_files", "notes_of"),
     "manifest_recorded": ("tasks.run.lineage", "record_outcomes"),
     "outcomes_file_committed": ("tasks.run.lineage", "Outcomes.commit"),
     "statistics": ("tasks.run.aggregate", "write_statistics_from"),

@@ -5,7 +5,8 @@ The run is simulated on a private redis-server with the keys and the writes of t
 (``shards`` as a plain enqueue fixes it, the size unknown: 65,536), then two moments:
 
 - **enqueued**: N − window videos held (tasks.run.pending.Holder), the window's jobs in the sent hash;
-- **last window**: N − window videos finished, each with its outcome and place (completion's own Lua),
+- **last window**: N − window videos finished, each counted with its place and what it adds to the run's
+  counters (completion's own Lua; its outcome's line goes to OUT, not Redis),
   its partial merged (tasks.run.sums), its five stage tasks marked done (tasks.delivery.claims' writes at a
   task's end, by marks.of) and logged (the stage log, newest 100,000), the pending chunks gone and the
   bitmap full; the window in flight: its jobs sent, one start counted each.
@@ -13,8 +14,9 @@ The run is simulated on a private redis-server with the keys and the writes of t
 Video ids are those of ``s<xx>/v<i>.mp4`` (tasks.run.dataset.video_id_of), task ids uuid4 as Celery makes
 them. ``used_memory`` is read after each structure is added. The order (video → its place) and the done
 marks and start counts are also written as main keeps them (one hash of video id → place; one hash of task
-id → 1 and one of task id → starts, a field per stage task for the whole run), in the same Redis, and
-removed again, for the baseline.
+id → 1 and one of task id → starts, a field per stage task for the whole run) and the outcomes as main keeps
+them (each deflated against the run's dictionary, a field per video), in the same Redis, and removed again,
+for the baseline.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False, main_layout: bool
     import redis
 
     from bench.simulated import realistic_outcome, realistic_partials, sharded_path
+    from tasks import keys
     from tasks.celery_app import settings
     from tasks.delivery import marks
     from tasks.job import Job
@@ -134,28 +137,34 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False, main_layout: bool
     step("main_order")
     r.delete(completion.key(run_id, ":order"))
     step("main_order_gone")
+    # Main's outcomes (each deflated in one hash, tasks.run.outcomes), measured and deleted; then each video
+    # counted as now by completion's own Lua: its place in the order, what it adds to the run's counters.
     pipe = r.pipeline(transaction=False)
     for k, i in enumerate(finished):
-        order, mark = completion.order_of(run_id, ids[i], record["shards"])
-        pipe.hset(order, mark, k + 1)
-        pipe.expire(order, 3600)
+        pipe.hset(
+            finished_key, ids[i], outcomes.encode(r, run_id, realistic_outcome(marker, summary, ids[i], int(i)), 3600)
+        )
         if k % BATCH == BATCH - 1:
             pipe.execute()
     pipe.execute()
-    step("order")
+    step("main_outcomes")
+    r.delete(finished_key, outcomes.dict_key(run_id))
+    step("main_outcomes_gone")
     record_script = r.register_script(completion._RECORD)
     t = time.perf_counter()
     pipe = r.pipeline(transaction=False)
     for k, i in enumerate(finished):
-        packed = outcomes.encode(r, run_id, realistic_outcome(marker, summary, ids[i], int(i)), 3600)
-        order, mark = completion.order_of(run_id, ids[i], record["shards"])
-        counted = [finished_key, order, completion.sent_key(run_id), run_key]
-        record_script(keys=counted, args=[ids[i], packed, 3600, mark], client=pipe)
+        outcome = realistic_outcome(marker, summary, ids[i], int(i))
+        names, args = completion.record_call(run_id, outcome, stages, record["shards"], 3600)
+        record_script(keys=names, args=args, client=pipe)
         if k % BATCH == BATCH - 1:
             pipe.execute()
     pipe.execute()
     figures["outcomes_s"] = time.perf_counter() - t
-    step("outcomes")
+    tally_keys = [completion.key(run_id, s) for s in (keys.RUN_TALLY_SUFFIX, keys.RUN_FAILED_SUFFIX)]
+    figures["tally_fields"] = r.hlen(tally_keys[0])
+    tally_bytes = sum(r.memory_usage(k) or 0 for k in tally_keys)
+    step("counted")
     rows = realistic_partials(marker, n)
     header = partials.HEADER.pack(h5.stat().st_size, h5.stat().st_mtime_ns, b"3d")
     script = sums.merge_script()
@@ -246,19 +255,23 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False, main_layout: bool
         "pending (enqueued)": b["enqueued"] - b["record"],
         "pending bitmap and sent (last window)": b["pending_sent"] - b["record"],
         "order, main": b["main_order"] - b["pending_sent"],
-        "order, now": b["order"] - b["main_order_gone"],
-        "outcomes": b["outcomes"] - b["order"],
-        "sums and merged marks": b["sums"] - b["outcomes"],
+        "order, now": b["counted"] - b["main_outcomes_gone"] - tally_bytes,
+        "outcomes, main": b["main_outcomes"] - b["main_order_gone"],
+        "the run's counters and failures, now": tally_bytes,
+        "sums and merged marks": b["sums"] - b["counted"],
         "stage log": b["stage_log"] - b["sums"],
         "counters": b["counters"] - b["stage_log"],
         "done marks and starts, main": b["main_marks"] - b["counters"],
         "done marks and starts, now": b["now_marks"] - b["main_marks_gone"],
     }
     parts = figures["bytes"]
-    common = b["counters"] - b["base"] - (b["order"] - b["main_order_gone"])  # all but the order and the claims
+    # All but the order, the outcomes (now: the counters) and the claims.
+    common = b["counters"] - b["base"] - (b["counted"] - b["main_outcomes_gone"])
     figures["enqueued_bytes"] = b["enqueued"] - b["base"]
-    figures["last_window_now_bytes"] = common + parts["order, now"] + parts["done marks and starts, now"]
-    figures["last_window_main_bytes"] = common + parts["order, main"] + parts["done marks and starts, main"]
+    now_parts = ("order, now", "the run's counters and failures, now", "done marks and starts, now")
+    main_parts = ("order, main", "outcomes, main", "done marks and starts, main")
+    figures["last_window_now_bytes"] = common + sum(parts[k] for k in now_parts)
+    figures["last_window_main_bytes"] = common + sum(parts[k] for k in main_parts)
     if not keep:
         figures["let_go_s"] = let_go_s(r, run_id, record["shards"])
         r.flushall()

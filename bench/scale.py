@@ -679,9 +679,44 @@ def fast_outcomes(r: Any, run_id: str, found: list[tuple[str, dict[str, Any]]], 
         r.expire(key, ttl_s)
 
 
-def run_redis(r: Any, run: dict[str, Any], ids: list[str], tiny: Path, rows: np.ndarray, first: int) -> None:
+def layout_of(code: Path) -> str:
+    """Where the tree ``code`` keeps a live run's outcomes: "files" (OUT/runs/<run>.outcomes.live/ and the
+    run's counters in Redis, tasks.run.outcome_files) or "redis" (each outcome in Redis, as main did)."""
+    return "files" if (code / "tasks" / "run" / "outcome_files.py").exists() else "redis"
+
+
+SEGMENTS = 16  # worker processes whose segments hold a "files" run's lines
+
+
+def counted_outcomes(r: Any, run_id: str, found: list[tuple[str, dict[str, Any]]], ttl_s: int, lines: Path) -> None:
+    """Each video counted as its finishing task counts it (tasks.run.completion's own Lua, with its counters),
+    and its line in one of SEGMENTS segments under ``lines`` (written whole, not a line at a time)."""
+    from tasks.celery_app import settings
+    from tasks.run import completion, outcome_files, runs, sums, tally
+
+    shutil.rmtree(lines, ignore_errors=True)
+    lines.mkdir(parents=True)
+    stages, shards = settings().enabled_stages(), sums.shards_of(runs.lookup(r, run_id))
+    script = r.register_script(completion._RECORD)
+    texts: list[list[str]] = [[] for _ in range(SEGMENTS)]
+    pipe = r.pipeline(transaction=False)
+    for k, (_vid, outcome) in enumerate(found):
+        texts[k % SEGMENTS].append(outcome_files.line_of(*tally.classify(run_id, outcome)))
+        names, args = completion.record_call(run_id, outcome, stages, shards, ttl_s)
+        script(keys=names, args=args, client=pipe)
+        if k % 2000 == 1999:
+            pipe.execute()
+    pipe.execute()
+    for i, text in enumerate(texts):
+        (lines / f"bench-{i}-0000{i:04x}.jsonl").write_text("".join(text))
+
+
+def run_redis(
+    r: Any, run: dict[str, Any], ids: list[str], tiny: Path, rows: np.ndarray, first: int, lines: Path | None = None
+) -> None:
     """What a run of ``ids`` leaves in Redis when its last video finishes: its record, its running sums (with
-    the digest) and merged marks, each video's outcome and order, and its stage log (as kept)."""
+    the digest) and merged marks, each video's outcome and order (``lines``: the run's counters, and each
+    video's line written there, as this tree's finishing tasks leave them), and its stage log (as kept)."""
     from tasks.observe.metrics import STAGE_LOG_KEPT, stage_log_key
     from tasks.outputs.stage_io import dataset_file
     from tasks.run import runs, sums
@@ -704,9 +739,12 @@ def run_redis(r: Any, run: dict[str, Any], ids: list[str], tiny: Path, rows: np.
         if k % 5000 == 4999:
             pipe.execute()
     pipe.execute()
-    fast_outcomes(
-        r, run_id, [(vid, realistic_outcome(marker, summary, vid, first + k)) for k, vid in enumerate(ids)], ttl
-    )
+    found = [(vid, realistic_outcome(marker, summary, vid, first + k)) for k, vid in enumerate(ids)]
+    if lines is None:
+        fast_outcomes(r, run_id, found, ttl)
+    else:
+        counted_outcomes(r, run_id, found, ttl, lines)
+    del found
     stages, now = list(summary["stages"]), time.time()
     pipe = r.pipeline(transaction=False)
     for i in range(min(STAGE_LOG_KEPT, 5 * n)):
@@ -795,30 +833,44 @@ def end_run_phase(n: int, work: Path, url: str, codes: dict[str, Path], tiny: Pa
     rows = np.frombuffer(row, dtype="<f8").reshape(1, -1).repeat(n, axis=0)  # partials.bin's rows: one real row
     started = time.time()
     end = {"run_id": f"end-{n}", "output_root": str(out), "started": started, "videos": n, "already_complete": 0}
-    r.flushall()
-    t = time.perf_counter()
-    run_redis(r, end, ids, tiny, rows, 0)
-    made_s = time.perf_counter() - t
-    at_end = snapshot(r)
     new_ids = [video_id_of(f"new/v{i:03d}.mp4") for i in range(new)]
     new_rows = realistic_partials(marker, new, seed=7)
     more = {"run_id": f"more-{n}", "output_root": str(out), "started": started, "videos": new, "already_complete": n}
-    r.flushall()
-    run_redis(r, more, new_ids, tiny, new_rows, n)
-    at_more = snapshot(r)
+    at_end, at_more, made_s = {}, {}, {}
+    for layout in sorted({layout_of(code) for code in codes.values()}):
+        lines = work / f"lines-{layout}" if layout == "files" else None
+        r.flushall()
+        t = time.perf_counter()
+        run_redis(r, end, ids, tiny, rows, 0, lines and lines / "end")
+        made_s[layout] = time.perf_counter() - t
+        at_end[layout] = snapshot(r)
+        r.flushall()
+        run_redis(r, more, new_ids, tiny, new_rows, n, lines and lines / "more")
+        at_more[layout] = snapshot(r)
+
+    def live_lines(layout: str, run: dict[str, Any], name: str) -> None:
+        """A "files" run's live outcomes folder, as its finishing tasks left it."""
+        if layout == "files":
+            from tasks.run import outcome_files
+
+            shutil.copytree(work / "lines-files" / name, outcome_files.live_dir(out, run["run_id"]))
+
     found = []
     for label, code in codes.items():
+        layout = layout_of(code)
         reset_out(out, "manifest.enqueued")
-        restore(r, at_end)
+        restore(r, at_end[layout])
+        live_lines(layout, end, "end")
         try:
-            figures = {"code": label, "phase": "end", "videos": n, "redis_fill_s": made_s}
+            figures = {"code": label, "phase": "end", "videos": n, "redis_fill_s": made_s[layout], "layout": layout}
             figures.update(child_callback(code, end, url))
         except RuntimeError as exc:  # recorded: a baseline killed for memory is a result too
             found.append({**figures, "error": str(exc)[-1500:]})
             print(f"end of a run of {n} ({label}) failed: {exc}", flush=True)
             continue
         figures["manifest_bytes"] = (out / "manifest.json").stat().st_size
-        figures["outcomes_file_bytes"] = sum(f.stat().st_size for f in (out / "runs").glob("*.outcomes.jsonl"))
+        figures["outcomes_file_bytes"] = sum(f.stat().st_size for f in (out / "runs").glob("*.outcomes*/*.jsonl"))
+        figures["outcomes_file_bytes"] += sum(f.stat().st_size for f in (out / "runs").glob("*.outcomes.jsonl"))
         found.append(figures)
         print(f"end of a run of {n} ({label}): {json.dumps(figures)}", flush=True)
         # A --continue over them that made ``new`` videos; the manifest as the earlier end left it (recorded).
@@ -827,7 +879,8 @@ def end_run_phase(n: int, work: Path, url: str, codes: dict[str, Path], tiny: Pa
         if saved is not None:
             (out / "markers" / "sums.json").write_bytes(saved)
         add_new_videos(out, new_ids, tiny, new_rows)
-        restore(r, at_more)
+        restore(r, at_more[layout])
+        live_lines(layout, more, "more")
         figures = {"code": label, "phase": "continue", "videos": n, "new": new, **child_callback(code, more, url)}
         figures["statistics_from"] = json.loads((out / "run_summary.json").read_text()).get("statistics_from")
         figures["stats"] = yaml.safe_load((out / "normalization_stats.yaml").read_text())

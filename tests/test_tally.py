@@ -37,3 +37,55 @@ def test_a_tally_of_outcomes_gives_the_summarys_stage_timings_failures_and_backe
     assert (b["mean_s"], b["max_s"], b["total_s"]) == (1.5, 2.0, 3.0)
     assert b["overhead_after_a"] == {"mean_s": pytest.approx(0.25), "max_s": 0.5}  # v3 had no stage a: no gap
     assert timings["c"] == {"tasks": 0, "skipped": 0, "workers": {}}
+
+
+def test_the_runs_counters_give_the_figures_of_a_tally_of_its_outcomes():
+    """What each video adds to its run's counters as it finishes (``counts``), summed in any order, gives the
+    summary's stage timings and backends that a tally of the whole outcomes gives (times kept to the ms). The
+    counters are whole milliseconds, exact; the tally subtracts epoch seconds in float64, whose spacing near
+    1.7e9 s is 2.4e-7 s: they agree far below the millisecond the outcomes keep."""
+    import random
+    from collections import Counter
+
+    from tasks.run.tally import Tally, counts
+
+    stages = ["a", "b", "c"]
+    rng = random.Random(5)
+    outcomes = []
+    for i in range(300):
+        t, timings = round(1.7e9 + rng.uniform(0, 1e5), 3), {}  # outcomes keep times to the ms
+        for stage in stages:
+            if rng.random() < 0.9:
+                took = round(rng.uniform(0.001, 30.0), 3)
+                timings[stage] = span(t, round(t + took, 3), f"w{rng.randrange(3)}", skipped=rng.random() < 0.1)
+                t = round(t + took + rng.uniform(-0.5, 2.0), 3)
+        backends = {"a": "x", "b": rng.choice(["builtin", "y"])}
+        outcomes.append({"video_id": f"v{i}", "timings": timings, "report": {"provenance": {"backends": backends}}})
+    whole = Tally("run", stages)
+    for outcome in outcomes:
+        whole.add(outcome)
+    summed: Counter[str] = Counter()
+    most: dict[str, int] = {}
+    for outcome in rng.sample(outcomes, len(outcomes)):  # any order
+        add, raise_to = counts(outcome, stages)
+        summed.update(add)
+        for name, value in raise_to.items():
+            most[name] = max(most.get(name, value), value)
+    counted = Tally("run", stages)
+    counted.add_counts({**summed, **most}, [], {})
+    assert counted.videos == whole.videos == 300 and counted.backends() == whole.backends()
+    got, want = counted.stage_timings(), whole.stage_timings()
+    assert got.keys() == want.keys()
+    for stage in stages:
+        g, w = got[stage], want[stage]
+        assert g.keys() == w.keys() and (g["tasks"], g["skipped"], g["workers"]) == (
+            w["tasks"],
+            w["skipped"],
+            w["workers"],
+        )
+        for name in ("mean_s", "max_s", "total_s"):  # a total: a spacing's error per span
+            near = 1e-6 * (w["tasks"] if name == "total_s" else 1)
+            assert g[name] == pytest.approx(w[name], rel=0, abs=near), (stage, name)
+        gap = "overhead_after_" + stages[stages.index(stage) - 1]
+        if gap in w:
+            assert g[gap] == pytest.approx(w[gap], rel=0, abs=1e-6), (stage, gap)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,15 +196,8 @@ def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None)
     outcome = {k: message[k] for k in OUTCOME_KEYS if k in message}
     vid, status, found = tally.classify(run_id, outcome)
     outcome_files.append(Path(job.output_root), run_id, vid, status, found, outcome.get("notes"))
-    failure = tally.failure_of(run_id, outcome)
-    add, most = tally.counts(outcome, settings().enabled_stages()) if failure is None else ({}, {})
-    counters = [x for pair in add.items() for x in pair] + [x for pair in most.items() for x in pair]
-    record = json.dumps(failure, separators=(",", ":")) if failure is not None else ""
-    order, mark = order_of(run_id, job.video_id, sums.run_shards(r, run_id))
-    run_keys = (order, sent_key(run_id), runs.redis_key(run_id), *(key(run_id, s) for s in _COUNTED))
-    k, count = r.eval(
-        _RECORD, 6, *run_keys, job.video_id, mark, ttl_s, "failed" if failure else "done", record, len(add), *counters
-    )
+    names, args = record_call(run_id, outcome, settings().enabled_stages(), sums.run_shards(r, run_id), ttl_s)
+    k, count = r.eval(_RECORD, len(names), *names, *args)
     if not int(k):
         log.warning("run %s has ended: %s delivered again after its end is not counted", run_id, job.video_id)
         return
@@ -217,6 +211,23 @@ def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None)
 
 
 _COUNTED = (keys.RUN_TALLY_SUFFIX, keys.RUN_FAILED_SUFFIX, keys.RUN_FINISHED_SUFFIX)
+
+
+def record_call(
+    run_id: str, outcome: dict[str, Any], stages: Sequence[str], shards: int, ttl_s: int
+) -> tuple[list[str], list[Any]]:
+    """The keys and arguments of the Lua that counts a video (``_RECORD``) for its ``outcome``
+    (OUTCOME_KEYS), the run's enabled ``stages`` and its order's ``shards``."""
+    from tasks.run import tally
+
+    failure = tally.failure_of(run_id, outcome)
+    add, most = tally.counts(outcome, stages) if failure is None else ({}, {})
+    counters = [x for pair in add.items() for x in pair] + [x for pair in most.items() for x in pair]
+    record = json.dumps(failure, separators=(",", ":")) if failure is not None else ""
+    order, mark = order_of(run_id, outcome["video_id"], shards)
+    names = [order, sent_key(run_id), runs.redis_key(run_id), *(key(run_id, s) for s in _COUNTED)]
+    status = "failed" if failure is not None else "done"
+    return names, [outcome["video_id"], mark, ttl_s, status, record, len(add), *counters]
 
 
 def counted(r: redis.Redis, run_id: str) -> tuple[dict[str, int], list[dict[str, Any]]]:

@@ -258,6 +258,13 @@ def assert_nothing_lost(out: Path, reference: dict | None = None) -> dict:
         check = run_script("verify_dataset.py", str(out), env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
         assert check.returncode == 0, check.stdout + check.stderr
     stats = yaml.safe_load((out / "normalization_stats.yaml").read_text())
+    summary = json.loads((out / "run_summary.json").read_text())
+    # Each video counted once in Redis and once in the run's outcomes files, and both say the same.
+    assert "outcomes_unmatched" not in summary, summary["outcomes_unmatched"]
+    from tasks.run import manifest as manifests
+
+    recorded = {e["video_id"]: e.get("status") for e in manifests.read(out)["videos"]}
+    assert {recorded.get(vid) for vid in summary["done_videos"]} <= {"done"}, recorded
     if reference is not None and not quarantined:
         assert stats.keys() == reference.keys()
         for key, value in reference.items():

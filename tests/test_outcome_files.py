@@ -1,0 +1,124 @@
+"""A video's outcome written as it finishes: its line in the run's outcomes files, its part of the summary in the
+run's counters, each video counted once whatever the deliveries, and a run's end that writes the same summary
+from them (real Redis, real files, the real statistics callback)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import redis
+
+from tests.test_completion import configure_for, waiting
+
+
+def _span(start: float, took: float) -> dict:
+    from tasks.job import StageTiming
+
+    return {"h5": StageTiming(start=start, end=start + took, worker="cpu@test", skipped=False)}
+
+
+def _run(redis_url: str, monkeypatch, tmp_path, count: int, run_id: str):
+    configure_for(monkeypatch, redis_url)
+    from tasks.run import runs
+    from tasks.run.dataset import build_jobs
+
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    entries = [{"video_id": f"v{i}", "path": f"v{i}.mp4"} for i in range(count)]
+    jobs, run = build_jobs(entries, tmp_path, tmp_path / "out", run_id)
+    record = {**run, "callback_id": f"callback-{run_id}"}
+    runs.publish(r, record, 3600)
+    return r, jobs, record
+
+
+def test_each_video_counts_once_whatever_its_deliveries_and_the_end_writes_the_summary_from_the_counters(
+    redis_url, monkeypatch, tmp_path
+):
+    r, jobs, record = _run(redis_url, monkeypatch, tmp_path, 5, "once")
+    from tasks.job import Failure
+    from tasks.run import aggregate, completion, manifest, outcome_files, tally
+
+    made = {"quality": {"q": 1}, "provenance": {"backends": {"depth": "synthetic"}, "run_id": "once"}}
+    done = [replace(job, timings=_span(10.0 * i, 1.0 + i), report=made) for i, job in enumerate(jobs)]
+    broke = Failure("h5", "Boom", "disk", 3, "cpu@test", 5.0)
+    low = Failure("h5", "low_quality", "gate", 1, "cpu@test", 6.0, detail={"shortfalls": ["hands"]})
+
+    completion.video_ended(r, done[0], 3600)
+    # v1: its worker killed between the line and the count, then the task delivered again.
+    outcome = {k: v for k, v in done[1].to_dict().items() if k in completion.OUTCOME_KEYS}
+    outcome_files.append(tmp_path / "out", "once", *tally.classify("once", outcome))
+    completion.video_ended(r, done[1], 3600)
+    # v2: its chain failed, then a second chain (the sweep's) made it.
+    completion.video_ended(r, replace(jobs[2], failed=broke), 3600)
+    completion.video_ended(r, done[2], 3600)
+    # v3: done, its end delivered twice, then a second chain of it failed: it stays done.
+    completion.video_ended(r, done[3], 3600)
+    completion.video_ended(r, done[3], 3600)
+    completion.video_ended(r, replace(jobs[3], failed=broke), 3600)
+    # v4: failed, then failed again at the quality gate: the newer failure stands.
+    completion.video_ended(r, replace(jobs[4], failed=broke), 3600)
+    assert waiting(r)[-1] == ("framefleet.aggregate", "callback-once")  # five videos counted: the end is sent
+    completion.video_ended(r, replace(jobs[4], failed=low), 3600)
+
+    fields, failures = completion.counted(r, "once")
+    assert fields["videos"] == 5 and fields["done"] == 4 and fields["s:h5:tasks"] == 4
+    assert fields["s:h5:ms"] == 1000 + 2000 + 3000 + 4000 and fields["s:h5:max"] == 4000
+    assert [f["video_id"] for f in failures] == ["v4"] and failures[0]["error_class"] == "low_quality"
+
+    summary = aggregate.aggregate.run(completion.callback_run(record))
+    assert (summary["videos"], summary["done"]) == (5, 4)
+    written = json.loads((tmp_path / "out" / "run_summary.json").read_text())
+    assert written["done_videos"] == ["v0", "v1", "v2", "v3"] and "outcomes_unmatched" not in written
+    assert [f["video_id"] for f in written["failed"]] == ["v4"] and written["low_quality"] == {"v4": ["hands"]}
+    h5 = written["stages"]["h5"]
+    assert (h5["tasks"], h5["workers"], h5["mean_s"], h5["max_s"], h5["total_s"]) == (
+        4,
+        {"cpu@test": 4},
+        2.5,
+        4.0,
+        10.0,
+    )
+    assert written["backends"] == {"depth": "synthetic"}
+
+    # The run's files say what the summary says, each video once, read by the manifest's readers.
+    assert not outcome_files.live_dir(tmp_path / "out", "once").exists()
+    recorded = manifest.outcomes(tmp_path / "out")
+    statuses = {vid: json.loads(recorded.get(vid) or "{}").get("status") for vid in (f"v{i}" for i in range(5))}
+    assert statuses == {"v0": "done", "v1": "done", "v2": "done", "v3": "done", "v4": "low_quality"}
+    assert json.loads(recorded.get("v4") or "{}")["shortfalls"] == ["hands"]
+
+
+def test_a_counted_video_without_its_line_is_reported_in_the_summary(redis_url, monkeypatch, tmp_path):
+    """A line lost after its video was counted (its host lost before the page reached a shared disk): the
+    end's counts from Redis and from the files differ, and the summary says so."""
+    r, jobs, record = _run(redis_url, monkeypatch, tmp_path, 2, "lost")
+    from tasks.run import aggregate, completion, outcome_files
+
+    for i, job in enumerate(jobs):
+        completion.video_ended(r, replace(job, timings=_span(i, 1.0)), 3600)
+    for segment in outcome_files.segments(outcome_files.live_dir(tmp_path / "out", "lost")):
+        lines = segment.read_text().splitlines(keepends=True)
+        segment.write_text("".join(line for line in lines if not line.startswith("v1\t")))
+
+    aggregate.aggregate.run(completion.callback_run(record))
+    written = json.loads((tmp_path / "out" / "run_summary.json").read_text())
+    assert written["videos"] == 2 and written["done_videos"] == ["v0"]
+    assert written["outcomes_unmatched"] == {"counted_videos": 2, "counted_done": 2, "file_videos": 1, "file_done": 1}
+
+
+def test_a_second_end_of_a_run_writes_the_same_summary(redis_url, monkeypatch, tmp_path):
+    """The callback delivered again (its worker died after the files): the same summary from the same counters
+    and the run's folder already in place."""
+    r, jobs, record = _run(redis_url, monkeypatch, tmp_path, 3, "again")
+    from tasks.run import aggregate, completion
+
+    for i, job in enumerate(jobs):
+        completion.video_ended(r, replace(job, timings=_span(i, 0.5)), 3600)
+    aggregate.aggregate.run(completion.callback_run(record))
+    first = json.loads((tmp_path / "out" / "run_summary.json").read_text())
+    aggregate.aggregate.run(completion.callback_run(record))
+    second = json.loads((tmp_path / "out" / "run_summary.json").read_text())
+    for summary in (first, second):
+        for key in ("finished", "wall_s", "statistics_from"):  # the second reuses the sums the first saved
+            summary.pop(key)
+    assert first == second and first["done_videos"] == ["v0", "v1", "v2"]
