@@ -78,7 +78,10 @@ def main() -> int:
     settings()
     spent: dict[str, float] = {}
     for part, (module, name) in PARTS.items():
-        owner: Any = importlib.import_module(module)
+        try:
+            owner: Any = importlib.import_module(module)
+        except ModuleNotFoundError:  # a part another tree does not have
+            continue
         *path, attr = name.split(".")
         for step in path:
             owner = getattr(owner, step, None)

@@ -815,6 +815,28 @@ def remove_new_videos(out: Path, ids: list[str]) -> None:
         dataset_file(out, vid)[1].unlink(missing_ok=True)
 
 
+def summary_differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """The keys of two run summaries whose values differ (floats by more than 1e-7 relative: main's stage spans
+    were float64 differences of epoch seconds, each off by up to 2.4e-7 s, where whole milliseconds are now
+    exact), with both values; when and how long the end took aside."""
+
+    def near(x: Any, y: Any) -> bool:
+        if isinstance(x, float) and isinstance(y, (int, float)):
+            return abs(x - y) <= max(1e-9, 1e-7 * abs(x))
+        if isinstance(x, dict) and isinstance(y, dict):
+            return x.keys() == y.keys() and all(near(x[k], y[k]) for k in x)
+        if isinstance(x, list) and isinstance(y, list):
+            return len(x) == len(y) and all(near(u, v) for u, v in zip(x, y, strict=True))
+        return bool(x == y)
+
+    volatile = {"finished", "wall_s"}
+    return {
+        k: [str(a.get(k))[:300], str(b.get(k))[:300]]
+        for k in sorted(set(a) | set(b))
+        if k not in volatile and not near(a.get(k), b.get(k))
+    }
+
+
 def end_run_phase(n: int, work: Path, url: str, codes: dict[str, Path], tiny: Path, new: int) -> list[dict[str, Any]]:
     """The callback at the end of a run of ``n`` videos, then that of a --continue over them that made ``new``."""
     import redis
@@ -855,7 +877,8 @@ def end_run_phase(n: int, work: Path, url: str, codes: dict[str, Path], tiny: Pa
 
             shutil.copytree(work / "lines-files" / name, outcome_files.live_dir(out, run["run_id"]))
 
-    found = []
+    found: list[dict[str, Any]] = []
+    summaries: dict[str, dict[str, Any]] = {}
     for label, code in codes.items():
         layout = layout_of(code)
         reset_out(out, "manifest.enqueued")
@@ -869,6 +892,7 @@ def end_run_phase(n: int, work: Path, url: str, codes: dict[str, Path], tiny: Pa
             print(f"end of a run of {n} ({label}) failed: {exc}", flush=True)
             continue
         figures["manifest_bytes"] = (out / "manifest.json").stat().st_size
+        summaries[label] = json.loads((out / "run_summary.json").read_text())
         figures["outcomes_file_bytes"] = sum(f.stat().st_size for f in (out / "runs").glob("*.outcomes*/*.jsonl"))
         figures["outcomes_file_bytes"] += sum(f.stat().st_size for f in (out / "runs").glob("*.outcomes.jsonl"))
         found.append(figures)
@@ -888,6 +912,8 @@ def end_run_phase(n: int, work: Path, url: str, codes: dict[str, Path], tiny: Pa
         print(f"--continue over {n} + {new} new ({label}): {json.dumps(figures)}", flush=True)
         remove_new_videos(out, new_ids)
     reset_out(out, "manifest.pristine")
+    if len(summaries) == 2:  # the end's summary of each tree: what differs, times aside
+        found[0]["summary_differences"] = summary_differences(*summaries.values())
     both = [f["stats"] for f in found if f["phase"] == "continue"][::-1]  # before's, then now's
     for f in found:
         f.pop("stats", None)

@@ -87,7 +87,7 @@ def section(out: Path) -> str:
             f"<tr{css}><td>{html.escape(v['path'])}<br>{picture}</td><td>{status}<br>{html.escape(missed)}</td>{cells}</tr>"
         )
     more = (
-        f" {count - len(videos)} more videos are not shown here: OUT/manifest.json and OUT/runs/*.outcomes.jsonl "
+        f" {count - len(videos)} more videos are not shown here: OUT/manifest.json and OUT/runs/*.outcomes/ "
         "hold each one's status and quality."
         if count > len(videos)
         else ""
