@@ -9,7 +9,8 @@ the tree has as a function (reading the outcomes, recording them for the manifes
 summary's files, retiring the run in Redis, the report), the process's peak memory (VmHWM) and that of
 the report's child process, and the summary's counts. The part not in a named function (in main's tree:
 reading, tallying and writing the outcomes a chunk at a time; in this one: the summary's done list sorted)
-is the wall time less the parts.
+is the wall time less the parts. With FF_CALLBACK_PROFILE=FILE set, the callback runs under cProfile and
+its statistics go to FILE (the timings then include the profiler's cost).
 """
 
 from __future__ import annotations
@@ -91,7 +92,15 @@ def main() -> int:
     rss_before = status_kib("VmRSS")
     before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
-    result = aggregate.aggregate.run(run)
+    profile = os.environ.get("FF_CALLBACK_PROFILE")  # a file for cProfile's stats of the callback (off: none)
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        result = profiler.runcall(aggregate.aggregate.run, run)
+        profiler.dump_stats(profile)
+    else:
+        result = aggregate.aggregate.run(run)
     wall = time.perf_counter() - start
     used = resource.getrusage(resource.RUSAGE_SELF)
     nested = spent.get("outcomes_file_committed", 0.0)  # inside no other part

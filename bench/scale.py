@@ -845,7 +845,7 @@ def end_run_phase(n: int, work: Path, url: str, codes: dict[str, Path], tiny: Pa
     from tasks.run import partials
     from tasks.run.dataset import video_id_of
 
-    r = redis.Redis.from_url(url)
+    r = redis.Redis.from_url(url, socket_timeout=600)  # a DUMP of main's outcomes hash at a million takes seconds
     out = finished_run(n, work, tiny)
     enqueued_manifest(out)
     ids = [video_id_of(sharded_path(i)) for i in range(n)]

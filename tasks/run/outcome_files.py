@@ -33,7 +33,7 @@ NOTES = ".notes.jsonl"  # a segment's notes: video id, a tab, the notes of the v
 END = "~end.jsonl"  # the end's own lines: "~" sorts after any host name, so it is read last
 STATUSES = ("done", "low_quality", "failed")
 # A whole line (a killed writer leaves a last line without its newline): id, tab, fields starting with the status.
-_LINE = re.compile(rb'^([^\t\n]+)\t\{"status": "([a-z_]+)"[^\n]*\}\n', re.M)
+_LINE = re.compile(r'^([^\t\n]+)\t\{"status": "([a-z_]+)"[^\n]*\}\n', re.M)
 
 
 def live_dir(out_dir: Path, run_id: str) -> Path:
@@ -117,19 +117,21 @@ class Lines:
 
 def read(folder: Path) -> Lines:
     """The status of every video with a line in ``folder``'s segments (ids and statuses only: no JSON parsed)."""
-    lines = Lines()
-    status = lines.status
+    pairs: list[tuple[str, str]] = []
     for path in segments(folder):
-        data = path.read_bytes()
-        for match in _LINE.finditer(data):
-            vid, now = match.group(1).decode(), match.group(2).decode()
-            was = status.get(vid)
-            if was is None:
-                status[vid] = now
-            elif was != now:
-                lines.disagree.add(vid)
-                if was != "done":
-                    status[vid] = now
+        pairs += _LINE.findall(path.read_text(encoding="utf-8"))
+    lines = Lines(dict(pairs))  # the last line of each video (a million: a dict made in C)
+    if len(lines.status) == len(pairs):
+        return lines  # a line per video: nothing to settle
+    seen: dict[str, str] = {}
+    for vid, now in pairs:  # videos with several lines (a redelivered end): done outranks the others
+        was = seen.setdefault(vid, now)
+        if was != now:
+            lines.disagree.add(vid)
+            if was != "done":
+                seen[vid] = now
+    for vid in lines.disagree:
+        lines.status[vid] = seen[vid]
     return lines
 
 
@@ -177,10 +179,9 @@ def _winners(folder: Path, wanted: dict[str, str]) -> dict[str, str]:
     """Video id -> its last whole line with the status ``wanted`` gives it, in ``folder``'s segments."""
     found: dict[str, str] = {}
     for path in segments(folder):
-        for match in _LINE.finditer(path.read_bytes()):
-            vid = match.group(1).decode()
-            if wanted.get(vid) == match.group(2).decode():
-                found[vid] = match.group(0).decode()
+        for match in _LINE.finditer(path.read_text(encoding="utf-8")):
+            if wanted.get(match.group(1)) == match.group(2):
+                found[match.group(1)] = match.group(0)
     return found
 
 
