@@ -10,7 +10,7 @@ summary's files, retiring the run in Redis, the report), the process's peak memo
 the report's child process, and the summary's counts. The part not in a named function (in main's tree:
 reading, tallying and writing the outcomes a chunk at a time; in this one: the summary's done list sorted)
 is the wall time less the parts. With FF_CALLBACK_PROFILE=FILE set, the callback runs under cProfile and
-its statistics go to FILE (the timings then include the profiler's cost).
+its statistics go to FILE.<run id> (the timings then include the profiler's cost).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def main() -> int:
 
         profiler = cProfile.Profile()
         result = profiler.runcall(aggregate.aggregate.run, run)
-        profiler.dump_stats(profile)
+        profiler.dump_stats(f"{profile}.{run['run_id']}")
     else:
         result = aggregate.aggregate.run(run)
     wall = time.perf_counter() - start

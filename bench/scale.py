@@ -816,13 +816,13 @@ def remove_new_videos(out: Path, ids: list[str]) -> None:
 
 
 def summary_differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """The keys of two run summaries whose values differ (floats by more than 1e-7 relative: main's stage spans
-    were float64 differences of epoch seconds, each off by up to 2.4e-7 s, where whole milliseconds are now
-    exact), with both values; when and how long the end took aside."""
+    """The keys of two run summaries whose values differ (floats by more than 1e-6 s or 1e-7 relative: main's
+    stage spans were float64 differences of epoch seconds, each off by up to 2.4e-7 s, where whole milliseconds
+    are now exact), with both values; when and how long the end took aside."""
 
     def near(x: Any, y: Any) -> bool:
         if isinstance(x, float) and isinstance(y, (int, float)):
-            return abs(x - y) <= max(1e-9, 1e-7 * abs(x))
+            return abs(x - y) <= max(1e-6, 1e-7 * abs(x))
         if isinstance(x, dict) and isinstance(y, dict):
             return x.keys() == y.keys() and all(near(x[k], y[k]) for k in x)
         if isinstance(x, list) and isinstance(y, list):
