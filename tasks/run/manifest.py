@@ -32,6 +32,8 @@ ORDER = "parts"
 TAIL = ', "videos": ['  # what ends the head's line (tasks.run.lineage.write writes the same)
 PARTS = "runs"  # the folder the new manifest is written in before it replaces the old (tasks.run.runs.FOLDER)
 OUTCOMES = ".outcomes"  # OUT/runs/<run>.outcomes/: what a run recorded of its videos (tasks.run.outcome_files)
+SEGMENT = ".jsonl"  # a segment of a run's outcomes folder: a line per video
+NOTES = ".notes.jsonl"  # a segment's notes: video id, a tab, the notes of the video's outcome (JSON)
 LEGACY_OUTCOMES = ".outcomes.jsonl"  # OUT/runs/<run>.outcomes.jsonl: an earlier version's one file per run
 FOLDED = "folded"  # the head's list of the runs whose outcomes files the manifest holds
 _ID = '"video_id": "'  # how json.dumps writes an entry's id: found without parsing the line
@@ -88,10 +90,18 @@ def _outcomes_left(out_dir: Path, run_id: str) -> bool:
     return outcomes_path(out_dir, run_id).exists() or (out_dir / PARTS / f"{run_id}{LEGACY_OUTCOMES}").exists()
 
 
+def segments(folder: Path) -> list[Path]:
+    """The outcome segments of a run's folder (tasks.run.outcome_files writes them), in reading order (the end's
+    own last); [] without it."""
+    try:
+        names = [n for n in os.listdir(folder) if n.endswith(SEGMENT) and not n.endswith(NOTES) and n[:1] != "."]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [folder / n for n in sorted(names)]
+
+
 def outcome_files(out_dir: Path, top: dict[str, Any] | None = None) -> list[Path]:
     """The runs' outcomes files the manifest does not hold yet, in reading order (``outcome_runs``)."""
-    from tasks.run.outcome_files import segments
-
     found: list[Path] = []
     for _run, path in outcome_runs(out_dir, top):
         found += segments(path) if path.name.endswith(OUTCOMES) else [path]

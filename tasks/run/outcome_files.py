@@ -28,8 +28,7 @@ from tasks.run import manifest
 
 log = logging.getLogger("framefleet.outcomes")
 LIVE = ".live"  # OUT/runs/<run>.outcomes.live/: the run's segments while it is live
-SEGMENT = ".jsonl"
-NOTES = ".notes.jsonl"  # a segment's notes: video id, a tab, the notes of the video's outcome (JSON)
+SEGMENT, NOTES, segments = manifest.SEGMENT, manifest.NOTES, manifest.segments
 END = "~end.jsonl"  # the end's own lines: "~" sorts after any host name, so it is read last
 STATUSES = ("done", "low_quality", "failed")
 # A whole line (a killed writer leaves a last line without its newline): id, tab, fields starting with the status.
@@ -77,15 +76,6 @@ def _append_line(path: Path, line: str) -> None:
         os.write(fd, line.encode())  # one write: a reader sees the whole line or none (or a torn last one)
     finally:
         os.close(fd)
-
-
-def segments(folder: Path) -> list[Path]:
-    """The outcome segments of a run's folder, in reading order (the end's own last); [] without it."""
-    try:
-        names = [n for n in os.listdir(folder) if n.endswith(SEGMENT) and not n.endswith(NOTES) and n[:1] != "."]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return [folder / n for n in sorted(names)]
 
 
 def notes_of(folder: Path) -> dict[str, Any]:
