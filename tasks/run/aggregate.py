@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,11 +122,28 @@ def write_statistics(
     return write_statistics_from(out_root, track_type, r, current, run_id)[0]
 
 
+@dataclass(frozen=True)
+class Ended:
+    """What the statistics file's header needs of the run that ends: its done videos' backend sets (the
+    counters' ``provenance_sets``), the ids of its done videos and of the others."""
+
+    run_id: str
+    sets: dict[str, int]
+    done: list[str]
+    not_done: list[str]
+
+
 def write_statistics_from(
-    out_root: Path, track_type: str, r: Any = None, current: dict[str, bytes] | None = None, run_id: str | None = None
+    out_root: Path,
+    track_type: str,
+    r: Any = None,
+    current: dict[str, bytes] | None = None,
+    run_id: str | None = None,
+    ended: Ended | None = None,
 ) -> tuple[int, str]:
     """``write_statistics``, and where the statistics came from: "running sums", "running sums and
-    earlier runs' sums" or "every video"."""
+    earlier runs' sums" or "every video". ``ended``: the header's backend sets are the saved ones plus
+    the run's when the sums were reused and the run's done videos are the ones it merged (``_header_sets``)."""
     from tasks.run.stats import normalization_stats, pool_rows, write_stats_yaml
 
     got = sums.covering(r, run_id, out_root, track_type) if run_id else None
@@ -137,21 +155,97 @@ def write_statistics_from(
         covered = sums.Covered(pool_rows(rows, track_type), len(ids), sums.digest_of(ids))
         source = "every video"
     stats = normalization_stats(covered.total)
-    write_stats_yaml(out_root / "normalization_stats.yaml", stats, stats_header(out_root))
+    sets, record = _header_sets(out_root.resolve(), covered, source, ended)
+    write_stats_yaml(out_root / "normalization_stats.yaml", stats, stats_header(out_root, sets))
     try:
-        sums.save(out_root.resolve(), covered)
+        sums.save(out_root.resolve(), covered, record)
     except OSError as exc:
         log.warning("%s not written (%s): the next run's end takes the full pass", sums.file_path(out_root), exc)
     return covered.videos, source
 
 
-def stats_header(out_root: Path) -> list[str]:
-    """The statistics file's comment lines: the framefleet that wrote it and the backend sets of its videos."""
+def _known_runs(root: Path) -> set[str]:
+    """The runs whose outcomes the manifest's readers merge: folded into it, or in OUT/runs/."""
+    return set(manifest.head(root).get(manifest.FOLDED) or ()) | {rid for rid, _p in manifest.outcome_runs(root)}
+
+
+def _header_sets(
+    root: Path, covered: sums.Covered, source: str, ended: Ended | None
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """(the statistics file's backend sets, what ``sums.save`` keeps of them for the next run's end: None
+    when they do not count exactly ``covered``'s videos).
+
+    Without the manifest's pass when the sums were reused and the videos are those of the saved sets plus
+    this run's, no video in both: the saved sets cover exactly the saved sums' videos, the run's done videos
+    are exactly those it merged (count and digest), none of its other videos has a marker (a video of the
+    saved sets failed in this run), and no run's outcomes reached the manifest since but this one's. Then
+    ``lineage.added_sets``; otherwise (and when that declines) the pass, said in the log."""
+    why = None
+    if ended is None or source == "every video":
+        why = "the statistics took the full pass"
+    else:
+        found = _added_sets(root, covered, source, ended)
+        if isinstance(found, tuple):
+            return found
+        why = found
+    if ended is not None:
+        log.info("run %s: the statistics' backend sets from the manifest's pass (%s)", ended.run_id, why)
+    keyed, done = lineage.backend_sets_over(root)
+    sets = [entry for _key, entry in keyed]
+    record = None
+    if len(done) == covered.videos and sums.digest_of(done) == covered.digest:
+        record = {"sets": [{**entry, "key": key} for key, entry in keyed], "runs": sorted(_known_runs(root))}
+    return sets, record
+
+
+def _added_sets(
+    root: Path, covered: sums.Covered, source: str, ended: Ended
+) -> tuple[list[dict[str, Any]], dict[str, Any]] | str:
+    """``_header_sets`` without the pass, or why not."""
+    from tasks.outputs.stage_io import MARKER_SUFFIX, MARKERS_DIR, dataset_file
+
+    saved = sums.load_sets(root)
+    mine = covered
+    if source == "running sums":
+        if saved is not None and saved["videos"]:
+            return "the videos of the saved backend sets have no markers now"
+        earlier, runs_before = [], set(saved["runs"] if saved is not None else ())
+    else:
+        before = sums.load(root, covered.total.track_type)
+        if saved is None or before is None or saved["videos"] != before.videos:
+            return "no backend sets saved with the earlier runs' sums"
+        earlier, runs_before = saved["sets"], set(saved["runs"])
+        digest = tuple(a - b for a, b in zip(covered.digest, before.digest, strict=True))
+        mine = sums.Covered(covered.total, covered.videos - before.videos, digest)
+    runs_now = _known_runs(root) - {ended.run_id}
+    if not runs_now <= runs_before:
+        return f"outcomes of other runs since: {', '.join(sorted(runs_now - runs_before))[:200]}"
+    if sum(ended.sets.values()) != len(ended.done):
+        return "the run's counters hold the backend sets of some of its done videos only"
+    if len(ended.done) != mine.videos or sums.digest_of(ended.done) != mine.digest:
+        return "the run's done videos are not the videos it merged into its sums"
+    for vid in ended.not_done:
+        if dataset_file(root, vid)[1].exists() or (root / MARKERS_DIR / f"{vid}{MARKER_SUFFIX}").exists():
+            return f"{vid} did not end done in this run but has a marker"
+    added = lineage.added_sets(earlier, ended.sets)
+    if added is None:
+        return "two backend sets of as many videos, or one named in two orders"
+    record = {
+        "sets": [{**entry, "key": key} for key, entry in added],
+        "runs": sorted(runs_before | runs_now | {ended.run_id}),
+    }
+    return [entry for _key, entry in added], record
+
+
+def stats_header(out_root: Path, sets: list[dict[str, Any]] | None = None) -> list[str]:
+    """The statistics file's comment lines: the framefleet that wrote it and the backend sets of its videos
+    (``sets``: as ``lineage.backend_sets`` lists them, which is read when not given)."""
     from tasks.outputs.provenance import framefleet_version
 
     made = framefleet_version()
     lines = [f"framefleet {made['version']}" + (f" (commit {made['commit'][:12]})" if "commit" in made else "")]
-    sets = lineage.backend_sets(out_root)
+    if sets is None:
+        sets = lineage.backend_sets(out_root)
     if sets:
         lines.append(f"computed over videos made with {len(sets)} backend set(s) (manifest.json holds their settings):")
     for found in sets:
@@ -251,7 +345,9 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     unmatched = _unmatched(run_id, tally, lines, len(done))
     current: dict[str, bytes] = {}
     folded = partials.segments(out_root)  # before the read: a segment begun later stays
-    merged, source = write_statistics_from(out_root, track_type, r, current, run_id)
+    not_done = [vid for vid, status in lines.status.items() if status != "done"]
+    ended = Ended(run_id, dict(tally.provenance_sets), done, not_done)
+    merged, source = write_statistics_from(out_root, track_type, r, current, run_id, ended)
     try:
         if current:  # the full pass ran: its entries in one file, the segments it read folded in
             partials.save(out_root, current, folded)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -120,17 +121,34 @@ def _done_set(line: str, fields: str | None) -> str | None:
 def backend_sets(out_dir: Path) -> list[dict[str, Any]]:
     """The distinct (backends, settings hash, framefleet version) of the manifest's done videos, with
     counts: one pass over its lines, each looked into without parsing it (a million videos: 861 MB)."""
+    return [entry for _key, entry in backend_sets_over(out_dir)[0]]
+
+
+def backend_sets_over(out_dir: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """``backend_sets`` with each set's ``set_key``, and the ids of the done videos they count."""
     found: Counter[str] = Counter()
+    done: list[str] = []
     for line, fields in manifests.pairs(out_dir):
         named = _done_set(line, fields)
         if named is not None:
             found[named] += 1
+            vid = manifests.video_id_of(line)
+            done.append(vid if vid is not None else json.loads(line).get("video_id", ""))
+    return grouped_sets((json.loads(named + "}"), videos) for named, videos in found.items()), done
+
+
+def set_key(prov: dict[str, Any]) -> str:
+    """What makes a video's (backends, settings hash, framefleet version) one set, whatever the order of its keys."""
+    return json.dumps([prov.get("backends"), prov.get("settings_sha256"), prov.get("framefleet")], sort_keys=True)
+
+
+def grouped_sets(found: Iterable[tuple[dict[str, Any], int]]) -> list[tuple[str, dict[str, Any]]]:
+    """(``set_key``, the set with its count) of each distinct set of ``found`` (a video's short provenance as its
+    line records it, how many videos), the most videos first; the first provenance of a set names its backends."""
     counts: dict[str, dict[str, Any]] = {}
-    for named, videos in found.items():
-        prov = json.loads(named + "}")
-        key = json.dumps([prov.get("backends"), prov.get("settings_sha256"), prov.get("framefleet")], sort_keys=True)
+    for prov, videos in found:
         entry = counts.setdefault(
-            key,
+            set_key(prov),
             {
                 "backends": prov.get("backends") or "unrecorded",
                 "settings_sha256": prov.get("settings_sha256"),
@@ -139,4 +157,29 @@ def backend_sets(out_dir: Path) -> list[dict[str, Any]]:
             },
         )
         entry["videos"] += videos
-    return sorted(counts.values(), key=lambda s: -s["videos"])
+    return sorted(counts.items(), key=lambda s: -s[1]["videos"])
+
+
+def added_sets(earlier: list[dict[str, Any]], run: dict[str, int]) -> list[tuple[str, dict[str, Any]]] | None:
+    """The backend sets of the videos of ``earlier`` (``tasks.run.sums.load_sets``' sets) and of a run's done videos
+    (``run``: the JSON of each video's [backends, settings hash, framefleet] → how many, tasks.run.tally's
+    ``p:`` counters) as ``backend_sets`` lists them when the manifest's done videos are those two disjoint
+    groups; None when the pass alone can say it: two sets of as many videos (the pass lists them in
+    manifest order), or one set named with its backends in two orders."""
+    grouped = {entry["key"]: {k: v for k, v in entry.items() if k != "key"} for entry in earlier}
+    names = {key: json.dumps(entry["backends"]) for key, entry in grouped.items()}
+    for text, videos in run.items():
+        backends, sha, version = json.loads(text)
+        prov = {"backends": backends, "settings_sha256": sha, "framefleet": version}
+        key = set_key(prov)
+        entry = grouped.setdefault(
+            key,
+            {"backends": backends or "unrecorded", "settings_sha256": sha, "framefleet": version, "videos": 0},
+        )
+        if names.setdefault(key, json.dumps(backends or "unrecorded")) != json.dumps(backends or "unrecorded"):
+            return None
+        entry["videos"] += videos
+    counts = [entry["videos"] for entry in grouped.values() if entry["videos"]]
+    if len(set(counts)) != len(counts):
+        return None
+    return sorted(grouped.items(), key=lambda s: -s[1]["videos"])

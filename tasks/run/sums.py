@@ -331,9 +331,10 @@ def file_path(out_root: Path) -> Path:
     return out_root / MARKERS_DIR / FILE
 
 
-def save(out_root: Path, covered: Covered) -> None:
-    """Write OUT/markers/sums.json: ``covered``'s pooled row (exact float64, as hex), count and digest.
-    Raises OSError."""
+def save(out_root: Path, covered: Covered, sets: dict[str, Any] | None = None) -> None:
+    """Write OUT/markers/sums.json: ``covered``'s pooled row (exact float64, as hex), count and digest, and
+    ``sets`` (the statistics file's backend sets, when they count exactly ``covered``'s videos; see
+    ``load_sets``). Raises OSError."""
     from tasks.outputs.storage import write_text_atomic
     from tasks.run.stats import to_row
 
@@ -344,7 +345,21 @@ def save(out_root: Path, covered: Covered) -> None:
         "digest": list(covered.digest),
         "row": to_row(covered.total.to_dict(), kind).astype("<f8").tobytes().hex(),
     }
+    if sets is not None:
+        saved["backend_sets"] = sets
     write_text_atomic(file_path(out_root), json.dumps(saved))
+
+
+def load_sets(out_root: Path) -> dict[str, Any] | None:
+    """The backend sets ``save`` wrote beside the sums (``{"sets": [...], "runs": [...]}``: the done videos'
+    sets, each with its ``tasks.run.lineage.set_key``, of exactly the videos the saved sums cover, and the
+    runs whose outcomes the manifest held then), with ``videos``: how many; None without them."""
+    try:
+        saved = json.loads(file_path(out_root).read_text())
+        sets = saved["backend_sets"]
+        return {"sets": list(sets["sets"]), "runs": list(sets["runs"]), "videos": int(saved["videos"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def load(out_root: Path, track_type: str) -> Covered | None:

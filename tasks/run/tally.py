@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tasks.job import IDENTITY, Job
+from tasks.run.outcome_files import fields_of
 
 
 class _Spans:
@@ -43,6 +44,13 @@ def failure_of(run_id: str, outcome: dict[str, Any]) -> dict[str, Any] | None:
     return {"video_id": job.video_id, "video": job.video, **job.failed.to_dict()}
 
 
+def provenance_set(report: dict[str, Any]) -> str:
+    """The JSON of a done video's [backends, settings hash, framefleet version] as its outcomes line records
+    them (tasks.run.outcome_files.fields_of; the statistics file's header counts videos by it)."""
+    prov = fields_of("done", report).get("provenance") or {}
+    return json.dumps([prov.get("backends"), prov.get("settings_sha256"), prov.get("framefleet")])
+
+
 def _ms(seconds: float) -> int:
     return round(seconds * 1000)
 
@@ -58,6 +66,7 @@ def counts(outcome: dict[str, Any], stages: Sequence[str]) -> tuple[dict[str, in
         add["b:" + json.dumps(sorted(backends.items()))] = 1
     elif report.get("provenance"):
         add["j:" + json.dumps(backends)] = 1
+    add["p:" + provenance_set(report)] = 1
     timings = outcome.get("timings") or {}
     previous = None
     for stage in stages:
@@ -90,6 +99,7 @@ class Tally:
         self.low: dict[str, dict[str, Any]] = {}
         self.notes: dict[str, dict[str, Any]] = {}
         self.backend_sets: Counter[tuple[tuple[str, Any], ...] | str] = Counter()
+        self.provenance_sets: Counter[str] = Counter()  # provenance_set → done videos
         self.spans = {stage: _Spans() for stage in stages}
 
     def add(self, outcome: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
@@ -114,6 +124,7 @@ class Tally:
             self.backend_sets[tuple(sorted(backends.items()))] += 1
         elif report.get("provenance"):
             self.backend_sets[json.dumps(backends)] += 1
+        self.provenance_sets[provenance_set(report)] += 1
         timings = outcome.get("timings") or {}
         previous = None
         for stage, spans in self.spans.items():
@@ -154,6 +165,8 @@ class Tally:
                 self.backend_sets[tuple((k, v) for k, v in json.loads(rest))] += int(value)
             elif kind == "j":
                 self.backend_sets[rest] += int(value)
+            elif kind == "p":
+                self.provenance_sets[rest] += int(value)
             elif kind == "w":
                 stage, _, worker = rest.partition(":")
                 if stage in self.spans:
