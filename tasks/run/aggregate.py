@@ -125,12 +125,15 @@ def write_statistics(
 @dataclass(frozen=True)
 class Ended:
     """What the statistics file's header needs of the run that ends: its done videos' backend sets (the
-    counters' ``provenance_sets``), the ids of its done videos and of the others."""
+    counters' ``provenance_sets``), how many they are and their digest (``tasks.run.sums.digest_of``; None
+    when not known), the ids of its other videos, and whether its outcomes files agree with its counters."""
 
     run_id: str
     sets: dict[str, int]
-    done: list[str]
+    done: int
+    digest: tuple[int, ...] | None
     not_done: list[str]
+    matched: bool
 
 
 def write_statistics_from(
@@ -220,9 +223,11 @@ def _added_sets(
     runs_now = _known_runs(root) - {ended.run_id}
     if not runs_now <= runs_before:
         return f"outcomes of other runs since: {', '.join(sorted(runs_now - runs_before))[:200]}"
-    if sum(ended.sets.values()) != len(ended.done):
+    if not ended.matched:
+        return "the run's outcomes files and its counters disagree"
+    if sum(ended.sets.values()) != ended.done or ended.digest is None:
         return "the run's counters hold the backend sets of some of its done videos only"
-    if len(ended.done) != mine.videos or sums.digest_of(ended.done) != mine.digest:
+    if ended.done != mine.videos or ended.digest != mine.digest:
         return "the run's done videos are not the videos it merged into its sums"
     for vid in ended.not_done:
         if dataset_file(root, vid)[1].exists() or (root / MARKERS_DIR / f"{vid}{MARKER_SUFFIX}").exists():
@@ -346,7 +351,11 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     current: dict[str, bytes] = {}
     folded = partials.segments(out_root)  # before the read: a segment begun later stays
     not_done = [vid for vid, status in lines.status.items() if status != "done"]
-    ended = Ended(run_id, dict(tally.provenance_sets), done, not_done)
+    digest = None
+    if tally.done_digest is not None:  # and an earlier version's outcomes (few), by their ids
+        digest = tuple(map(sum, zip(tally.done_digest, sums.digest_of(tally.done), strict=True)))
+    count = len(tally.done) + tally.counted_done
+    ended = Ended(run_id, dict(tally.provenance_sets), count, digest, not_done, unmatched is None)
     merged, source = write_statistics_from(out_root, track_type, r, current, run_id, ended)
     try:
         if current:  # the full pass ran: its entries in one file, the segments it read folded in

@@ -23,7 +23,9 @@ a video twice or leaving one out changes it), and the run's end writes the stati
 ``OUT/markers/sums.json`` (the pooled row, exact float64, with the count and digest of the videos it
 covers). A later run (``--continue``, ``--add``) whose own sums hold the videos OUT gained since uses
 that file plus its sums when the count and the digest of OUT's markers say they cover every marker
-once; otherwise, and for a file of another track type, the full pass (``covering``).
+once; otherwise, and for a file of another track type, the full pass (``covering``). Beside them the
+file keeps the statistics file's backend sets when they count exactly the videos the sums cover
+(``load_sets``; tasks.run.aggregate adds a run's to them instead of reading the manifest).
 """
 
 from __future__ import annotations

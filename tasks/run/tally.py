@@ -6,12 +6,16 @@ outcomes (an earlier version's chord results and outcomes kept in Redis)."""
 from __future__ import annotations
 
 import json
+import struct
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from tasks.job import IDENTITY, Job
 from tasks.run.outcome_files import fields_of
+from tasks.run.sums import LIMBS, mark_of
+
+DIGEST_LIMBS = f"<{LIMBS}H"  # a video's mark as the limbs of tasks.run.sums.digest_of
 
 
 class _Spans:
@@ -67,6 +71,8 @@ def counts(outcome: dict[str, Any], stages: Sequence[str]) -> tuple[dict[str, in
     elif report.get("provenance"):
         add["j:" + json.dumps(backends)] = 1
     add["p:" + provenance_set(report)] = 1
+    for i, limb in enumerate(struct.unpack(DIGEST_LIMBS, mark_of(outcome["video_id"]))):
+        add[f"d:{i}"] = limb  # the done videos' digest, as the running sums keep their videos'
     timings = outcome.get("timings") or {}
     previous = None
     for stage in stages:
@@ -100,6 +106,7 @@ class Tally:
         self.notes: dict[str, dict[str, Any]] = {}
         self.backend_sets: Counter[tuple[tuple[str, Any], ...] | str] = Counter()
         self.provenance_sets: Counter[str] = Counter()  # provenance_set → done videos
+        self.done_digest: list[int] | None = [0] * LIMBS  # of the done videos of ``add_counts`` (None: not known)
         self.spans = {stage: _Spans() for stage in stages}
 
     def add(self, outcome: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
@@ -153,6 +160,11 @@ class Tally:
         """Add a run's counters (``counts`` summed over its done videos, tasks.run.completion), the failure
         records of its failed videos and the notes of its videos."""
         self.counted_done += int(fields.get("done", 0))
+        digest = [fields.get(f"d:{i}") for i in range(LIMBS)]
+        if self.done_digest is not None and (None not in digest or not fields.get("done")):
+            self.done_digest = [a + int(b or 0) for a, b in zip(self.done_digest, digest, strict=True)]
+        else:
+            self.done_digest = None  # counted by a version without it
         self.videos += int(fields.get("done", 0)) + len(failed)
         for record in failed:
             self.failed.append(record)
@@ -165,6 +177,8 @@ class Tally:
                 self.backend_sets[tuple((k, v) for k, v in json.loads(rest))] += int(value)
             elif kind == "j":
                 self.backend_sets[rest] += int(value)
+            elif kind == "d":
+                pass  # done_digest
             elif kind == "p":
                 self.provenance_sets[rest] += int(value)
             elif kind == "w":
