@@ -21,8 +21,10 @@
 # WORK) SITES=DIR[:DIR] (more package folders: pointops2, decord) NO_TRACKS2D=1 (configs/real-gpu.yaml as it
 # ships) RAW=DIR (these videos, not sample ones) MAX_FLAT_PCT (quality.max_flat_frame_pct; 100: random-weight
 # ViPE's planar depth passes y2r's flat-depth gate). A_GPUS (0) and B_GPUS (0,1): the GPUs of A and B;
-# BOUND_GPU: the bound's; PARALLEL=1 runs the bound, A and B side by side (on a 4-GPU host: A_GPUS=0
-# BOUND_GPU=1 B_GPUS=2,3), B then without A's learned peaks (it starts from the seeds, as a new cluster does).
+# BOUND_GPU: the bound's (a list, e.g. 1,2,3, shares the videos over those GPUs: real_chain.py bound --gpus);
+# POOL_GPU (0): C's. PARALLEL=1 runs the phases of PHASES side by side (on a 4-GPU host: A_GPUS=0
+# BOUND_GPU=1 B_GPUS=2,3), B then without A's learned peaks (it starts from the seeds, as a new cluster does);
+# with SETUP=reuse a later call can run the rest (PHASES=BC B_GPUS=0,1 POOL_GPU=2: C over the earlier call's A).
 # SETUP=only / SETUP=reuse: the setup in one call, the phases in the next (see BASE below).
 set -u
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
@@ -32,7 +34,10 @@ B=${BASE:-/tmp/rc}
 # model loaded once) and its run then fit one call each.
 if [ "${SETUP:-}" = reuse ]; then
   [ -f "$B/real.yaml" ] || { echo "SETUP=reuse: no $B/real.yaml; run SETUP=only first" >&2; exit 1; }
-  rm -rf "$B"/out-* "$B"/[AB]-* "$B"/res/[AB]-* "$B"/res/bound.*
+  # only what the phases of this call will make again: an earlier call's A is what C's pool reads
+  for p in $(echo "${PHASES:-ABC}" | grep -o .); do rm -rf "$B/out-$p" "$B/$p"-* "$B/res/$p"-*; done
+  [[ ${PHASES:-ABC} == *A* ]] && rm -rf "$B"/out-bound "$B"/res/bound.*
+  [[ ${PHASES:-ABC} == *C* ]] && rm -rf "$B"/pool-logs "$B"/res/pool.*
 else
   rm -rf "$B"; mkdir -p "$B/res"
 fi
@@ -126,32 +131,46 @@ PYEOF
   save "$tag done"
 }
 
-if [ "$PARALLEL" = 1 ]; then
-  CUDA_VISIBLE_DEVICES=$BOUND_GPU python3 bench/real_chain.py bound --config "$B/real.yaml" --raw "$B/raw" \
-    --out "$B/out-bound" --device "$DEV" > "$R/bound.json" 2> "$R/bound.err" &
+pool() {  # C: the predecessor's pool on POOL_GPU, over A's intermediates (out-A, this call's or an earlier one's)
+  python3 bench/spawn_until_failure.py --stages-config "$B/real.yaml" --raw "$B/raw" --inputs "$B/out-A" \
+    --gpu "${POOL_GPU:-0}" --device "$DEV" --every-s "${EVERY_S:-1}" --max-rounds "${MAX_ROUNDS:-16}" \
+    --timeout-s "${POOL_TIMEOUT_S:-120}" --host-floor-mib "${HOST_FLOOR_MIB:-49152}" --log-dir "$B/pool-logs" \
+    > "$R/pool.json" 2> "$R/pool.err"
+}
+bound_start() {  # the bound on BOUND_GPU, or shared over the GPUs of a list (BOUND_GPU=1,2,3: real_chain.py --gpus)
+  if [[ $BOUND_GPU == *,* ]]; then
+    python3 bench/real_chain.py bound --config "$B/real.yaml" --raw "$B/raw" --out "$B/out-bound" --device "$DEV" \
+      --gpus "$BOUND_GPU" > "$R/bound.json" 2> "$R/bound.err" &
+  else
+    CUDA_VISIBLE_DEVICES=$BOUND_GPU python3 bench/real_chain.py bound --config "$B/real.yaml" --raw "$B/raw" \
+      --out "$B/out-bound" --device "$DEV" > "$R/bound.json" 2> "$R/bound.err" &
+  fi
   bound=$!
-  phase A "$A_GPUS" 4 > "$B/A-phase.log" 2>&1 &
-  pa=$!
-  phase B "$B_GPUS" 5 > "$B/B-phase.log" 2>&1 &
-  pb=$!
-  wait $pa $pb
+}
+
+if [ "$PARALLEL" = 1 ]; then  # the phases of PHASES side by side, each on its own GPUs (A with the bound beside it)
+  running=() bound=
+  if [[ $PHASES == *A* ]]; then
+    bound_start
+    phase A "$A_GPUS" 4 > "$B/A-phase.log" 2>&1 &
+    running+=($!)
+  fi
+  if [[ $PHASES == *B* ]]; then phase B "$B_GPUS" 5 > "$B/B-phase.log" 2>&1 & running+=($!); fi
+  if [[ $PHASES == *C* ]]; then pool & running+=($!); fi
+  wait "${running[@]}"
   # the bound has until the phases' end plus BOUND_EXTRA_S; its stages so far are in bound.json
-  for _ in $(seq "${BOUND_EXTRA_S:-60}"); do kill -0 $bound 2>/dev/null || break; sleep 1; done
-  kill $bound 2>/dev/null; wait $bound
+  if [ -n "$bound" ]; then
+    for _ in $(seq "${BOUND_EXTRA_S:-60}"); do kill -0 $bound 2>/dev/null || break; sleep 1; done
+    kill $bound 2>/dev/null; wait $bound
+  fi
   save "parallel phases done"
 elif [[ $PHASES == *A* ]]; then
-  CUDA_VISIBLE_DEVICES=$BOUND_GPU python3 bench/real_chain.py bound --config "$B/real.yaml" --raw "$B/raw" \
-    --out "$B/out-bound" --device "$DEV" > "$R/bound.json" 2> "$R/bound.err" &
-  bound=$!
+  bound_start
   phase A "$A_GPUS" 4
   wait $bound
 fi
 [[ $PHASES == *B* ]] && [ "$PARALLEL" != 1 ] && [ "$NGPU" -gt 1 ] && phase B "$B_GPUS" 5
-if [[ $PHASES == *C* ]]; then
-  python3 bench/spawn_until_failure.py --stages-config "$B/real.yaml" --raw "$B/raw" --inputs "$B/out-A" --gpu 0 \
-    --device "$DEV" --every-s "${EVERY_S:-1}" --max-rounds "${MAX_ROUNDS:-16}" --timeout-s "${POOL_TIMEOUT_S:-120}" \
-    --host-floor-mib "${HOST_FLOOR_MIB:-49152}" --log-dir "$B/pool-logs" > "$R/pool.json" 2> "$R/pool.err"
-fi
+[[ $PHASES == *C* ]] && [ "$PARALLEL" != 1 ] && pool
 python3 bench/real_chain.py report --results "$R" | tee -a "$R/report.txt"
 cp "$R/report.txt" "$OUT/"
 tar czf "$OUT/results.tgz" -C "$R" .

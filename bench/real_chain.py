@@ -37,7 +37,10 @@ load is replaced by its stand-in in DIR/real.yaml, and envs.json says so.
 ``bound`` is the models' own compute bound: one process at a time, in chain order, runs one stage
 over every video (bench/stage_worker.py, from that stage's interpreter), its inputs read from the
 previous stage's outputs before each call (untimed); it prints one JSON line: the sum of the GPU
-stages' run times, per stage, and each stage's load time.
+stages' run times, per stage, and each stage's load time. ``--gpus 1,2,3`` deals the videos round-robin
+into one share per GPU and runs each share's chain on its own GPU at the same time (CUDA_VISIBLE_DEVICES):
+every stage process is still alone on its GPU, so the sum of the run times is the same bound, reached in a
+third of the wall time; the load times are then per share.
 
 ``report`` reads what bench/gpu_real_autoscale.sh left in its results folder and prints the findings.
 """
@@ -254,29 +257,72 @@ def run_stage(python: str, stage: str, jobs: list[dict[str, Any]], device: str, 
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def bound(config: Path, raw: Path, out: Path, device: str) -> dict[str, Any]:
+def bound(config: Path, raw: Path, out: Path, device: str, gpus: list[str] | None = None) -> dict[str, Any]:
     """The GPU stages' own time over every video of ``raw``, one stage process at a time (see the module's doc)."""
     os.environ["FRAMEFLEET_CONFIG"] = str(config)
     from bench.modes_local import jobs_for
+
+    jobs = jobs_for(raw.resolve(), out, run_id="bound")
+    if not gpus:
+        return _bound_share(jobs, device, dict(os.environ), lambda partial: _print_line(partial))
+    from concurrent.futures import ThreadPoolExecutor
+
+    shares = [jobs[i :: len(gpus)] for i in range(len(gpus))]
+    parts: dict[int, dict[str, Any]] = {}
+
+    def one(i: int) -> dict[str, Any]:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[i]}
+
+        def seen(partial: dict[str, Any]) -> None:  # a line per stage of any share: a cut bound says what it had
+            parts[i] = partial
+            _print_line(_merged(list(parts.values()), len(jobs), gpus, partial=True))
+
+        return _bound_share(shares[i], "cuda:0" if device.startswith("cuda") else device, env, seen)
+
+    with ThreadPoolExecutor(len(gpus)) as pool:
+        done = list(pool.map(one, range(len(gpus))))
+    return _merged(done, len(jobs), gpus, partial=False)
+
+
+def _bound_share(jobs: list[dict[str, Any]], device: str, env: dict[str, str], seen: Any) -> dict[str, Any]:
+    """One process at a time, in chain order, each stage over ``jobs``; ``seen`` gets the result after each stage."""
     from tasks.celery_app import settings
     from tasks.stages import GPU_STAGES
 
     conf = settings()
-    jobs = jobs_for(raw.resolve(), out, run_id="bound")
     chain = list(jobs[0]["chain"])
     result: dict[str, Any] = {"videos": len(jobs), "per_stage_s": {}, "load_s": {}}
-    env = dict(os.environ)
     for stage in [chain[0], *(s for s in chain if s in GPU_STAGES)]:
         gpu = stage in GPU_STAGES
         events = run_stage(conf.stages[stage].python or sys.executable, stage, jobs, device if gpu else "cpu", env)
         if gpu:
             result["per_stage_s"][stage] = round(sum(e["run_s"] for e in events if e["event"] == "done"), 3)
             result["load_s"][stage] = next(e["load_s"] for e in events if e["event"] == "loaded")
-            # a line per stage as it ends: a bound cut short still says what it measured
-            print(json.dumps({**result, "partial": True, "bound_s": round(sum(result["per_stage_s"].values()), 3)}))
-            sys.stdout.flush()
+            seen({**result, "partial": True, "bound_s": round(sum(result["per_stage_s"].values()), 3)})
     result["bound_s"] = round(sum(result["per_stage_s"].values()), 3)
     return result
+
+
+def _merged(parts: list[dict[str, Any]], videos: int, gpus: list[str], partial: bool) -> dict[str, Any]:
+    """The shares' bounds as one: run times summed per stage, load times listed per share."""
+    per_stage: dict[str, float] = {}
+    loads: dict[str, list[float]] = {}
+    for part in parts:
+        for stage, seconds in part["per_stage_s"].items():
+            per_stage[stage] = round(per_stage.get(stage, 0.0) + seconds, 3)
+            loads.setdefault(stage, []).append(part["load_s"][stage])
+    if partial:  # only stages every share has finished count as a bound
+        per_stage = {s: v for s, v in per_stage.items() if len(loads[s]) == len(gpus)}
+    merged = {"videos": videos, "gpus": gpus, "per_stage_s": per_stage, "load_s": loads}
+    merged["bound_s"] = round(sum(per_stage.values()), 3)
+    if partial:
+        merged["partial"] = True
+    return merged
+
+
+def _print_line(result: dict[str, Any]) -> None:
+    print(json.dumps(result))
+    sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -300,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--raw", type=Path, required=True)
     b.add_argument("--out", type=Path, required=True)
     b.add_argument("--device", default="cuda:0")
+    b.add_argument("--gpus", default="", help="GPUs to share the videos over (e.g. 1,2,3); default: --device")
     args = parser.parse_args(argv)
     if args.command == "setup":
         real = [r for r in args.real.split(",") if r]
@@ -325,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(report(args.results))
     else:
-        print(json.dumps(bound(args.config.resolve(), args.raw, args.out.resolve(), args.device)))
+        gpus = [g for g in args.gpus.split(",") if g]
+        print(json.dumps(bound(args.config.resolve(), args.raw, args.out.resolve(), args.device, gpus or None)))
     return 0
 
 
