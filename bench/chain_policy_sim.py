@@ -2,7 +2,7 @@
 """The autoscaler's policy over the whole real chain on one H200, simulated on a CPU: each family scaled by
 its own backlog (as before) against the chain's work upstream of it (now).
 
-    python bench/chain_policy_sim.py [--videos 24] [--max-workers-per-gpu 4] [--no-seeds] [--reasons]
+    python bench/chain_policy_sim.py [--videos 24] [--max-workers-per-gpu 4] [--cooldown-s 30] [--no-seeds] [--reasons]
 
 The real ``tasks.autoscaler.policy`` decides once a second on views built as ``tasks.autoscaler.service``
 builds them (each family counting the others' workers x peaks as used; one change per GPU per tick; the
@@ -23,7 +23,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide, leave_room, one_change
+from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide, learn_first, leave_room, one_change
 
 TOTAL_MIB = 143_771.0  # an H200 as NVML reads it
 STEP_S, TICK_STEPS = 0.1, 10
@@ -105,6 +105,8 @@ def run(videos: int, policy: AutoscalePolicy, chain: bool, seeds: bool = True) -
         if step % TICK_STEPS == 0:
             views = _views(fams, t, chain, seeds)
             decisions = [decide(v, policy, t - last_change) for v in views]
+            if chain:
+                decisions = learn_first(views, decisions, policy)
             chosen = one_change(views, decisions, policy)
             if chosen is not None:
                 decision = leave_room(views, decisions, chosen, policy) if chain else decisions[chosen]
@@ -153,6 +155,7 @@ def _views(fams: list[Family], t: float, chain: bool, seeds: bool) -> list[GpuVi
                 upstream=upstream,
                 service_s=service,
                 service_assumed=chain and not f.tasks and bool(known),
+                running=held[f.name],
             )
         )
     return views
@@ -169,10 +172,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--videos", type=int, default=24)
     p.add_argument("--max-workers-per-gpu", type=int, default=AutoscalePolicy().max_workers_per_gpu)
+    p.add_argument("--cooldown-s", type=float, default=AutoscalePolicy().cooldown_s, help="2: as the GPU bench")
     p.add_argument("--no-seeds", action="store_true", help="no seeded peaks: every peak learned from a first task")
     p.add_argument("--reasons", action="store_true", help="print each decision's reason")
     args = p.parse_args()
-    policy = AutoscalePolicy(max_workers_per_gpu=args.max_workers_per_gpu)
+    policy = AutoscalePolicy(max_workers_per_gpu=args.max_workers_per_gpu, cooldown_s=args.cooldown_s)
     print(f"{args.videos} videos, {TOTAL_MIB:,.0f} MiB, {policy}")
     results = {}
     for label, chain in (("before: own backlog", False), ("now: the chain", True)):

@@ -75,7 +75,8 @@ class GpuView:
     ``upstream``: tasks that will reach the family from the GPU's families of earlier stages (waiting in their
     queues or running in their workers); 0 for a GPU with one family. ``service_s``: seconds one of its tasks
     takes, the mean over its workers' tasks so far; until one has ended, the slowest of the GPU's other
-    families' (``service_assumed``), or None while no family of the GPU has ended a task.
+    families' (``service_assumed``), or None while no family of the GPU has ended a task. ``running``: tasks
+    its workers hold now.
     """
 
     index: int
@@ -97,6 +98,7 @@ class GpuView:
     upstream: int = 0
     service_s: float | None = None
     service_assumed: bool = False
+    running: int = 0
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,30 @@ def one_change(
             key=lambda i: (have(views[i]) >= policy.min_workers_per_gpu, -_share_s(views[i], 1), i),
         )
     return None
+
+
+def learn_first(views: list[GpuView], decisions: list[Decision], policy: AutoscalePolicy) -> list[Decision]:
+    """``decisions`` with each scale-up past the minimum held while another family of the GPU has a task in it
+    (waiting or running) and has ended none: until its first task ends, its seconds per task are assumed and
+    the room it will want is not known, and it may be the chain's slowest. Held for one task's time at most;
+    a family that no task reaches (every video stopped before it) holds nothing. One family: unchanged.
+
+    Why: on an H200 with the whole real chain, SAM 3 (masks, 8.9 s a video) grew to three workers while
+    ViPE (depth, the next stage) ran its first video, with ViPE's time assumed to be SAM 3's; ViPE took 36 s
+    and then had room for two workers (bench/RESULTS.md, "The whole chain … the chain-aware policy on the GPU").
+    """
+    learning = [v for v in views if (v.backlog or v.running) and (v.service_s is None or v.service_assumed)]
+    held = []
+    for view, decision in zip(views, decisions, strict=True):
+        first = next((u for u in learning if u.queue != view.queue), None)
+        if decision.action == "up" and view.workers + view.starting >= policy.min_workers_per_gpu and first:
+            reason = (
+                f"{first.queue} has not ended a task yet ({first.backlog} waiting, {first.running} running): its "
+                f"seconds per task and its room are not known; then: {decision.reason}"
+            )
+            decision = Decision("hold", reason, decision.readings)
+        held.append(decision)
+    return held
 
 
 def leave_room(views: list[GpuView], decisions: list[Decision], chosen: int, policy: AutoscalePolicy) -> Decision:

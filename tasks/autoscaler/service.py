@@ -23,7 +23,7 @@ import redis
 from tasks import keys
 from tasks.autoscaler import profiles
 from tasks.autoscaler.families import Family, families
-from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide, leave_room, one_change
+from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide, learn_first, leave_room, one_change
 from tasks.autoscaler.run_settings import FamilyBook
 from tasks.autoscaler.supervisor import Slot, Supervisor
 from tasks.delivery import settings_queues
@@ -170,6 +170,7 @@ class Autoscaler:
         decisions = [
             decide(view, self.book.policy_for(f, self.policy), since) for f, view in zip(fams, views, strict=True)
         ]
+        decisions = learn_first(views, decisions, self.policy)
         chosen = one_change(views, decisions, self.policy, self.last_oom_queue.get(idx))
         if chosen is not None:  # a scale-up of several leaves room for the workers other families get first
             decisions[chosen] = leave_room(views, decisions, chosen, self.book.policy_for(fams[chosen], self.policy))
@@ -242,6 +243,7 @@ class Autoscaler:
                     upstream=upstream[q],
                     service_s=served[q] or slowest,
                     service_assumed=served[q] is None and slowest is not None,
+                    running=held[q],
                 )
             )
         return views

@@ -9,7 +9,16 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, capacity, decide, leave_room, one_change
+from tasks.autoscaler.policy import (
+    AutoscalePolicy,
+    Decision,
+    GpuView,
+    capacity,
+    decide,
+    learn_first,
+    leave_room,
+    one_change,
+)
 
 POLICY = AutoscalePolicy(
     headroom_mib=1000,
@@ -42,6 +51,7 @@ class SimGpu:
     upstream: int = 0
     service_s: float | None = None
     service_assumed: bool = False
+    running: int = 0
 
     def view(self) -> GpuView:
         used = self.other_mib + self.workers * (self.used_per_worker_mib or self.peak_mib or 500.0)
@@ -64,6 +74,7 @@ class SimGpu:
             upstream=self.upstream,
             service_s=self.service_s,
             service_assumed=self.service_assumed,
+            running=self.running,
         )
 
     def tick(self, policy: AutoscalePolicy, tick_s: float = 1.0, may_change: bool = True) -> str:
@@ -320,8 +331,9 @@ def test_one_change_per_gpu_a_scale_down_first_then_the_neediest_scale_up():
 @dataclass
 class SimChain:
     """One GPU's families ticked as the service does: each counts the others' workers x peaks as used memory
-    (their loaded weights while a peak is unknown), one change a tick (one_change), a scale-up of several cut
-    to leave room (leave_room); the GPU's cooldown is shared."""
+    (their loaded weights while a peak is unknown), growth held while a family with a task has ended none
+    (learn_first), one change a tick (one_change), a scale-up of several cut to leave room (leave_room); the
+    GPU's cooldown is shared."""
 
     families: list[SimGpu]
     since_change_s: float = math.inf
@@ -335,7 +347,7 @@ class SimChain:
             )
         self.since_change_s += 1.0
         views = [f.view() for f in self.families]
-        decided = [decide(v, policy, self.since_change_s) for v in views]
+        decided = learn_first(views, [decide(v, policy, self.since_change_s) for v in views], policy)
         chosen = one_change(views, decided, policy)
         for f in self.families:
             f.workers, f.starting = f.workers + f.starting, 0
@@ -413,6 +425,42 @@ def test_while_the_downstream_model_is_unknown_the_first_adds_one_worker_at_a_ti
     assert held.reason == "backlog 0 <= 1 worker(s); 23 task(s) upstream, its seconds per task not known yet"
 
 
+def test_the_first_model_waits_for_the_next_ones_first_task_before_it_grows():
+    """The GPU run's finding (bench/RESULTS.md): SAM 3 had ended its first video, ViPE was running its own
+    with its time assumed to be SAM 3's, and a single-worker step (a short cooldown) took SAM 3 to 3 workers
+    while ViPE, 36 s a video, then fitted 2."""
+    gpu = masks_then_depth(depth_service_s=8.9)
+    masks, depth = gpu.families
+    masks.service_s, masks.workers = 8.9, 2  # the first step (+1) already taken
+    depth.service_assumed, depth.running, depth.upstream = True, 1, 21
+    views = [f.view() for f in gpu.families]
+    alone = decide(views[0], POLICY, math.inf)
+    assert alone.action == "up"  # what the policy did on the GPU
+    held = learn_first(views, [alone, decide(views[1], POLICY, math.inf)], POLICY)[0]
+    assert held.action == "hold"
+    assert held.reason.startswith(
+        "gpu0.depth has not ended a task yet (0 waiting, 1 running): its seconds per task and its room are not "
+        "known; then: backlog 22 > 2 worker(s)"
+    )
+    assert gpu.run(POLICY, 10) == [] and gpu.counts() == {"gpu0.masks": 2, "gpu0.depth": 1}
+    # ViPE's first video ends after 36 s: depth, the slower, now goes first and takes the room
+    depth.service_s, depth.service_assumed, depth.running = 36.0, False, 1
+    (queue, first), *_ = gpu.run(POLICY, 30)
+    assert queue == "gpu0.depth" and first.count >= 3, first.reason
+    assert gpu.counts()["gpu0.masks"] == 2 and gpu.counts()["gpu0.depth"] > 2
+
+
+def test_a_family_no_task_has_reached_holds_nothing_back():
+    gpu = masks_then_depth(depth_service_s=8.0)
+    gpu.families[1].service_assumed = True  # unknown, but nothing in it: every video may stop before it
+    views = [f.view() for f in gpu.families]
+    decided = [decide(v, POLICY, math.inf) for v in views]
+    assert learn_first(views, decided, POLICY) == decided
+    gpu.families[1].backlog = 1  # a task has reached it: the others wait for its first to end
+    views = [f.view() for f in gpu.families]
+    assert learn_first(views, [decide(v, POLICY, math.inf) for v in views], POLICY)[0].action == "hold"
+
+
 def test_a_cheap_family_downstream_does_not_grow_on_the_work_upstream():
     tracks = SimGpu(H200_MIB, 600, backlog=0, workers=1, queue="gpu0.tracks", upstream=23, service_s=0.2)
     decision = decide(tracks.view(), POLICY, math.inf)
@@ -447,6 +495,7 @@ def test_a_gpu_of_one_family_is_scaled_as_without_service_times(gpu, service_s, 
     timed = decide(replace(view, service_s=service_s, service_assumed=assumed), POLICY, since_s)
     assert (timed.action, timed.reason, timed.count) == (before.action, before.reason, before.count)
     assert leave_room([view], [before], 0, POLICY) is before
+    assert learn_first([view], [before], POLICY) == [before]
 
 
 @settings(max_examples=60, deadline=None)
