@@ -23,7 +23,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide, learn_first, leave_room, one_change
+from tasks.autoscaler.chain import learn_first, leave_room, one_change
+from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide
 
 TOTAL_MIB = 143_771.0  # an H200 as NVML reads it
 STEP_S, TICK_STEPS = 0.1, 10

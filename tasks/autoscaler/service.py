@@ -22,8 +22,9 @@ import redis
 
 from tasks import keys
 from tasks.autoscaler import profiles
+from tasks.autoscaler.chain import learn_first, leave_room, one_change
 from tasks.autoscaler.families import Family, families
-from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide, learn_first, leave_room, one_change
+from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide
 from tasks.autoscaler.run_settings import FamilyBook
 from tasks.autoscaler.supervisor import Slot, Supervisor
 from tasks.delivery import settings_queues

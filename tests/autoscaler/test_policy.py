@@ -9,16 +9,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tasks.autoscaler.policy import (
-    AutoscalePolicy,
-    Decision,
-    GpuView,
-    capacity,
-    decide,
-    learn_first,
-    leave_room,
-    one_change,
-)
+from tasks.autoscaler.chain import learn_first, leave_room, one_change
+from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, capacity, decide
 
 POLICY = AutoscalePolicy(
     headroom_mib=1000,
