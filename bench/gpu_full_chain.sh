@@ -21,7 +21,7 @@
 #   STEP=synth  carry nothing                     STEP=synth bash bench/gpu_full_chain.sh
 #     the synthetic compute-bound model's 1 -> 4 GPU scaling (bench/gpu_scaling.sh PHASES=c KS="4 1",
 #     VIDEOS=288), alone on the machine.
-# Each step writes $OUT/<step>.txt and $OUT/<step>.tgz; knobs: VIDEOS (288), RUN_S (420), CHAIN_S (470 for run1, 420 for run2: the enqueue's limit; run1 took 548 s with 420),
+# Each step writes $OUT/<step>.txt and $OUT/<step>.tgz; knobs: VIDEOS (288), RUN_S (420), CHAIN_S (the enqueue's limit: 450 in run1, 420 in run2),
 # MAX_FLAT_PCT (100: random-weight ViPE's depth is a plane, and y2r's flat-depth gate, 10 %, quarantined 18 of
 # the 24 videos in the first run; 100 lets every video through the later stages).
 set -u
@@ -80,7 +80,7 @@ run1)
   source /tmp/ff-bin/activate.sh
   say "A on GPU 0; the bound over GPUs 1-3"
   OUT=$OUT/chain BASE=/tmp/rc-full UPSTREAM_ARCHIVES=$F/archives SETUP=reuse PARALLEL=1 PHASES=A A_GPUS=0 \
-    BOUND_GPU=1,2,3 MAXW=${MAXW:-6} CPUW=${CPUW:-8} RUN_TIMEOUT_S=${CHAIN_S:-470} BOUND_EXTRA_S=${BOUND_EXTRA_S:-40} \
+    BOUND_GPU=1,2,3 MAXW=${MAXW:-6} CPUW=${CPUW:-8} RUN_TIMEOUT_S=${CHAIN_S:-450} BOUND_EXTRA_S=${BOUND_EXTRA_S:-40} \
     bash bench/gpu_real_autoscale.sh > "$OUT/chain.log" 2>&1
   say "A and the bound: exit $?"
   cat "$OUT/chain/report.txt" 2>/dev/null | tee -a "$OUT/$STEP.txt"
