@@ -122,3 +122,11 @@ def test_a_second_end_of_a_run_writes_the_same_summary(redis_url, monkeypatch, t
         for key in ("finished", "wall_s", "statistics_from"):  # the second reuses the sums the first saved
             summary.pop(key)
     assert first == second and first["done_videos"] == ["v0", "v1", "v2"]
+
+
+def test_the_summary_text_is_json_dumps_indented_whatever_the_done_ids():
+    from tasks.run.aggregate import summary_text
+
+    for done in ([], ["v0"], ["v0", 'odd "id"\n', "é"], [f"v{i}" for i in range(1000)]):
+        summary = {"run_id": "r", "done_videos": done, "failed": [{"reason": '\n  "done_videos": []'}], "notes": {}}
+        assert summary_text(summary) == json.dumps(summary, indent=2, sort_keys=True)

@@ -27,7 +27,19 @@ from tasks.observe.flower_view import VideoTask
 from tasks.outputs.stage_io import marked_videos, read_done
 from tasks.outputs.storage import write_text_atomic
 from tasks.redis_client import get_redis
-from tasks.run import completion, lineage, manifest, outcome_files, outcomes, partials, quarantine, runs, sums, sweep
+from tasks.run import (
+    completion,
+    lineage,
+    manifest,
+    outcome_files,
+    outcomes,
+    partials,
+    quarantine,
+    report_quality,
+    runs,
+    sums,
+    sweep,
+)
 from tasks.run.tally import Tally
 from tasks.stages import STAGE_NAMES, dataset_stage, model_backends
 
@@ -279,20 +291,23 @@ def _resent(r: Any, run_id: str) -> list[dict[str, Any]]:
         return []
 
 
-def write_report(out_root: Path) -> None:
-    """Build OUT/report.html while Redis still holds the run's stage log; never raises.
+def write_report(out_root: Path, table: tuple[list[dict[str, Any]], int] | None = None) -> None:
+    """Build OUT/report.html while Redis still holds the run's stage log; never raises. ``table``: its
+    quality table's videos and count as the run's end found them (``report_quality.chosen``; None: the
+    report reads them itself).
 
     It runs in a child process: matplotlib stays out of the worker, and a crash or a hang there
     (bounded by REPORT_TIMEOUT_S) cannot take this callback with it.
     """
     started = time.monotonic()
+    given = ["--table", "-"] if table is not None else []
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "tasks.run.report", str(out_root)],
+            [sys.executable, "-m", "tasks.run.report", str(out_root), *given],
             capture_output=True,
             text=True,
             timeout=REPORT_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
+            input=json.dumps({"videos": table[0], "count": table[1]}) if table is not None else "",
         )
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("report not written: %s; run python -m tasks.run.report %s", exc, out_root)
@@ -343,7 +358,8 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         # Delivered again after the run was retired (its counters gone): the summary written then stands.
         log.warning("run %s: its summary was written already and its counters are gone; keeping it", run_id)
         return _short(earlier)
-    folder, lines = outcome_files.close(out_root, run_id, failures, extra)  # before the statistics: their header
+    wanted = report_quality.wanted(out_root)  # the report's quality table, from the same read of the lines
+    folder, lines = outcome_files.close(out_root, run_id, failures, extra, wanted)  # before the statistics' header
     tally.add_counts(fields, failures, outcome_files.notes_of(folder))
     done = sorted(vid for vid, status in lines.status.items() if status == "done")
     failed, low = tally.failed, tally.low
@@ -394,13 +410,35 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     }
     if unmatched:
         summary["outcomes_unmatched"] = unmatched
-    write_text_atomic(out_root / "run_summary.json", json.dumps(summary, indent=2, sort_keys=True))
+    write_text_atomic(out_root / "run_summary.json", summary_text(summary))
     runs.finished(out_root, run["run_id"], summary)
     log.info("run %s: %d done, %d failed; statistics over %d videos", run["run_id"], len(done), len(failed), merged)
     if r is not None:
         _retire(r, out_root, run["run_id"])
-    write_report(out_root)
+    write_report(out_root, _quality_table(out_root, run_id, lines))
     return _short(summary)
+
+
+def _quality_table(out_root: Path, run_id: str, lines: outcome_files.Lines) -> tuple[list[dict[str, Any]], int] | None:
+    """The report's quality table from the run's outcomes lines as the end read them; None (the report's own
+    pass) when they do not give it, or on an error (the report matters less than the run's files)."""
+    try:
+        return report_quality.chosen(out_root, run_id, lines)
+    except Exception as exc:
+        log.warning("run %s: the report's quality table is left to the report (%s)", run_id, exc)
+        return None
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    """``json.dumps(summary, indent=2, sort_keys=True)``, with its list of done videos (a million ids) written
+    by the C encoder: the same text, without the pure-Python encoder that ``indent`` takes for every item."""
+    done = summary.get("done_videos")
+    if not done:
+        return json.dumps(summary, indent=2, sort_keys=True)
+    text = json.dumps({**summary, "done_videos": []}, indent=2, sort_keys=True)
+    listed = json.dumps(done, separators=(",\n    ", ": "))  # as indent=2 writes a list at the top level's depth
+    # Outside strings only: a newline inside one is written "\n", so this is the top level's key.
+    return text.replace('\n  "done_videos": []', '\n  "done_videos": [\n    ' + listed[1:-1] + "\n  ]", 1)
 
 
 def _unmatched(run_id: str, tally: Tally, lines: outcome_files.Lines, done: int) -> dict[str, int] | None:

@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,18 +99,28 @@ def notes_of(folder: Path) -> dict[str, Any]:
 @dataclass
 class Lines:
     """What a run's segments say: each video's status (a "done" line outranks the others, as the count in
-    Redis does; else the last line read), and the videos whose lines disagree."""
+    Redis does; else the last line read), and the videos whose lines disagree; ``fields``: the fields (JSON
+    text) of the last whole line read of each video asked for and of each video with a low_quality line
+    (its last such line), when ``read`` was asked for them (the report's quality table)."""
 
     status: dict[str, str] = field(default_factory=dict)
     disagree: set[str] = field(default_factory=set)
+    fields: dict[str, str] | None = None
 
 
-def read(folder: Path) -> Lines:
-    """The status of every video with a line in ``folder``'s segments (ids and statuses only: no JSON parsed)."""
+def read(folder: Path, wanted: Collection[str] | None = None) -> Lines:
+    """The status of every video with a line in ``folder``'s segments (ids and statuses only: no JSON parsed);
+    with ``wanted`` (video ids), also the ``fields`` of those videos and of the low_quality ones, found in
+    the same read of each segment."""
     pairs: list[tuple[str, str]] = []
+    fields: dict[str, str] | None = None if wanted is None else {}
     for path in segments(folder):
-        pairs += _LINE.findall(path.read_text(encoding="utf-8"))
-    lines = Lines(dict(pairs))  # the last line of each video (a million: a dict made in C)
+        text = path.read_text(encoding="utf-8")
+        found = _LINE.findall(text)
+        if fields is not None:
+            _keep(text, found, wanted or (), fields)
+        pairs += found
+    lines = Lines(dict(pairs), fields=fields)  # the last line of each video (a million: a dict made in C)
     if len(lines.status) == len(pairs):
         return lines  # a line per video: nothing to settle
     seen: dict[str, str] = {}
@@ -125,16 +135,41 @@ def read(folder: Path) -> Lines:
     return lines
 
 
-def close(out_dir: Path, run_id: str, failed: list[dict[str, Any]], extra: Sequence[str] = ()) -> tuple[Path, Lines]:
+def _keep(text: str, found: list[tuple[str, str]], wanted: Collection[str], fields: dict[str, str]) -> None:
+    """Put in ``fields`` the fields of each line of ``text`` (a segment; ``found``: its lines' ids and statuses,
+    in order) whose video is ``wanted`` or whose status is low_quality: each found by a search forward from
+    the one before, so the segment is scanned once at most."""
+    at = 0
+    for vid, status in [pair for pair in found if pair[1] == "low_quality" or pair[0] in wanted]:
+        head = vid + "\t"
+        while True:  # the next whole line of this video (a torn line or another id's tail is passed over)
+            start = text.find(head, at)
+            if start < 0:
+                return
+            if (start == 0 or text[start - 1] == "\n") and (line := _LINE.match(text, start)) is not None:
+                break
+            at = start + 1
+        at = line.end()
+        if status == "low_quality" or vid in wanted:
+            fields[vid] = text[start + len(head) : at - 1]
+
+
+def close(
+    out_dir: Path,
+    run_id: str,
+    failed: list[dict[str, Any]],
+    extra: Sequence[str] = (),
+    wanted: Collection[str] | None = None,
+) -> tuple[Path, Lines]:
     """End the run's outcomes: settle each video whose lines disagree with each other or with the failure
     records Redis holds (``failed``) in the end's own segment, with ``extra`` lines (an earlier version's
     outcomes), and rename the folder to where the manifest's readers find it. Return the folder and its
-    lines as read (the settled statuses in). A second call (the callback delivered again) reads the
-    renamed folder. Raises OSError."""
+    lines as read (the settled statuses in; with ``wanted``, their ``fields`` as ``read`` gives them, the end's
+    own lines last). A second call (the callback delivered again) reads the renamed folder. Raises OSError."""
     final = manifest.outcomes_path(out_dir, run_id)
     live = live_dir(out_dir, run_id)
     folder = live if live.exists() or not final.exists() else final
-    lines = read(folder)
+    lines = read(folder, wanted)
     # Rare: a video ended twice in the run with other statuses; the line of the status that counts goes last.
     settled = _winners(folder, {vid: lines.status[vid] for vid in lines.disagree}) if lines.disagree else {}
     for record in failed:
@@ -148,6 +183,10 @@ def close(out_dir: Path, run_id: str, failed: list[dict[str, Any]], extra: Seque
         for line in extra:
             vid, _, text = line.partition("\t")
             lines.status[vid] = json.loads(text)["status"]
+        if lines.fields is not None:  # the end's own segment is read last: its lines are the videos' last
+            for line in [*extra, *(settled[v] for v in sorted(settled))]:
+                vid, _, text = line.rstrip("\n").partition("\t")
+                lines.fields[vid] = text
     if folder == live:
         _rename(live, final)
     return final, lines

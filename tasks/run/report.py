@@ -175,8 +175,10 @@ def plot_failures(ax: Any, data: dict[str, Any]) -> str | None:
     return None
 
 
-def build(out: Path, conf: Settings) -> Path:
-    """Write OUT/report.html and its plots; return the HTML's path. Raises FileNotFoundError without a summary."""
+def build(out: Path, conf: Settings, table: tuple[list[dict[str, Any]], int] | None = None) -> Path:
+    """Write OUT/report.html and its plots; return the HTML's path. ``table``: the quality table's videos and
+    count (``report_quality.recorded``'s), when the run's end found them already. Raises FileNotFoundError
+    without a summary."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,7 +209,7 @@ def build(out: Path, conf: Settings) -> Path:
         sections.append(f"<h2>{html.escape(title)}</h2>\n{body}")
     from tasks.run.report_quality import section
 
-    sections.insert(0, section(out))
+    sections.insert(0, section(out, table))
     path = out / "report.html"
     path.write_text(page(data, sections))
     return path
@@ -252,11 +254,21 @@ def _when(epoch: float | None) -> str:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=_cli.HelpFormatter)
     parser.add_argument("out", type=Path, metavar="OUT", help="a run's output folder")
+    parser.add_argument(
+        "--table",
+        type=argparse.FileType("r"),
+        help="the quality table's videos and count as JSON ({videos, count}; - for standard input), as the "
+        "run's end found them; without it they are read from the manifest and the runs' outcomes",
+    )
     _cli.add_config_argument(parser)
     args = parser.parse_args(argv)
     conf = _cli.settings_from(args)
+    table = None
+    if args.table is not None:
+        given = json.load(args.table)
+        table = (given["videos"], int(given["count"]))
     try:
-        path = build(args.out, conf)
+        path = build(args.out, conf, table)
     except FileNotFoundError as exc:
         return _cli.fail(f"no run summary in {args.out} ({exc.filename}): report on a finished run's output folder")
     print(f"report: {path}")
