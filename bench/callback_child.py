@@ -10,7 +10,8 @@ summary's files, retiring the run in Redis, the report), the process's peak memo
 the report's child process, and the summary's counts. The part not in a named function (in main's tree:
 reading, tallying and writing the outcomes a chunk at a time; in this one: the summary's done list sorted)
 is the wall time less the parts. With FF_CALLBACK_PROFILE=FILE set, the callback runs under cProfile and
-its statistics go to FILE.<run id> (the timings then include the profiler's cost).
+its statistics go to FILE.<run id>, the report child's to FILE.<run id>.report (the timings then include
+the profiler's cost).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ PARTS = {  # part -> (module, function) where the tree has it
     "summary_json": ("tasks.run.aggregate", "write_text_atomic"),
     "summary_files": ("tasks.run.runs", "finished"),
     "retire_redis": ("tasks.run.aggregate", "_retire"),
+    "report_quality_table": ("tasks.run.aggregate", "_quality_table"),  # the report's table from the end's read
     "report": ("tasks.run.aggregate", "write_report"),
 }
 
@@ -60,6 +62,23 @@ def timed(spent: dict[str, float], part: str, fn: Any) -> Any:
             spent[part] = spent.get(part, 0.0) + time.perf_counter() - start
 
     return wrapper
+
+
+def _profile_report(aggregate: Any, path: str) -> None:
+    """Run the report's child process, where the tree has one, under cProfile too (its statistics to ``path``)."""
+    import subprocess
+
+    real = subprocess.run
+
+    def run(cmd: Any, *a: Any, **k: Any) -> Any:
+        if isinstance(cmd, list) and cmd[1:3] == ["-m", "tasks.run.report"]:
+            cmd = [cmd[0], "-m", "cProfile", "-o", path, *cmd[1:]]
+        return real(cmd, *a, **k)
+
+    if hasattr(aggregate, "subprocess"):
+        import types
+
+        aggregate.subprocess = types.SimpleNamespace(**{**vars(subprocess), "run": run})
 
 
 def main() -> int:
@@ -97,6 +116,8 @@ def main() -> int:
     profile = os.environ.get("FF_CALLBACK_PROFILE")  # a file for cProfile's stats of the callback (off: none)
     if profile:
         import cProfile
+
+        _profile_report(aggregate, f"{profile}.{run['run_id']}.report")
 
         profiler = cProfile.Profile()
         result = profiler.runcall(aggregate.aggregate.run, run)
