@@ -53,7 +53,7 @@ def test_the_table_from_the_ends_read_is_the_passs_whatever_the_lines_say(tmp_pa
     (with an earlier run's status folded in, and without any), read in whole or in chunks of a few lines."""
     from tasks.run import outcome_files, report_quality
 
-    monkeypatch.setattr(report_quality, "CHUNK_CHARS", chunk_chars)
+    monkeypatch.setattr(report_quality, "CHUNK_BYTES", chunk_chars)
     statuses = ["done", "low_quality", "done", "failed", "low_quality"]
     mine = [(f"v{i:02d}", statuses[i % 5]) for i in range(30) if i not in (7, 8)]
     earlier = {"v07": {"status": "low_quality", "quality": QUALITY, "shortfalls": []}, "v08": {"noun": "x"}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import html
 import json
 import logging
@@ -82,8 +83,9 @@ class _Unknown(Exception):
     """The table needs the fields of a video the run's end did not keep."""
 
 
-_ID = re.compile(r'^\{"video_id": "([^"\\\n]*)"', re.M)  # an entry line's id, as json.dumps writes it first
-CHUNK_CHARS = 1 << 25
+_ID = re.compile(r'\n\{"video_id": "([^"\\\n]*)"')  # an entry line's id after its newline, as json.dumps writes it
+CHUNK_BYTES = 1 << 25
+LOW = '"status": "low_quality"'
 
 
 def chosen(out: Path, run_id: str, lines: Lines, rows: int = MAX_ROWS) -> tuple[list[dict[str, Any]], int] | None:
@@ -96,68 +98,177 @@ def chosen(out: Path, run_id: str, lines: Lines, rows: int = MAX_ROWS) -> tuple[
         return None
     if manifest.head(out).get("order") != manifest.ORDER:
         return None
-    table: list[dict[str, Any]] = []
-    state = {"others": 0, "count": 0}
-    try:
-        with open(out / manifest.MANIFEST, encoding="utf-8") as fh:
-            fh.readline()
-            rest = ""
-            while chunk := fh.read(CHUNK_CHARS):
-                text, _, rest = (rest + chunk).rpartition("\n")
-                _chunk(text + "\n", lines, table, state, rows)
-            _chunk(rest, lines, table, state, rows)
-    except (OSError, _Unknown):
-        return None
-    return table, state["count"]
+    for same in (True, False):
+        try:
+            return _read(out, lines, rows, same)
+        except _Restart:
+            continue
+        except (OSError, _Unknown):
+            return None
+    return None
 
 
-def _chunk(text: str, lines: Lines, table: list[dict[str, Any]], state: dict[str, int], rows: int) -> None:
-    """Add to ``table`` what ``recorded`` takes of the manifest lines in ``text`` (whole lines)."""
-    status, fields = lines.status, lines.fields or {}
+class _Restart(Exception):
+    """The manifest's videos are not the run's: read it again, looking each one up."""
+
+
+def _read(out: Path, lines: Lines, rows: int, same: bool) -> tuple[list[dict[str, Any]], int]:
+    """``chosen``'s read of the manifest; ``same``: taking its videos to be the run's, each line's status is
+    not looked up (a million lookups in a dict of a million: 0.45 s), and that is checked at the end: as
+    many videos, and the same sum of their ids' hashes (SipHash, keyed per process: the odds of two sets
+    agreeing by chance are about 2**-64), else ``_Restart``."""
+    found: list[tuple[int, dict[str, Any]]] = []
+    state = {"others": 0, "count": 0, "at": 0, "hashes": 0}
+    low = {vid for vid, status in lines.status.items() if status == "low_quality"} if same else None
+    with open(out / manifest.MANIFEST, "rb") as fh:
+        fh.readline()
+        rest = b"\n"  # each chunk: a newline, then whole lines without the last newline (the next chunk's)
+        while data := fh.read(CHUNK_BYTES):
+            block = rest + data
+            cut = block.rfind(b"\n")
+            _chunk(codecs.utf_8_decode(memoryview(block)[:cut], "strict", True)[0], lines, found, state, rows, low)
+            rest = block[cut:]
+        _chunk(rest.decode(), lines, found, state, rows, low)
+    if same and (state["at"] != len(lines.status) or state["hashes"] != sum(map(hash, lines.status))):
+        raise _Restart
+    return [entry for _at, entry in sorted(found, key=lambda pair: pair[0])], state["count"]
+
+
+def _chunk(
+    text: str,
+    lines: Lines,
+    found: list[tuple[int, dict[str, Any]]],
+    state: dict[str, int],
+    rows: int,
+    low: set[str] | None = None,
+) -> None:
+    """Add to ``found`` (manifest index, entry) what ``recorded`` takes of the manifest lines in ``text`` (a
+    newline, then whole lines), and count them in ``state``. ``low``: the run's low_quality videos, when every
+    line is taken to be a video of the run (``_read``)."""
+    status = lines.status
     ids = _ID.findall(text)
-    closing = text.count("\n]}") + text.startswith("]}")
-    if len(ids) != text.count("\n") - closing or any(vid not in status for vid in ids):
-        for line in text.splitlines():  # entries of no video of the run (or lines of another shape): each looked at
+    entries = text.count("\n") - text.endswith("\n]}") - text.endswith("\n")  # the manifest's last line: "]}"
+    base = state["at"]
+    if low is not None:
+        if len(ids) != entries:
+            raise _Restart
+        _same(text, ids, lines, found, state, rows, low)
+        return
+    if len(ids) != entries:  # lines of another shape: each looked at as ``recorded`` does
+        for line in text[1:].splitlines():
             if line in ("", "]}"):
                 continue
             line = line[:-1] if line.endswith(",") else line
             vid = manifest.video_id_of(line)
-            if vid is None:
-                vid = json.loads(line).get("video_id")
-            _line(line, vid, lines, table, state, rows)
+            _line(
+                state["at"],
+                line,
+                vid if vid is not None else json.loads(line).get("video_id"),
+                lines,
+                found,
+                state,
+                rows,
+            )
+            state["at"] += 1
         return
-    state["count"] += len(ids)  # every entry of a video of the run has a status
-    others, shown = state["others"], []
-    for k, vid in enumerate(ids):  # as ``recorded``: every low_quality video, the first ``rows`` others
-        if others >= rows:
-            shown += [j for j in range(k, len(ids)) if status[ids[j]] == "low_quality"]
-            break
-        shown.append(k)
-        others += status[vid] != "low_quality"
-    state["others"] = others
-    at, line_at = 0, 0  # where the search goes on, and the index of the line starting there
-    for k in shown:  # the shown entries' lines, in order, each found forward from the one before
-        head = '{"video_id": "' + ids[k] + '"'
-        start = text.find(head, at)
-        while start >= 0 and line_at + text.count("\n", at, start) != k or start > 0 and text[start - 1] != "\n":
-            start = text.find(head, start + 1)  # an id inside another line, or the same id on an earlier line
-        if start < 0:
-            raise _Unknown(ids[k])
-        end = text.find("\n", start)
-        line_at, at = k + 1, end + 1
-        line = text[start:end]
-        if ids[k] not in fields:
-            raise _Unknown(ids[k])
-        table.append(json.loads(manifest.merged(line[:-1] if line.endswith(",") else line, fields[ids[k]])))
+    state["at"] += len(ids)
+    known = list(map(status.get, ids))  # each line's video's status in the run (None: no video of the run)
+    strangers = known.count(None)
+    if not base and strangers * 2 > len(ids):
+        raise _Unknown("most of the manifest's videos are not the run's")  # recorded's pass costs no more then
+    texts: list[str] | None = None
+    k = 0
+    if strangers or state["others"] < rows:
+        texts = text[1:].split("\n", len(ids))[: len(ids)]
+        while k < len(ids) and state["others"] < rows:  # the first ``rows`` others and the lows among them
+            _line(base + k, texts[k], ids[k], lines, found, state, rows)
+            k += 1
+    if k == len(ids):
+        return
+    special = _at(known, "low_quality", k)  # shown: every low_quality video, of the run or not
+    if strangers and texts is not None:
+        special += [j for j in _lines_with(text, LOW, k) if known[j] is None]
+        counted = sum(
+            1 if st is not None else ('"status": ' in line or '"quality": ' in line)
+            for st, line in zip(known[k:], texts[k:], strict=True)
+        )
+    else:
+        counted = len(ids) - k  # every line a video of the run: each has a status
+    state["count"] += counted - len(special)  # each shown line has a status: ``_line`` counts it
+    if special and texts is None:
+        texts = text[1:].split("\n", len(ids))[: len(ids)]
+    for j in sorted(special):
+        _line(base + j, texts[j] if texts is not None else "", ids[j], lines, found, state, rows)
+
+
+def _same(
+    text: str,
+    ids: list[str],
+    lines: Lines,
+    found: list[tuple[int, dict[str, Any]]],
+    state: dict[str, int],
+    rows: int,
+    low: set[str],
+) -> None:
+    """``_chunk`` for lines taken to be videos of the run: the first lines looked up until ``rows`` others are
+    shown, then only the low_quality ones (of ``low``: a small set) found and shown."""
+    base = state["at"]
+    state["at"] += len(ids)
+    state["hashes"] += sum(map(hash, ids))
+    texts: list[str] | None = None
+    k = 0
+    while k < len(ids) and state["others"] < rows:
+        if ids[k] not in lines.status:
+            raise _Restart
+        texts = texts or text[1:].split("\n", len(ids))[: len(ids)]
+        _line(base + k, texts[k], ids[k], lines, found, state, rows)
+        k += 1
+    special = [j for j in range(k, len(ids)) if ids[j] in low] if low else []
+    state["count"] += len(ids) - k - len(special)  # each line has a status (its video's outcomes line)
+    if special:
+        texts = texts or text[1:].split("\n", len(ids))[: len(ids)]
+    for j in special:
+        _line(base + j, texts[j] if texts is not None else "", ids[j], lines, found, state, rows)
+
+
+def _at(values: list[Any], value: Any, start: int) -> list[int]:
+    """The indices from ``start`` on where ``values`` holds ``value`` (list.index: C)."""
+    found = []
+    while True:
+        try:
+            start = values.index(value, start)
+        except ValueError:
+            return found
+        found.append(start)
+        start += 1
+
+
+def _lines_with(text: str, needle: str, start: int) -> list[int]:
+    """The indices (from ``start`` on) of ``text``'s lines, after its first newline, that hold ``needle``."""
+    found, at, line = [], 0, 0
+    while (hit := text.find(needle, at)) >= 0:
+        line += text.count("\n", at, hit)
+        index = line - 1  # text starts with the newline before line 0
+        if index >= start and (not found or found[-1] != index):
+            found.append(index)
+        at = hit + len(needle)
+    return found
 
 
 def _line(
-    line: str, vid: str | None, lines: Lines, table: list[dict[str, Any]], state: dict[str, int], rows: int
+    at: int,
+    line: str,
+    vid: str | None,
+    lines: Lines,
+    found: list[tuple[int, dict[str, Any]]],
+    state: dict[str, int],
+    rows: int,
 ) -> None:
-    """``recorded``'s step for one manifest line."""
+    """``recorded``'s step for manifest line ``at``."""
+    line = line[:-1] if line.endswith(",") else line
     recorded_status = lines.status.get(vid) if vid is not None else None
     fields = None
-    low = '"status": "low_quality"' in line if recorded_status is None else recorded_status == "low_quality"
+    low = LOW in line if recorded_status is None else recorded_status == "low_quality"
     if not low and state["others"] >= rows:
         state["count"] += recorded_status is not None or any(k in line for k in ('"status": ', '"quality": '))
         return
@@ -168,7 +279,7 @@ def _line(
     entry = json.loads(manifest.merged(line, fields))
     if entry.get("quality") or entry.get("status"):
         state["count"] += 1
-        table.append(entry)
+        found.append((at, entry))
         state["others"] += entry.get("status") != "low_quality"
 
 
