@@ -690,9 +690,10 @@ SEGMENTS = 16  # worker processes whose segments hold a "files" run's lines
 
 def counted_outcomes(r: Any, run_id: str, found: list[tuple[str, dict[str, Any]]], ttl_s: int, lines: Path) -> None:
     """Each video counted as its finishing task counts it (tasks.run.completion's own Lua, with its counters),
-    and its line in one of SEGMENTS segments under ``lines`` (written whole, not a line at a time)."""
+    and its line in one of SEGMENTS segments under ``lines`` (written whole, not a line at a time), with the
+    segment's index rows (tasks.run.outcome_index)."""
     from tasks.celery_app import settings
-    from tasks.run import completion, outcome_files, runs, sums, tally
+    from tasks.run import completion, outcome_files, outcome_index, runs, sums, tally
 
     shutil.rmtree(lines, ignore_errors=True)
     lines.mkdir(parents=True)
@@ -709,6 +710,7 @@ def counted_outcomes(r: Any, run_id: str, found: list[tuple[str, dict[str, Any]]
     pipe.execute()
     for i, text in enumerate(texts):
         (lines / f"bench-{i}-0000{i:04x}.jsonl").write_text("".join(text))
+        (lines / f"bench-{i}-0000{i:04x}{outcome_index.INDEX}").write_text(outcome_index.index_of(text))
 
 
 def run_redis(

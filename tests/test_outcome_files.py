@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 import redis
 
 from tests.test_completion import configure_for, waiting
@@ -130,3 +131,63 @@ def test_the_summary_text_is_json_dumps_indented_whatever_the_done_ids():
     for done in ([], ["v0"], ["v0", 'odd "id"\n', "é"], [f"v{i}" for i in range(1000)]):
         summary = {"run_id": "r", "done_videos": done, "failed": [{"reason": '\n  "done_videos": []'}], "notes": {}}
         assert summary_text(summary) == json.dumps(summary, indent=2, sort_keys=True)
+
+
+def test_the_index_gives_what_the_lines_give_whatever_a_stopped_worker_left(tmp_path, monkeypatch):
+    """Each segment's index rows read in place of its lines: the same statuses and fields, with a line whose row
+    a stopped worker did not write (read from the segment's tail), a torn row, a torn line, and a worker whose
+    row could not be written (its next lines go to files of their own)."""
+    import os
+    import shutil
+
+    from tasks.run import outcome_files
+
+    out = tmp_path / "out"
+    statuses = ["done", "low_quality", "failed"]
+
+    def found(status: str, vid: str) -> dict:
+        return {"quality": {"q": vid}, "shortfalls": [vid]} if status == "low_quality" else {"quality": {"q": vid}}
+
+    for i in range(12):
+        status = statuses[i % 3]
+        outcome_files.append(out, "run", f"v{i}", status, found(status, f"v{i}"))
+    outcome_files.append(out, "run", "v0", "low_quality", found("low_quality", "again"))  # a video's second line
+    live = outcome_files.live_dir(out, "run")
+    (segment,) = outcome_files.segments(live)
+    index = segment.with_name(segment.name[: -len(outcome_files.SEGMENT)] + outcome_files.INDEX)
+    assert index.read_text().count("\n") == 13
+    outcome_files._append_line(segment, outcome_files.line_of("v12", "done", {}))  # stopped before its row
+    with open(index, "a") as fh:
+        fh.write("v12\tdo")  # and in the middle of it
+    outcome_files._append_line(segment, 'v13\t{"status": "do')  # a torn line
+
+    real, failing = outcome_files._append_line, ["v14"]
+
+    def no_index(path, line):  # the row of v14 cannot be written once; its retry and v15 go to files of their own
+        if path.name.endswith(outcome_files.INDEX) and failing and line.startswith(failing.pop()):
+            raise OSError(28, "No space left on device")
+        return real(path, line)
+
+    monkeypatch.setattr(outcome_files, "_append_line", no_index)
+    monkeypatch.setattr(outcome_files, "_SPLIT", [0])
+    with pytest.raises(OSError):
+        outcome_files.append(out, "run", "v14", "low_quality", found("low_quality", "v14"))
+    outcome_files.append(out, "run", "v14", "low_quality", found("low_quality", "v14"))  # the task's retry
+    outcome_files.append(out, "run", "v15", "done", found("done", "v15"))
+    assert len(outcome_files.segments(live)) == 2
+
+    wanted = {"v3", "v12", "v15"}
+    indexed = outcome_files.read(live, wanted)
+    bare = tmp_path / "bare"
+    shutil.copytree(live, bare)
+    for path in bare.glob("*" + outcome_files.INDEX):
+        os.unlink(path)
+    assert indexed == outcome_files.read(bare, wanted)
+    assert indexed.status["v0"] == "done" and indexed.disagree == {"v0"} and "v13" not in indexed.status
+    assert indexed.status["v12"] == "done" and indexed.status["v14"] == "low_quality"
+    assert set(indexed.fields) == {"v0", "v1", "v4", "v7", "v10", "v14", "v3", "v12", "v15"}
+    assert json.loads(indexed.fields["v0"])["shortfalls"] == ["again"]
+
+    with open(index, "w") as fh:  # an index that does not describe its segment: the segment is read
+        fh.write("v0\tdone\t99999999\n")
+    assert outcome_files.read(live, wanted) == indexed

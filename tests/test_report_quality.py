@@ -51,9 +51,9 @@ def test_the_table_from_the_ends_read_is_the_passs_whatever_the_lines_say(tmp_pa
     """Done, low_quality and failed videos, a video ended twice with other statuses (low then done; done then
     failed, the failure settled by Redis's record), a torn last line, manifest entries of no video of the run
     (with an earlier run's status folded in, and without any), read in whole or in chunks of a few lines."""
-    from tasks.run import outcome_files, report_quality
+    from tasks.run import outcome_files, quality_table, report_quality
 
-    monkeypatch.setattr(report_quality, "CHUNK_BYTES", chunk_chars)
+    monkeypatch.setattr(quality_table, "CHUNK_BYTES", chunk_chars)
     statuses = ["done", "low_quality", "done", "failed", "low_quality"]
     mine = [(f"v{i:02d}", statuses[i % 5]) for i in range(30) if i not in (7, 8)]
     earlier = {"v07": {"status": "low_quality", "quality": QUALITY, "shortfalls": []}, "v08": {"noun": "x"}}
@@ -68,28 +68,28 @@ def test_the_table_from_the_ends_read_is_the_passs_whatever_the_lines_say(tmp_pa
         if (out / "runs" / "run.outcomes").exists():  # closed by the rows before: open it again
             (out / "runs" / "run.outcomes").rename(live)
             (live / outcome_files.END).unlink(missing_ok=True)
-        _folder, lines = outcome_files.close(out, "run", failed, wanted=report_quality.wanted(out, 40))
+        _folder, lines = outcome_files.close(out, "run", failed, wanted=quality_table.wanted(out, 40))
         assert lines.status["v00"] == "failed" and lines.status["v02"] == "done"
         expected = report_quality.recorded(out, rows)
-        assert report_quality.chosen(out, "run", lines, rows) == expected
+        assert quality_table.chosen(out, "run", lines, rows) == expected
         assert expected[1] == 29 and sum(e["status"] == "low_quality" for e in expected[0]) == 13  # v07: folded earlier
 
 
 def test_the_table_is_left_to_the_pass_when_the_end_read_does_not_give_it(tmp_path):
     """Another run's outcomes merged over the manifest, and the first ``rows`` others of the manifest beyond
     the videos whose fields the end kept (many low_quality videos first): None, and the pass gives the table."""
-    from tasks.run import outcome_files, report_quality
+    from tasks.run import outcome_files, quality_table, report_quality
 
     mine = [(f"v{i:02d}", "low_quality" if i < 8 else "done") for i in range(12)]
     out = _out(tmp_path, "run", _entries(12), [mine])
-    _folder, lines = outcome_files.close(out, "run", [], wanted=report_quality.wanted(out, 3))
-    assert report_quality.chosen(out, "run", lines, 3) is None  # v08..v10 shown, only v00..v05 kept
-    _folder, lines = outcome_files.close(out, "run", [], wanted=report_quality.wanted(out, 6))  # read again
-    assert report_quality.chosen(out, "run", lines, 6) == report_quality.recorded(out, 6)
+    _folder, lines = outcome_files.close(out, "run", [], wanted=quality_table.wanted(out, 3))
+    assert quality_table.chosen(out, "run", lines, 3) is None  # v08..v10 shown, only v00..v05 kept
+    _folder, lines = outcome_files.close(out, "run", [], wanted=quality_table.wanted(out, 6))  # read again
+    assert quality_table.chosen(out, "run", lines, 6) == report_quality.recorded(out, 6)
 
     (out / "runs" / "other.outcomes").mkdir()
     (out / "runs" / "other.outcomes" / "a.jsonl").write_text(outcome_files.line_of("v09", "failed", {}))
-    assert report_quality.chosen(out, "run", lines, 6) is None
+    assert quality_table.chosen(out, "run", lines, 6) is None
 
 
 def test_the_runs_end_gives_the_report_the_passs_table(redis_url, monkeypatch, tmp_path):

@@ -34,8 +34,8 @@ from tasks.run import (
     outcome_files,
     outcomes,
     partials,
+    quality_table,
     quarantine,
-    report_quality,
     runs,
     sums,
     sweep,
@@ -293,7 +293,7 @@ def _resent(r: Any, run_id: str) -> list[dict[str, Any]]:
 
 def write_report(out_root: Path, table: tuple[list[dict[str, Any]], int] | None = None) -> None:
     """Build OUT/report.html while Redis still holds the run's stage log; never raises. ``table``: its
-    quality table's videos and count as the run's end found them (``report_quality.chosen``; None: the
+    quality table's videos and count as the run's end found them (``quality_table.chosen``; None: the
     report reads them itself).
 
     It runs in a child process: matplotlib stays out of the worker, and a crash or a hang there
@@ -358,7 +358,7 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         # Delivered again after the run was retired (its counters gone): the summary written then stands.
         log.warning("run %s: its summary was written already and its counters are gone; keeping it", run_id)
         return _short(earlier)
-    wanted = report_quality.wanted(out_root)  # the report's quality table, from the same read of the lines
+    wanted = quality_table.wanted(out_root)  # the report's quality table, from the same read of the lines
     folder, lines = outcome_files.close(out_root, run_id, failures, extra, wanted)  # before the statistics' header
     tally.add_counts(fields, failures, outcome_files.notes_of(folder))
     done = sorted(vid for vid, status in lines.status.items() if status == "done")
@@ -423,7 +423,7 @@ def _quality_table(out_root: Path, run_id: str, lines: outcome_files.Lines) -> t
     """The report's quality table from the run's outcomes lines as the end read them; None (the report's own
     pass) when they do not give it, or on an error (the report matters less than the run's files)."""
     try:
-        return report_quality.chosen(out_root, run_id, lines)
+        return quality_table.chosen(out_root, run_id, lines)
     except Exception as exc:
         log.warning("run %s: the report's quality table is left to the report (%s)", run_id, exc)
         return None
