@@ -68,17 +68,19 @@ def _profile_report(aggregate: Any, path: str) -> None:
     """Run the report's child process, where the tree has one, under cProfile too (its statistics to ``path``)."""
     import subprocess
 
-    real = subprocess.run
+    def profiled(real: Any) -> Any:
+        def start(cmd: Any, *a: Any, **k: Any) -> Any:
+            if isinstance(cmd, list) and cmd[1:3] == ["-m", "tasks.run.report"]:
+                cmd = [cmd[0], "-m", "cProfile", "-o", path, *cmd[1:]]
+            return real(cmd, *a, **k)
 
-    def run(cmd: Any, *a: Any, **k: Any) -> Any:
-        if isinstance(cmd, list) and cmd[1:3] == ["-m", "tasks.run.report"]:
-            cmd = [cmd[0], "-m", "cProfile", "-o", path, *cmd[1:]]
-        return real(cmd, *a, **k)
+        return start
 
-    if hasattr(aggregate, "subprocess"):
+    if hasattr(aggregate, "subprocess"):  # the report started by subprocess.run (main) or Popen (now)
         import types
 
-        aggregate.subprocess = types.SimpleNamespace(**{**vars(subprocess), "run": run})
+        wrapped = {"run": profiled(subprocess.run), "Popen": profiled(subprocess.Popen)}
+        aggregate.subprocess = types.SimpleNamespace(**{**vars(subprocess), **wrapped})
 
 
 def main() -> int:

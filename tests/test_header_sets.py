@@ -78,7 +78,7 @@ def test_the_header_adds_the_runs_counters_to_the_saved_sets_and_equals_the_pass
     from tasks.run import aggregate, sums
 
     monkeypatch.setattr(
-        aggregate, "write_report", lambda out_root, table=None: None
+        aggregate, "write_report", lambda out_root, table=None, child=None: None
     )  # the report is not under test here
     caplog.set_level("INFO", logger="framefleet.aggregate")
     r = redis.Redis.from_url(redis_url)
@@ -116,7 +116,7 @@ def test_the_header_takes_the_pass_when_the_saved_sets_do_not_cover_the_done_vid
     configure_for(monkeypatch, redis_url)
     from tasks.run import aggregate, manifest, outcome_files
 
-    monkeypatch.setattr(aggregate, "write_report", lambda out_root, table=None: None)
+    monkeypatch.setattr(aggregate, "write_report", lambda out_root, table=None, child=None: None)
     caplog.set_level("INFO", logger="framefleet.aggregate")
     r = redis.Redis.from_url(redis_url)
     first = {f"v{i}": _report(SET_A, f"v{i}") for i in range(3)}

@@ -101,7 +101,7 @@ def test_the_runs_end_gives_the_report_the_passs_table(redis_url, monkeypatch, t
     from tasks.run.dataset import build_jobs
 
     given = []
-    monkeypatch.setattr(aggregate, "write_report", lambda out_root, table=None: given.append(table))
+    monkeypatch.setattr(aggregate, "write_report", lambda out_root, table=None, child=None: given.append(table))
     r = redis.Redis.from_url(redis_url)
     out = tmp_path / "out"
     entries = _entries(6)
@@ -127,3 +127,38 @@ def test_the_runs_end_gives_the_report_the_passs_table(redis_url, monkeypatch, t
     table = report_quality.section(out, given[0])
     assert table == report_quality.section(out) and "v01.mp4" in table
     assert table in (out / "report.html").read_text()
+
+
+def test_the_report_started_early_waits_for_the_table_and_writes_nothing_without_it(
+    redis_url, monkeypatch, tmp_path, pipeline_env
+):
+    """The real callback starts the report's process before its work and hands it the table at the end: the
+    page holds the pass's table. A report process whose end stopped (its input closed, or it was stopped)
+    writes no page."""
+    import subprocess
+    import sys
+
+    configure_for(monkeypatch, redis_url)
+    from tasks.run import aggregate, completion, lineage, report_quality, runs
+    from tasks.run.dataset import build_jobs
+
+    r = redis.Redis.from_url(redis_url)
+    out = tmp_path / "out"
+    entries = _entries(3)
+    lineage.write(out, {"order": "parts"}, entries)
+    jobs, run = build_jobs(entries, tmp_path, out, "run")
+    record = {**run, "callback_id": "callback-run"}
+    runs.publish(r, record, 3600)
+    for job in jobs:
+        completion.video_ended(r, replace(job, report=_found("done", job.video_id)), 3600)
+    aggregate.aggregate.run(completion.callback_run(record))
+    page = (out / "report.html").read_text()
+    assert report_quality.section(out) in page and "v02.mp4" in page
+
+    (out / "report.html").unlink()
+    cmd = [sys.executable, "-m", "tasks.run.report", str(out), "--table", "-"]
+    done = subprocess.run(cmd, input="", capture_output=True, text=True, env=pipeline_env, timeout=60)
+    assert done.returncode == 3 and "stopped before its summary" in done.stderr
+    child = aggregate.start_report(out)
+    aggregate.stop_report(child)
+    assert child is not None and child.returncode is not None and not (out / "report.html").exists()

@@ -291,31 +291,55 @@ def _resent(r: Any, run_id: str) -> list[dict[str, Any]]:
         return []
 
 
-def write_report(out_root: Path, table: tuple[list[dict[str, Any]], int] | None = None) -> None:
-    """Build OUT/report.html while Redis still holds the run's stage log; never raises. ``table``: its
-    quality table's videos and count as the run's end found them (``quality_table.chosen``; None: the
-    report reads them itself).
+def start_report(out_root: Path) -> subprocess.Popen[str] | None:
+    """Start the report's process (``python -m tasks.run.report OUT --table -``) while the run's end does its
+    work: its start-up (Python, matplotlib: about a second) overlaps the end's; it waits on its standard input
+    for ``write_report``, and exits without writing when that closes first. None when it cannot start."""
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tasks.run.report", str(out_root), "--table", "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    except OSError as exc:
+        log.warning("report not written: %s; run python -m tasks.run.report %s", exc, out_root)
+        return None
+
+
+def write_report(
+    out_root: Path, table: tuple[list[dict[str, Any]], int] | None = None, child: subprocess.Popen[str] | None = None
+) -> None:
+    """Build OUT/report.html while Redis still holds the run's stage log, and wait for it; never raises.
+    ``table``: its quality table's videos and count as the run's end found them (``quality_table.chosen``;
+    None: the report reads them itself); ``child``: the report's process (``start_report``; None: started now).
 
     It runs in a child process: matplotlib stays out of the worker, and a crash or a hang there
     (bounded by REPORT_TIMEOUT_S) cannot take this callback with it.
     """
     started = time.monotonic()
-    given = ["--table", "-"] if table is not None else []
+    child = child or start_report(out_root)
+    if child is None:
+        return
+    given = json.dumps({"videos": table[0], "count": table[1]} if table is not None else None)
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "tasks.run.report", str(out_root), *given],
-            capture_output=True,
-            text=True,
-            timeout=REPORT_TIMEOUT_S,
-            input=json.dumps({"videos": table[0], "count": table[1]}) if table is not None else "",
-        )
+        _out, err = child.communicate(given, timeout=REPORT_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as exc:
+        stop_report(child)
         log.warning("report not written: %s; run python -m tasks.run.report %s", exc, out_root)
         return
-    if done.returncode:
-        log.warning("report not written (exit status %d): %s", done.returncode, done.stderr.strip()[-2000:])
+    if child.returncode:
+        log.warning("report not written (exit status %d): %s", child.returncode, err.strip()[-2000:])
     else:
         log.info("report written in %.1f s: %s", time.monotonic() - started, out_root / "report.html")
+
+
+def stop_report(child: subprocess.Popen[str] | None) -> None:
+    """Stop the report's process if it still runs (the end stopped before its summary was written)."""
+    if child is not None and child.poll() is None:
+        child.kill()
+        child.communicate()
 
 
 def _run_backends(found: dict[str, Any] | None) -> dict[str, str]:
@@ -358,65 +382,69 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         # Delivered again after the run was retired (its counters gone): the summary written then stands.
         log.warning("run %s: its summary was written already and its counters are gone; keeping it", run_id)
         return _short(earlier)
-    wanted = quality_table.wanted(out_root)  # the report's quality table, from the same read of the lines
-    folder, lines = outcome_files.close(out_root, run_id, failures, extra, wanted)  # before the statistics' header
-    tally.add_counts(fields, failures, outcome_files.notes_of(folder))
-    done = sorted(vid for vid, status in lines.status.items() if status == "done")
-    failed, low = tally.failed, tally.low
-    unmatched = _unmatched(run_id, tally, lines, len(done))
-    current: dict[str, bytes] = {}
-    folded = partials.segments(out_root)  # before the read: a segment begun later stays
-    not_done = [vid for vid, status in lines.status.items() if status != "done"]
-    digest = None
-    if tally.done_digest is not None:  # and an earlier version's outcomes (few), by their ids
-        digest = tuple(map(sum, zip(tally.done_digest, sums.digest_of(tally.done), strict=True)))
-    count = len(tally.done) + tally.counted_done
-    ended = Ended(run_id, dict(tally.provenance_sets), count, digest, not_done, unmatched is None)
-    merged, source = write_statistics_from(out_root, track_type, r, current, run_id, ended)
+    report = start_report(out_root)  # its start-up beside the end's work
     try:
-        if current:  # the full pass ran: its entries in one file, the segments it read folded in
-            partials.save(out_root, current, folded)
-    except OSError as exc:
-        log.warning("%s not written (%s): the next statistics read the markers", partials.file_path(out_root), exc)
-    quarantined = quarantine.update(out_root, failed, done, r)
-    backends = _run_backends(tally.backends())
-    summary = {
-        "run_id": run["run_id"],
-        "videos": tally.videos,
-        "done": len(done),
-        "already_complete": run.get("already_complete", 0),
-        "failed": failed,
-        "quarantined": [q["video_id"] for q in quarantined],
-        "done_videos": done,
-        "statistics_videos": merged,
-        "statistics_from": source,
-        "started": run.get("started"),
-        "finished": time.time(),
-        "wall_s": time.time() - run["started"] if run.get("started") else None,
-        "stages": tally.stage_timings(),
-        "notes": tally.notes,
-        "backends": backends,
-        "backend_lines": describe(backends),
-        "low_quality": {vid: detail.get("shortfalls", []) for vid, detail in low.items()},
-        "requeued": _requeued(r, run["run_id"]),
-        "resent": _resent(r, run["run_id"]),
-        "outputs": {
-            "statistics": "normalization_stats.yaml",
-            "hdf5": "{video_id}.hdf5",
-            "quarantine": quarantine.FILE,
-            "report": "report.html",
-            "outcomes": str(manifest.outcomes_path(Path(), run["run_id"])),
-        },
-    }
-    if unmatched:
-        summary["outcomes_unmatched"] = unmatched
-    write_text_atomic(out_root / "run_summary.json", summary_text(summary))
-    runs.finished(out_root, run["run_id"], summary)
-    log.info("run %s: %d done, %d failed; statistics over %d videos", run["run_id"], len(done), len(failed), merged)
-    if r is not None:
-        _retire(r, out_root, run["run_id"])
-    write_report(out_root, _quality_table(out_root, run_id, lines))
-    return _short(summary)
+        wanted = quality_table.wanted(out_root)  # the report's quality table, from the same read of the lines
+        folder, lines = outcome_files.close(out_root, run_id, failures, extra, wanted)  # before the statistics' header
+        tally.add_counts(fields, failures, outcome_files.notes_of(folder))
+        done = sorted(vid for vid, status in lines.status.items() if status == "done")
+        failed, low = tally.failed, tally.low
+        unmatched = _unmatched(run_id, tally, lines, len(done))
+        current: dict[str, bytes] = {}
+        folded = partials.segments(out_root)  # before the read: a segment begun later stays
+        not_done = [vid for vid, status in lines.status.items() if status != "done"]
+        digest = None
+        if tally.done_digest is not None:  # and an earlier version's outcomes (few), by their ids
+            digest = tuple(map(sum, zip(tally.done_digest, sums.digest_of(tally.done), strict=True)))
+        count = len(tally.done) + tally.counted_done
+        ended = Ended(run_id, dict(tally.provenance_sets), count, digest, not_done, unmatched is None)
+        merged, source = write_statistics_from(out_root, track_type, r, current, run_id, ended)
+        try:
+            if current:  # the full pass ran: its entries in one file, the segments it read folded in
+                partials.save(out_root, current, folded)
+        except OSError as exc:
+            log.warning("%s not written (%s): the next statistics read the markers", partials.file_path(out_root), exc)
+        quarantined = quarantine.update(out_root, failed, done, r)
+        backends = _run_backends(tally.backends())
+        summary = {
+            "run_id": run["run_id"],
+            "videos": tally.videos,
+            "done": len(done),
+            "already_complete": run.get("already_complete", 0),
+            "failed": failed,
+            "quarantined": [q["video_id"] for q in quarantined],
+            "done_videos": done,
+            "statistics_videos": merged,
+            "statistics_from": source,
+            "started": run.get("started"),
+            "finished": time.time(),
+            "wall_s": time.time() - run["started"] if run.get("started") else None,
+            "stages": tally.stage_timings(),
+            "notes": tally.notes,
+            "backends": backends,
+            "backend_lines": describe(backends),
+            "low_quality": {vid: detail.get("shortfalls", []) for vid, detail in low.items()},
+            "requeued": _requeued(r, run["run_id"]),
+            "resent": _resent(r, run["run_id"]),
+            "outputs": {
+                "statistics": "normalization_stats.yaml",
+                "hdf5": "{video_id}.hdf5",
+                "quarantine": quarantine.FILE,
+                "report": "report.html",
+                "outcomes": str(manifest.outcomes_path(Path(), run["run_id"])),
+            },
+        }
+        if unmatched:
+            summary["outcomes_unmatched"] = unmatched
+        write_text_atomic(out_root / "run_summary.json", summary_text(summary))
+        runs.finished(out_root, run["run_id"], summary)
+        log.info("run %s: %d done, %d failed; statistics over %d videos", run["run_id"], len(done), len(failed), merged)
+        if r is not None:
+            _retire(r, out_root, run["run_id"])
+        write_report(out_root, _quality_table(out_root, run_id, lines), report)
+        return _short(summary)
+    finally:
+        stop_report(report)
 
 
 def _quality_table(out_root: Path, run_id: str, lines: outcome_files.Lines) -> tuple[list[dict[str, Any]], int] | None:

@@ -41,11 +41,15 @@ def chosen(out: Path, run_id: str, lines: Lines, rows: int = MAX_ROWS) -> tuple[
     fields of ``wanted(out, rows)``'s videos and of the low_quality ones): the manifest is read once, its
     lines' ids found in C, and a line is parsed only when the table shows it. None (the report then takes
     ``recorded``'s pass) when another run's outcomes are merged over the manifest, the manifest is of an
-    earlier version's format, or the table shows a video of the run whose fields were not kept."""
+    earlier version's format, its first entries are mostly of videos not in the run (a --continue: the pass
+    costs no more), or the table shows a video of the run whose fields were not kept."""
     if lines.fields is None or [rid for rid, _p in manifest.outcome_runs(out)] != [run_id]:
         return None
     if manifest.head(out).get("order") != manifest.ORDER:
         return None
+    first = wanted(out, rows)
+    if sum(vid in lines.status for vid in first) * 2 < len(first):
+        return None  # mostly videos of other runs (a --continue): ``recorded``'s pass costs no more
     for same in (True, False):
         try:
             return _read(out, lines, rows, same)

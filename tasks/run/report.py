@@ -257,16 +257,25 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument(
         "--table",
         type=argparse.FileType("r"),
-        help="the quality table's videos and count as JSON ({videos, count}; - for standard input), as the "
-        "run's end found them; without it they are read from the manifest and the runs' outcomes",
+        help="the quality table's videos and count as JSON ({videos, count}, or null; - for standard input, "
+        "read before the summary), as the run's end found them; without it (or null) they are read from the "
+        "manifest and the runs' outcomes",
     )
     _cli.add_config_argument(parser)
     args = parser.parse_args(argv)
     conf = _cli.settings_from(args)
     table = None
     if args.table is not None:
-        given = json.load(args.table)
-        table = (given["videos"], int(given["count"]))
+        import matplotlib  # before the wait: the run's end starts this process early, for this
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+
+        text = args.table.read()
+        if not text.strip():
+            return _cli.fail("no quality table was given (the run's end stopped before its summary)", code=3)
+        given = json.loads(text)
+        table = (given["videos"], int(given["count"])) if given is not None else None
     try:
         path = build(args.out, conf, table)
     except FileNotFoundError as exc:
