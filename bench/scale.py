@@ -914,9 +914,9 @@ def end_run_phase(n: int, work: Path, url: str, codes: dict[str, Path], tiny: Pa
         print(f"--continue over {n} + {new} new ({label}): {json.dumps(figures)}", flush=True)
         remove_new_videos(out, new_ids)
     reset_out(out, "manifest.pristine")
-    if len(summaries) == 2:  # the end's summary of each tree: what differs, times aside
-        found[0]["summary_differences"] = summary_differences(*summaries.values())
-    both = [f["stats"] for f in found if f["phase"] == "continue"][::-1]  # before's, then now's
+    if len(summaries) >= 2:  # the end's summary of each tree: what differs, times aside
+        found[0]["summary_differences"] = summary_differences(*list(summaries.values())[:2])
+    both = [f["stats"] for f in found if f["phase"] == "continue"][1::-1]  # before's, then now's
     for f in found:
         f.pop("stats", None)
     if len(both) == 2:  # the saved sums plus the run's against the full pass
@@ -956,6 +956,11 @@ def main(argv: list[str] | None = None) -> int:
         "--end-run-videos", default="", help="videos for the end-of-run callback curve (and a --continue's), e.g. 10000"
     )
     parser.add_argument("--new-videos", type=int, default=5, help="videos a --continue makes in the end-run curve")
+    parser.add_argument(
+        "--end-run-abba",
+        action="store_true",
+        help="with --baseline-code: the ends in the order now, before, before, now (one Redis fill)",
+    )
     args = parser.parse_args(argv)
     if args.end_run_videos:
         return end_run_main(args)
@@ -1056,6 +1061,8 @@ def end_run_main(args: argparse.Namespace) -> int:
             codes = {"now": ROOT}  # first: the baseline may run out of memory at a million
             if args.baseline_code and str(n) in args.baseline_videos.split(","):
                 codes["before"] = args.baseline_code
+                if args.end_run_abba:  # each tree first once: the first end after the fill meets colder caches
+                    codes = {"now": ROOT, "before": args.baseline_code, "before 2": args.baseline_code, "now 2": ROOT}
             results["end_run"] += end_run_phase(n, args.work, url, codes, tiny, args.new_videos)
             results[f"load_after_{n}"] = os.getloadavg()
             if args.json:
