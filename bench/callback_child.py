@@ -7,8 +7,9 @@ test is ``--code``'s tree, the run's record is given as JSON.
 Prints one JSON line: the callback's wall and CPU seconds, the seconds spent in each of its parts that
 the tree has as a function (reading the outcomes, recording them for the manifest, the statistics, the
 summary's files, retiring the run in Redis, the report), the process's peak memory (VmHWM) and that of
-the report's child process, and the summary's counts. The part not in a named function (in main's tree:
-reading, tallying and writing the outcomes a chunk at a time; in this one: the summary's done list sorted)
+the report's child process (and its CPU seconds), and the summary's counts. The part not in a named
+function (in main's tree: reading, tallying and writing the outcomes a chunk at a time; in this one: the
+summary's done list sorted)
 is the wall time less the parts. With FF_CALLBACK_PROFILE=FILE set, the callback runs under cProfile and
 its statistics go to FILE.<run id>, the report child's to FILE.<run id>.report (the timings then include
 the profiler's cost).
@@ -43,6 +44,12 @@ PARTS = {  # part -> (module, function) where the tree has it
     "report_quality_table": ("tasks.run.aggregate", "_quality_table"),  # the report's table from the end's read
     "report": ("tasks.run.aggregate", "write_report"),
 }
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's finished children (the report's process)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return float(used.ru_utime + used.ru_stime)
 
 
 def status_kib(field: str) -> int:
@@ -139,6 +146,7 @@ def main() -> int:
                 "rss_before_mib": rss_before / 1024,
                 "peak_rss_mib": status_kib("VmHWM") / 1024,
                 "report_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+                "report_cpu_s": _children_cpu_s(),
                 "videos": result.get("videos"),
                 "statistics_videos": result.get("statistics_videos"),
                 "tasks_from": str(Path(tasks.__file__).parent),
