@@ -566,6 +566,35 @@ def test_two_runs_with_other_settings_each_get_workers_with_theirs_and_the_idle_
     assert gpu0_workers(r) and autoscaler.stop() == 0, autoscaler.log()[-4000:]
 
 
+CHAIN_CONFIG = (
+    "stages:\n  depth:\n    params: {hold_mib: 250, activation_mib: 50, seconds_per_frame: 0.01}\n"
+    "  hands:\n    python: %s\n"
+    "    params: {hold_mib: 100, activation_mib: 50, seconds_per_frame: 0.1}\n"
+)
+
+
+@pytest.mark.timeout(240)
+def test_the_first_family_waits_for_the_next_ones_first_task_before_it_grows(
+    video_factory, workers, pipeline_env, autoscaler, r, tmp_path
+):
+    """gpu0 (depth, tracks: fast) feeds gpu0.hands (slow) and neither has run a task: once gpu0 has a learned peak
+    its backlog asks for more workers, but it stays at one while hands runs its first task (hands' time and room
+    not known yet); the first scale-up past the minimum then goes to hands, the slower."""
+    ledger, config = make_ledger(tmp_path), tmp_path / "chain.yaml"
+    config.write_text(CHAIN_CONFIG % sys.executable)
+    env = {**pipeline_env, "FRAMEFLEET_CONFIG": str(config)}
+    workers.start("cpu", env={"FRAMEFLEET_CONFIG": str(config)})
+    proc = autoscaler.start("--fake-gpu", str(ledger), "--config", str(config), *FAST, "--chain-horizon-s", "1")
+    wait_until(lambda: gpu0_workers(r) and hands_workers(r), 90, "a gpu0 and a gpu0.hands worker")
+    finished_summary(enqueue(video_factory(4), tmp_path / "out", env, tmp_path), tmp_path / "out", tmp_path, 4)
+    assert proc.poll() is None and r.llen("ff:oom") == 0, autoscaler.log()[-4000:]
+    # the service's views say what hands holds: its first task running, not waiting
+    grown = [d for d in decisions(r) if d["action"] == "up" and "below the minimum" not in d["reason"]]
+    assert grown and grown[0]["queue"] == "gpu0.hands", [(d["queue"], d["reason"]) for d in decisions(r)]
+    assert "gpu0.hands has not ended a task yet (0 waiting, 1 running)" in autoscaler.log(), autoscaler.log()[-4000:]
+    assert grown[0]["service_s"] > 1.0 and not grown[0]["service_assumed"], grown[0]
+
+
 @pytest.mark.timeout(240)
 def test_a_slower_family_downstream_grows_on_the_work_upstream_of_it(
     video_factory, workers, pipeline_env, autoscaler, r, tmp_path
@@ -573,11 +602,7 @@ def test_a_slower_family_downstream_grows_on_the_work_upstream_of_it(
     """gpu0 (depth, tracks: 300 MiB, fast) feeds gpu0.hands (150 MiB, slow): once both have run a video, a run's
     tasks waiting for gpu0 make hands grow before any reaches its own queue, and gpu0 does not take its room."""
     ledger, config = make_ledger(tmp_path), tmp_path / "chain.yaml"
-    config.write_text(
-        "stages:\n  depth:\n    params: {hold_mib: 250, activation_mib: 50, seconds_per_frame: 0.01}\n"
-        f"  hands:\n    python: {sys.executable}\n"
-        "    params: {hold_mib: 100, activation_mib: 50, seconds_per_frame: 0.1}\n"
-    )
+    config.write_text(CHAIN_CONFIG % sys.executable)
     env = {**pipeline_env, "FRAMEFLEET_CONFIG": str(config)}
     workers.start("cpu", env={"FRAMEFLEET_CONFIG": str(config)})
     proc = autoscaler.start("--fake-gpu", str(ledger), "--config", str(config), *FAST, "--chain-horizon-s", "1")
