@@ -8,6 +8,7 @@ import signal
 import redis
 import yaml
 
+from tasks.run import manifest
 from tests.conftest import run_script, settings_env, wait_until
 
 # About a second of depth per video, waited rather than computed: as long on a loaded machine as on an idle one.
@@ -50,12 +51,18 @@ def test_stop_halfway_then_continue(video_factory, workers, pipeline_env, tmp_pa
     again = run_script("enqueue_dataset.py", str(raw), "--out", str(out), "--continue", env=pipeline_env)
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"{len(first)} already complete" in again.stdout
+    assert "never ended (Redis no longer holds it)" in again.stderr, again.stderr
     summary = json.loads((out / "run_summary.json").read_text())
     assert summary["already_complete"] == len(first)
     assert summary["videos"] == summary["done"] == 6 - len(first)
     assert summary["statistics_videos"] == 6  # earlier runs' videos are in the statistics
     for vid, files in first.items():
         assert outputs_of(out, vid) == files, f"{vid} was processed twice"
+    # the first run never ended (its Redis state is gone), yet what it made of its videos is in the manifest
+    entries = {e["video_id"]: e for e in manifest.read(out)["videos"]}
+    assert {vid: e.get("status") for vid, e in entries.items()} == dict.fromkeys(entries, "done"), entries
+    assert all(entries[vid]["provenance"]["run_id"] != summary["run_id"] for vid in first), entries
+    assert not list((out / "runs").glob("*.outcomes.live")), sorted(p.name for p in (out / "runs").iterdir())
 
     fresh = tmp_path / "fresh"
     assert run_script("enqueue_dataset.py", str(raw), "--out", str(fresh), env=pipeline_env).returncode == 0

@@ -191,3 +191,21 @@ def test_the_index_gives_what_the_lines_give_whatever_a_stopped_worker_left(tmp_
     with open(index, "w") as fh:  # an index that does not describe its segment: the segment is read
         fh.write("v0\tdone\t99999999\n")
     assert outcome_files.read(live, wanted) == indexed
+
+
+def test_a_run_redis_lost_has_its_outcomes_ended_and_a_live_one_is_left_alone(tmp_path):
+    from tasks.run import manifest, outcome_files
+
+    out = tmp_path / "out"
+    made = {"quality": {"q": 1}, "provenance": {"backends": {"depth": "synthetic"}, "run_id": "lost"}}
+    outcome_files.append(out, "lost", "v0", "done", made)
+    outcome_files.append(out, "lost", "v1", "failed", {})  # failed, then its second chain made it
+    outcome_files.append(out, "lost", "v1", "done", made)
+    outcome_files.append(out, "live", "v2", "done", made)
+    adopted = outcome_files.adopt_lost(out, lambda run: run == "live")
+    assert adopted == [("lost", 2)]
+    recorded = manifest.outcomes(out)
+    assert {vid: json.loads(recorded.get(vid))["status"] for vid in ("v0", "v1")} == {"v0": "done", "v1": "done"}
+    assert recorded.get("v2") is None  # the live run's lines stay its own until its end
+    assert outcome_files.live_dir(out, "live").is_dir() and not outcome_files.live_dir(out, "lost").exists()
+    assert outcome_files.adopt_lost(out, lambda run: False) == [("live", 1)]

@@ -40,7 +40,7 @@ from tasks.observe import stall
 from tasks.outputs import intermediates
 from tasks.outputs.storage import write_text_atomic
 from tasks.redis_client import get_redis
-from tasks.run import cancel, completion, lineage, quarantine, runs, settings_check, sums
+from tasks.run import cancel, completion, lineage, outcome_files, quarantine, runs, settings_check, sums
 from tasks.run.dataset import (
     Completed,
     DatasetError,
@@ -119,6 +119,13 @@ def enqueue(
         resume = True
     run_id = new_run_id()
     made_with = lineage.current_set(conf, run_id)
+    for lost, videos in outcome_files.adopt_lost(out_dir, lambda run: bool(r.exists(runs.redis_key(run)))):
+        print(
+            f"framefleet: run {lost} never ended (Redis no longer holds it): what it recorded of its {videos} "
+            "finished video(s) goes into the manifest",
+            file=sys.stderr,
+            flush=True,
+        )
     listing = ManifestRun(raw_dir, out_dir, run_id, texts, made_with, redo=force and not limit)
     try:
         if listing.others:  # --add beside other folders: a clash of paths is refused before anything is sent

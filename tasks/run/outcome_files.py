@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,6 +190,25 @@ def close(
     if folder == live:
         _rename(live, final)
     return final, lines
+
+
+def adopt_lost(out_dir: Path, known: Callable[[str], bool]) -> list[tuple[str, int]]:
+    """End the outcomes of each run whose live folder is in OUT/runs/ but which Redis no longer knows
+    (``known(run_id)`` False: flushed, or restarted without persistence), as ``close`` would with no failure
+    records: such a run can never end, and without this the videos it finished would have no status, quality
+    or provenance in the manifest. Return (run id, videos) for each. Raises OSError."""
+    try:
+        names = sorted(os.listdir(out_dir / manifest.PARTS))
+    except FileNotFoundError:
+        return []
+    ending = manifest.OUTCOMES + LIVE
+    adopted = []
+    for name in names:
+        run_id = name[: -len(ending)]
+        if name.endswith(ending) and run_id and not name.startswith(".") and not known(run_id):
+            _final, lines = close(out_dir, run_id, [])
+            adopted.append((run_id, len(lines.status)))
+    return adopted
 
 
 def _rename(live: Path, final: Path) -> None:
