@@ -119,7 +119,7 @@ def enqueue(
         resume = True
     run_id = new_run_id()
     made_with = lineage.current_set(conf, run_id)
-    for lost, videos in outcome_files.adopt_lost(out_dir, lambda run: bool(r.exists(runs.redis_key(run)))):
+    for lost, videos in outcome_files.adopt_lost(out_dir, lambda run: runs.lookup(r, run) is not None):
         print(
             f"framefleet: run {lost} never ended (Redis no longer holds it): what it recorded of its {videos} "
             "finished video(s) goes into the manifest",

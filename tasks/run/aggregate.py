@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from redis.exceptions import RedisError
 
 from tasks.backends.defaults import describe
 from tasks.celery_app import TASK_PREFIX, app, settings
@@ -436,6 +437,8 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         }
         if unmatched:
             summary["outcomes_unmatched"] = unmatched
+        if r is not None:
+            _adopt_lost(r, out_root)
         write_text_atomic(out_root / "run_summary.json", summary_text(summary))
         runs.finished(out_root, run["run_id"], summary)
         log.info("run %s: %d done, %d failed; statistics over %d videos", run["run_id"], len(done), len(failed), merged)
@@ -445,6 +448,16 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         return _short(summary)
     finally:
         stop_report(report)
+
+
+def _adopt_lost(r: Any, out_root: Path) -> None:
+    """The outcomes of a run Redis lost whose tasks were still ending when the enqueue that replaced it took
+    them (tasks.run.outcome_files.adopt_lost): by this run's end those tasks have long ended."""
+    try:
+        for lost, videos in outcome_files.adopt_lost(out_root, lambda run: runs.lookup(r, run) is not None):
+            log.warning("run %s, lost by Redis: the outcomes of %d more video(s) put into %s", lost, videos, out_root)
+    except (OSError, RedisError) as exc:
+        log.warning("the outcomes of runs Redis lost not ended (%s): the next enqueue ends them", exc)
 
 
 def _quality_table(out_root: Path, run_id: str, lines: outcome_files.Lines) -> tuple[list[dict[str, Any]], int] | None:

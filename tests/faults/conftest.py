@@ -265,6 +265,8 @@ def assert_nothing_lost(out: Path, reference: dict | None = None) -> dict:
 
     recorded = {e["video_id"]: e.get("status") for e in manifests.read(out)["videos"]}
     assert {recorded.get(vid) for vid in summary["done_videos"]} <= {"done"}, recorded
+    # and every complete video, an earlier run's too (one Redis lost: tasks.run.outcome_files.adopt_lost)
+    assert {recorded.get(vid) for vid in complete} <= {"done"}, recorded
     if reference is not None and not quarantined:
         assert stats.keys() == reference.keys()
         for key, value in reference.items():
