@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -569,7 +570,7 @@ def test_two_runs_with_other_settings_each_get_workers_with_theirs_and_the_idle_
 CHAIN_CONFIG = (
     "stages:\n  depth:\n    params: {hold_mib: 250, activation_mib: 50, seconds_per_frame: 0.01}\n"
     "  hands:\n    python: %s\n"
-    "    params: {hold_mib: 100, activation_mib: 50, seconds_per_frame: 0.1}\n"
+    "    params: {hold_mib: 100, activation_mib: 50, seconds_per_frame: %s}\n"
 )
 
 
@@ -577,22 +578,29 @@ CHAIN_CONFIG = (
 def test_the_first_family_waits_for_the_next_ones_first_task_before_it_grows(
     video_factory, workers, pipeline_env, autoscaler, r, tmp_path
 ):
-    """gpu0 (depth, tracks: fast) feeds gpu0.hands (slow) and neither has run a task: once gpu0 has a learned peak
-    its backlog asks for more workers, but it stays at one while hands runs its first task (hands' time and room
-    not known yet); the first scale-up past the minimum then goes to hands, the slower."""
+    """gpu0 (depth, tracks: fast) feeds gpu0.hands (slow). While hands runs its first task (its time and room not
+    known yet), a run's backlog on gpu0, whose peak and time are known, does not grow gpu0; the first scale-up past
+    the minimum goes to hands, the slower, once that task has ended."""
     ledger, config = make_ledger(tmp_path), tmp_path / "chain.yaml"
-    config.write_text(CHAIN_CONFIG % sys.executable)
+    config.write_text(CHAIN_CONFIG % (sys.executable, 0.4))
     env = {**pipeline_env, "FRAMEFLEET_CONFIG": str(config)}
     workers.start("cpu", env={"FRAMEFLEET_CONFIG": str(config)})
     proc = autoscaler.start("--fake-gpu", str(ledger), "--config", str(config), *FAST, "--chain-horizon-s", "1")
     wait_until(lambda: gpu0_workers(r) and hands_workers(r), 90, "a gpu0 and a gpu0.hands worker")
-    finished_summary(enqueue(video_factory(4), tmp_path / "out", env, tmp_path), tmp_path / "out", tmp_path, 4)
+    first, second = tmp_path / "first", tmp_path / "second"
+    (first / "raw").mkdir(parents=True), second.mkdir()
+    shutil.copy(next(video_factory(1).glob("*.mp4")), first / "raw" / "alone.mp4")  # not one of the four's ids
+    one = enqueue(first / "raw", first / "out", env, first)
+    wait_until(lambda: any(w.get("busy") for w in hands_workers(r)), 120, "hands' first task running")
+    four = enqueue(video_factory(4), second / "out", env, second)  # gpu0's backlog while hands' first task runs
+    finished_summary(one, first / "out", first, 1)
+    finished_summary(four, second / "out", second, 4)
     assert proc.poll() is None and r.llen("ff:oom") == 0, autoscaler.log()[-4000:]
-    # the service's views say what hands holds: its first task running, not waiting
     grown = [d for d in decisions(r) if d["action"] == "up" and "below the minimum" not in d["reason"]]
     assert grown and grown[0]["queue"] == "gpu0.hands", [(d["queue"], d["reason"]) for d in decisions(r)]
-    assert "gpu0.hands has not ended a task yet (0 waiting, 1 running)" in autoscaler.log(), autoscaler.log()[-4000:]
     assert grown[0]["service_s"] > 1.0 and not grown[0]["service_assumed"], grown[0]
+    # the service's views said what hands held: its first task running
+    assert "gpu0.hands has not ended a task yet (" in autoscaler.log(), autoscaler.log()[-4000:]
 
 
 @pytest.mark.timeout(240)
@@ -602,7 +610,7 @@ def test_a_slower_family_downstream_grows_on_the_work_upstream_of_it(
     """gpu0 (depth, tracks: 300 MiB, fast) feeds gpu0.hands (150 MiB, slow): once both have run a video, a run's
     tasks waiting for gpu0 make hands grow before any reaches its own queue, and gpu0 does not take its room."""
     ledger, config = make_ledger(tmp_path), tmp_path / "chain.yaml"
-    config.write_text(CHAIN_CONFIG % sys.executable)
+    config.write_text(CHAIN_CONFIG % (sys.executable, 0.1))
     env = {**pipeline_env, "FRAMEFLEET_CONFIG": str(config)}
     workers.start("cpu", env={"FRAMEFLEET_CONFIG": str(config)})
     proc = autoscaler.start("--fake-gpu", str(ledger), "--config", str(config), *FAST, "--chain-horizon-s", "1")
