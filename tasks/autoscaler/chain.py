@@ -41,8 +41,10 @@ def one_change(
 def learn_first(views: list[GpuView], decisions: list[Decision], policy: AutoscalePolicy) -> list[Decision]:
     """``decisions`` with each scale-up past the minimum held while another family of the GPU has a task in it
     (waiting or running) and has ended none: until its first task ends, its seconds per task are assumed and
-    the room it will want is not known, and it may be the chain's slowest. Held for one task's time at most;
-    a family that no task reaches (every video stopped before it) holds nothing. One family: unchanged.
+    the room it will want is not known, and it may be the chain's slowest. Held for one task's time at most.
+    A family no task has reached yet holds nothing (one of other settings, or after a stage every video stops
+    at, may never get one), so a family of several stages may grow while its first video is in its later
+    stage, before the next family has a task. One family: unchanged.
 
     Why: on an H200 with the whole real chain, SAM 3 (masks, 8.9 s a video) grew to three workers while
     ViPE (depth, the next stage) ran its first video, with ViPE's time assumed to be SAM 3's; ViPE took 36 s
