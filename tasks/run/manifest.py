@@ -183,7 +183,7 @@ def pairs(out_dir: Path) -> Iterator[tuple[str, str | None]]:
     """Each video's entry line, in manifest order, with the fields a run's end recorded of it that the
     manifest does not hold yet (None: none): for readers that look into both without parsing either."""
     recorded = outcomes(out_dir)
-    for line in own_lines(out_dir):
+    for line in _own_lines(out_dir):
         if not recorded:
             yield line, None
             continue
@@ -217,7 +217,7 @@ def lines(out_dir: Path) -> Iterator[str]:
         yield merged(line, fields)
 
 
-def own_lines(out_dir: Path) -> Iterator[str]:
+def _own_lines(out_dir: Path) -> Iterator[str]:
     """The manifest file's own entry lines, in manifest order."""
     path = out_dir / MANIFEST
     if head(out_dir).get("order") != ORDER:

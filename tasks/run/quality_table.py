@@ -19,7 +19,7 @@ def wanted(out: Path, rows: int = MAX_ROWS) -> set[str]:
     """The ids of the manifest's first ``2 * rows`` entries: the videos whose outcomes lines ``chosen`` may
     show (besides the low_quality ones), asked of the run's end as it reads them."""
     found: set[str] = set()
-    for line in manifest.own_lines(out):
+    for line in manifest._own_lines(out):
         if len(found) >= 2 * rows:
             break
         vid = manifest.video_id_of(line)
