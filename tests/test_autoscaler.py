@@ -574,18 +574,6 @@ CHAIN_CONFIG = (
 )
 
 
-def start_chain(workers, autoscaler, pipeline_env, r, tmp_path, hands_s_per_frame: float):
-    """CHAIN_CONFIG's two families on a fake 1 GB GPU under the autoscaler, a CPU worker beside them: the run's
-    environment and the autoscaler's process, once a gpu0 and a gpu0.hands worker are up."""
-    ledger, config = make_ledger(tmp_path), tmp_path / "chain.yaml"
-    config.write_text(CHAIN_CONFIG % (sys.executable, hands_s_per_frame))
-    env = {**pipeline_env, "FRAMEFLEET_CONFIG": str(config)}
-    workers.start("cpu", env={"FRAMEFLEET_CONFIG": str(config)})
-    proc = autoscaler.start("--fake-gpu", str(ledger), "--config", str(config), *FAST, "--chain-horizon-s", "1")
-    wait_until(lambda: gpu0_workers(r) and hands_workers(r), 90, "a gpu0 and a gpu0.hands worker")
-    return env, proc
-
-
 @pytest.mark.timeout(240)
 def test_the_first_family_waits_for_the_next_ones_first_task_before_it_grows(
     video_factory, workers, pipeline_env, autoscaler, r, tmp_path
@@ -593,7 +581,12 @@ def test_the_first_family_waits_for_the_next_ones_first_task_before_it_grows(
     """gpu0 (depth, tracks: fast) feeds gpu0.hands (slow). While hands runs its first task (its time and room not
     known yet), a run's backlog on gpu0, whose peak and time are known, does not grow gpu0; the first scale-up past
     the minimum goes to hands, the slower, once that task has ended."""
-    env, proc = start_chain(workers, autoscaler, pipeline_env, r, tmp_path, hands_s_per_frame=0.4)
+    ledger, config = make_ledger(tmp_path), tmp_path / "chain.yaml"
+    config.write_text(CHAIN_CONFIG % (sys.executable, 0.4))
+    env = {**pipeline_env, "FRAMEFLEET_CONFIG": str(config)}
+    workers.start("cpu", env={"FRAMEFLEET_CONFIG": str(config)})
+    proc = autoscaler.start("--fake-gpu", str(ledger), "--config", str(config), *FAST, "--chain-horizon-s", "1")
+    wait_until(lambda: gpu0_workers(r) and hands_workers(r), 90, "a gpu0 and a gpu0.hands worker")
     first, second = tmp_path / "first", tmp_path / "second"
     (first / "raw").mkdir(parents=True), second.mkdir()
     shutil.copy(next(video_factory(1).glob("*.mp4")), first / "raw" / "alone.mp4")  # not one of the four's ids
@@ -616,7 +609,12 @@ def test_a_slower_family_downstream_grows_on_the_work_upstream_of_it(
 ):
     """gpu0 (depth, tracks: 300 MiB, fast) feeds gpu0.hands (150 MiB, slow): once both have run a video, a run's
     tasks waiting for gpu0 make hands grow before any reaches its own queue, and gpu0 does not take its room."""
-    env, proc = start_chain(workers, autoscaler, pipeline_env, r, tmp_path, hands_s_per_frame=0.1)
+    ledger, config = make_ledger(tmp_path), tmp_path / "chain.yaml"
+    config.write_text(CHAIN_CONFIG % (sys.executable, 0.1))
+    env = {**pipeline_env, "FRAMEFLEET_CONFIG": str(config)}
+    workers.start("cpu", env={"FRAMEFLEET_CONFIG": str(config)})
+    proc = autoscaler.start("--fake-gpu", str(ledger), "--config", str(config), *FAST, "--chain-horizon-s", "1")
+    wait_until(lambda: gpu0_workers(r) and hands_workers(r), 90, "a gpu0 and a gpu0.hands worker")
     finished_summary(enqueue(video_factory(1), tmp_path / "first", env, tmp_path), tmp_path / "first", tmp_path, 1)
     assert [d["worker"] for d in decisions(r)] == ["gpu0-1", "gpu0.hands-1"], autoscaler.log()[-4000:]
 

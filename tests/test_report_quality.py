@@ -92,31 +92,23 @@ def test_the_table_is_left_to_the_pass_when_the_end_read_does_not_give_it(tmp_pa
     assert quality_table.chosen(out, "run", lines, 6) is None
 
 
-def _published_run(r, tmp_path, out, videos: int):
-    """A run of ``videos`` videos as the enqueuer leaves it: the manifest written, its record in Redis."""
-    from tasks.run import lineage, runs
-    from tasks.run.dataset import build_jobs
-
-    entries = _entries(videos)
-    lineage.write(out, {"order": "parts"}, entries)
-    jobs, run = build_jobs(entries, tmp_path, out, "run")
-    record = {**run, "callback_id": "callback-run"}
-    runs.publish(r, record, 3600)
-    return jobs, record
-
-
 def test_the_runs_end_gives_the_report_the_passs_table(redis_url, monkeypatch, tmp_path):
     """The real callback after real finishing tasks hands the report the table the report's pass finds, and
     the report written from it is the report written without it."""
     configure_for(monkeypatch, redis_url)
     from tasks.job import Failure
-    from tasks.run import aggregate, completion, report, report_quality
+    from tasks.run import aggregate, completion, lineage, report, report_quality, runs
+    from tasks.run.dataset import build_jobs
 
     given = []
     monkeypatch.setattr(aggregate, "write_report", lambda out_root, table=None, child=None: given.append(table))
     r = redis.Redis.from_url(redis_url)
     out = tmp_path / "out"
-    jobs, record = _published_run(r, tmp_path, out, 6)
+    entries = _entries(6)
+    lineage.write(out, {"order": "parts"}, entries)
+    jobs, run = build_jobs(entries, tmp_path, out, "run")
+    record = {**run, "callback_id": "callback-run"}
+    runs.publish(r, record, 3600)
     low = Failure("h5", "low_quality", "gate", 1, "cpu@test", 6.0, detail=_found("low_quality", "v01"))
     broke = Failure("h5", "Boom", "disk", 3, "cpu@test", 5.0)
     ends = [replace(job, report=_found("done", job.video_id)) for job in jobs]
@@ -147,11 +139,16 @@ def test_the_report_started_early_waits_for_the_table_and_writes_nothing_without
     import sys
 
     configure_for(monkeypatch, redis_url)
-    from tasks.run import aggregate, completion, report_quality
+    from tasks.run import aggregate, completion, lineage, report_quality, runs
+    from tasks.run.dataset import build_jobs
 
     r = redis.Redis.from_url(redis_url)
     out = tmp_path / "out"
-    jobs, record = _published_run(r, tmp_path, out, 3)
+    entries = _entries(3)
+    lineage.write(out, {"order": "parts"}, entries)
+    jobs, run = build_jobs(entries, tmp_path, out, "run")
+    record = {**run, "callback_id": "callback-run"}
+    runs.publish(r, record, 3600)
     for job in jobs:
         completion.video_ended(r, replace(job, report=_found("done", job.video_id)), 3600)
     aggregate.aggregate.run(completion.callback_run(record))
