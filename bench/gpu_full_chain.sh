@@ -21,10 +21,14 @@
 #   STEP=synth  carry nothing                     STEP=synth bash bench/gpu_full_chain.sh
 #     the synthetic compute-bound model's 1 -> 4 GPU scaling (bench/gpu_scaling.sh PHASES=c KS="4 1",
 #     VIDEOS=288), alone on the machine.
-# Each step writes $OUT/<step>.txt and $OUT/<step>.tgz; knobs: VIDEOS (288), RUN_S (420), CHAIN_S (the enqueue's limit: 450 in run1, 420 in run2),
+# On a 2-GPU machine (kind nvidia-h100-x2) run1 puts the whole bound on GPU 1 beside A and run2 runs B alone (no
+# GPU is left for C); then COUNT=16 in prep1 keeps run1 within a call (the bound alone is about 20 s a video plus
+# the loads), with BOUND_EXTRA_S=200 so the bound may end after A.
+# Each step writes $OUT/<step>.txt and $OUT/<step>.tgz; knobs: COUNT (24 segments, prep1), VIDEOS (288), RUN_S (420), CHAIN_S (the enqueue's limit: 450 in run1, 420 in run2),
 # MAX_FLAT_PCT (100: random-weight ViPE's depth is a plane, and y2r's flat-depth gate, 10 %, quarantined 18 of
 # the 24 videos in the first run; 100 lets every video through the later stages).
 set -u
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 F=/tmp/ff-full
 STEP=${STEP:?STEP=prep1, prep2, run1, run2 or synth}
@@ -48,7 +52,7 @@ SH
   cp .gpu/up/upstream/*.tar.gz "$F/archives/"
   python3 -m pip install -q --no-index --no-deps --target "$F/site" .gpu/real/whl/*.whl > "$OUT/wheels.log" 2>&1 \
     || { tail -20 "$OUT/wheels.log"; exit 1; }
-  python3 bench/real_segments.py .gpu/up/data "$F/raw" --count 24 | tee -a "$OUT/$STEP.txt"
+  python3 bench/real_segments.py .gpu/up/data "$F/raw" --count "${COUNT:-24}" | tee -a "$OUT/$STEP.txt"
   say "packages and videos ready"
   ;;
 prep2)
@@ -78,9 +82,10 @@ prep2)
 run1)
   [ -f /tmp/ff-bin/activate.sh ] || { echo "no /tmp/ff-bin/activate.sh: STEP=prep1 first, on this machine" >&2; exit 1; }
   source /tmp/ff-bin/activate.sh
-  say "A on GPU 0; the bound over GPUs 1-3"
+  bound_gpus=$([ "$NGPU" -ge 4 ] && echo 1,2,3 || echo 1)
+  say "A on GPU 0; the bound over GPUs $bound_gpus"
   OUT=$OUT/chain BASE=/tmp/rc-full UPSTREAM_ARCHIVES=$F/archives SETUP=reuse PARALLEL=1 PHASES=A A_GPUS=0 \
-    BOUND_GPU=1,2,3 MAXW=${MAXW:-6} CPUW=${CPUW:-8} RUN_TIMEOUT_S=${CHAIN_S:-450} BOUND_EXTRA_S=${BOUND_EXTRA_S:-40} \
+    BOUND_GPU=$bound_gpus MAXW=${MAXW:-6} CPUW=${CPUW:-8} RUN_TIMEOUT_S=${CHAIN_S:-450} BOUND_EXTRA_S=${BOUND_EXTRA_S:-40} \
     bash bench/gpu_real_autoscale.sh > "$OUT/chain.log" 2>&1
   say "A and the bound: exit $?"
   cat "$OUT/chain/report.txt" 2>/dev/null | tee -a "$OUT/$STEP.txt"
@@ -88,8 +93,9 @@ run1)
 run2)
   [ -f /tmp/ff-bin/activate.sh ] || { echo "no /tmp/ff-bin/activate.sh: STEP=prep1 first, on this machine" >&2; exit 1; }
   source /tmp/ff-bin/activate.sh
-  say "B on GPUs 0 and 1; the pool on GPU 2 over A's intermediates"
-  OUT=$OUT/chain BASE=/tmp/rc-full UPSTREAM_ARCHIVES=$F/archives SETUP=reuse PARALLEL=1 PHASES=BC B_GPUS=0,1 \
+  phases=$([ "$NGPU" -ge 3 ] && echo BC || echo B)
+  say "B on GPUs 0 and 1$([ "$phases" = BC ] && echo "; the pool on GPU 2 over A's intermediates")"
+  OUT=$OUT/chain BASE=/tmp/rc-full UPSTREAM_ARCHIVES=$F/archives SETUP=reuse PARALLEL=1 PHASES=$phases B_GPUS=0,1 \
     POOL_GPU=2 MAXW=${MAXW:-6} CPUW=${CPUW:-8} RUN_TIMEOUT_S=${CHAIN_S:-420} \
     bash bench/gpu_real_autoscale.sh > "$OUT/chain.log" 2>&1
   say "B and the pool: exit $?"
