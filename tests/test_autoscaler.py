@@ -613,7 +613,9 @@ def test_a_slower_family_downstream_grows_on_the_work_upstream_of_it(
     config.write_text(CHAIN_CONFIG % (sys.executable, 0.1))
     env = {**pipeline_env, "FRAMEFLEET_CONFIG": str(config)}
     workers.start("cpu", env={"FRAMEFLEET_CONFIG": str(config)})
-    proc = autoscaler.start("--fake-gpu", str(ledger), "--config", str(config), *FAST, "--chain-horizon-s", "1")
+    # three hands workers may load at once (the default, two, would leave the fourth for after the run)
+    flags = ("--chain-horizon-s", "1", "--max-starting-per-gpu", "3")
+    proc = autoscaler.start("--fake-gpu", str(ledger), "--config", str(config), *FAST, *flags)
     wait_until(lambda: gpu0_workers(r) and hands_workers(r), 90, "a gpu0 and a gpu0.hands worker")
     finished_summary(enqueue(video_factory(1), tmp_path / "first", env, tmp_path), tmp_path / "first", tmp_path, 1)
     assert [d["worker"] for d in decisions(r)] == ["gpu0-1", "gpu0.hands-1"], autoscaler.log()[-4000:]

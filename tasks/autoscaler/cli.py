@@ -46,6 +46,7 @@ POLICY_FLAGS = {  # AutoscalePolicy field: (type, help)
     "cooldown_s": (float, "seconds between changes"),
     "idle_scale_down_s": (float, "seconds without work before a GPU goes down to its minimum"),
     "host_margin_mib": (float, "host RAM to leave free beyond another worker's RSS"),
+    "max_starting_per_gpu": (int, "at most this many workers of one queue loading at once on one GPU"),
     "chain_horizon_s": (
         float,
         "a family grows on the work upstream of it on its GPU while each worker would get this many seconds of it",

@@ -19,6 +19,7 @@ POLICY = AutoscalePolicy(
     idle_scale_down_s=60,
     pressure_free_mib=200,
     host_margin_mib=2048,
+    max_starting_per_gpu=16,  # the loading cap has its own tests; here every worker that fits may start at once
 )
 
 
@@ -213,6 +214,57 @@ def test_once_the_peak_is_known_the_workers_that_fit_start_at_once():
     # and against the backlog and the host's RAM
     assert decide(replace(gpu.view(), backlog=3), POLICY, math.inf).count == 2
     assert decide(replace(gpu.view(), host_free_mib=3 * 3000 + 2048), POLICY, math.inf).count == 3
+
+
+def test_at_most_two_workers_of_a_family_load_at_once_and_the_next_step_waits_for_them():
+    """The whole real chain on one H200 (bench/RESULTS.md, "The whole chain on two H200s"): once ViPE's first video
+    had ended, depth went from 1 worker to 6 in one step; the five loaded together for 242 s each (73 s alone)
+    and the one already working took 42 s a video beside them. These are that tick's readings."""
+    depth = GpuView(
+        index=0,
+        name="NVIDIA H200",
+        total_mib=143_771,
+        used_mib=50_412.6,
+        free_mib=93_358.4,
+        other_used_mib=38_346.6,
+        workers=1,
+        starting=0,
+        backlog=10,
+        peak_mib=12_610,
+        host_free_mib=249_107.7,
+        worker_rss_mib=3144.3,
+        queue="gpu0.depth",
+        upstream=4,
+        service_s=39.3,
+        running=1,
+    )
+    default = AutoscalePolicy(cooldown_s=2, max_workers_per_gpu=6)
+    assert decide(depth, replace(default, max_starting_per_gpu=16), math.inf).count == 5  # what the GPU did
+    step = decide(depth, default, math.inf)
+    assert (step.action, step.count) == ("up", 2) and step.reason.endswith("2 more")
+    loading = decide(replace(depth, starting=2), default, math.inf)
+    assert loading.action == "hold"
+    assert loading.reason == "2 worker(s) still loading, the most at once (2): the next step waits for them"
+    # one of them up: one more may load beside the other
+    assert decide(replace(depth, workers=2, starting=1), default, math.inf).count == 1
+    # both up: the next step
+    assert decide(replace(depth, workers=3, free_mib=68_138.4), default, math.inf).count == 2
+    # a family below its minimum starts them at once (a cluster's first workers)
+    two = replace(default, min_workers_per_gpu=3)
+    assert decide(replace(depth, workers=0, starting=2), two, math.inf).action == "up"
+
+
+def test_one_loading_at_a_time_still_reaches_capacity():
+    gpu = SimGpu(80_000, 10_000, backlog=1000)
+    counts = gpu.run(replace(POLICY, max_starting_per_gpu=1, cooldown_s=0), 20)
+    assert all(b - a in (0, 1) for a, b in zip(counts, counts[1:], strict=False)), counts
+    assert counts[-1] == 7 == max(counts)
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_max_starting_per_gpu_must_let_a_worker_load(bad):
+    with pytest.raises(ValueError, match="max_starting_per_gpu"):
+        AutoscalePolicy(max_starting_per_gpu=bad)
 
 
 def test_without_a_learned_peak_one_worker_only():
