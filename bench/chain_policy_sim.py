@@ -3,6 +3,7 @@
 its own backlog (as before) against the chain's work upstream of it (now).
 
     python bench/chain_policy_sim.py [--videos 24] [--max-workers-per-gpu 4] [--cooldown-s 30] [--no-seeds] [--reasons]
+    python bench/chain_policy_sim.py --compare loading [--load-slots 1.5] [--gpu-share] [--max-starting-per-gpu 2]
 
 The real ``tasks.autoscaler.policy`` decides once a second on views built as ``tasks.autoscaler.service``
 builds them (each family counting the others' workers x peaks as used; one change per GPU per tick; the
@@ -14,6 +15,14 @@ at the start. A worker holds its peak from its start, loads for its load time, t
 learned when the family's first task ends (until then the H200 seeds of worker_config.seed_profiles, as in
 that run: TAPIP3D 3,010 MiB, WiLoR 16,390 MiB). Not modelled: workers slowing each other on one GPU (three
 SAM 3 workers took 15.2 s a video there, 8.0 s alone), the CPU stages, host RAM.
+
+``--compare loading`` runs the chain's policy twice: every worker that fits loading at once (``--max-starting-per-gpu``
+16, as before that cap) against the cap given. ``--load-slots S``: workers loading at the same time share the
+host, each loading at min(1, S / loading) of its speed alone (1.5 from the 2-GPU H200 run: five ViPE workers
+loading together took 242 s each, 73 s alone). ``--gpu-share``: tasks running at the same time share the GPU,
+each at 1 / max(1, sum of the running tasks' shares) of its speed alone, a model's share being how much of the
+GPU one task takes alone (SAM 3 0.63: three took 15.2 s a video, 8.0 alone; ViPE 1.0: six took 86-92 s, 13.6
+alone; TAPIP3D and WiLoR 0.2, not measured).
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tasks.autoscaler.chain import learn_first, leave_room, one_change
 from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide
@@ -37,22 +46,27 @@ class Model:
     peak_mib: float
     load_s: float
     seed_mib: float | None = None
+    gpu_share: float = 1.0  # how much of the GPU one task takes alone (--gpu-share)
 
 
 CHAIN = (
-    Model("masks", 8.0, 33_400.0, 34.0),  # SAM 3
-    Model("depth", 16.0, 13_200.0, 51.0),  # ViPE
-    Model("tracks", 0.2, 600.0, 13.0, 3_010.0),  # TAPIP3D
-    Model("hands", 1.5, 3_700.0, 24.0, 16_390.0),  # WiLoR
+    Model("masks", 8.0, 33_400.0, 34.0, gpu_share=0.63),  # SAM 3
+    Model("depth", 16.0, 13_200.0, 51.0, gpu_share=1.0),  # ViPE
+    Model("tracks", 0.2, 600.0, 13.0, 3_010.0, gpu_share=0.2),  # TAPIP3D
+    Model("hands", 1.5, 3_700.0, 24.0, 16_390.0, gpu_share=0.2),  # WiLoR
 )
 
 
 @dataclass
 class Worker:
-    ready_at: float
+    load_left: float  # seconds of loading left, at its speed alone
     video: int | None = None
-    busy_until: float = 0.0
+    work_left: float = 0.0  # seconds of its task left, at its speed alone
     stopping: bool = False
+
+    @property
+    def ready(self) -> bool:
+        return self.load_left <= 1e-9
 
 
 @dataclass
@@ -75,7 +89,14 @@ class Family:
         return [w for w in self.workers if not w.stopping]
 
 
-def run(videos: int, policy: AutoscalePolicy, chain: bool, seeds: bool = True) -> dict:
+def run(
+    videos: int,
+    policy: AutoscalePolicy,
+    chain: bool,
+    seeds: bool = True,
+    load_slots: float | None = None,
+    gpu_share: bool = False,
+) -> dict:
     """Simulate one run; return its finish time, the waits between masks and depth, and every change."""
     fams = [Family(m) for m in CHAIN]
     fams[0].queue.extend(range(videos))
@@ -85,9 +106,17 @@ def run(videos: int, policy: AutoscalePolicy, chain: bool, seeds: bool = True) -
     finished, last_change, step, most_mib = 0, -math.inf, 0, 0.0
     while finished < videos and step < 100_000:
         t = step * STEP_S
+        loading = [w for f in fams for w in f.workers if not w.ready]
+        load_rate = min(1.0, load_slots / len(loading)) if load_slots and loading else 1.0
+        for w in loading:
+            w.load_left -= STEP_S * load_rate
+        shares = sum(f.model.gpu_share for f in fams for w in f.workers if w.video is not None)
+        task_rate = 1.0 / max(1.0, shares) if gpu_share else 1.0
         for i, fam in enumerate(fams):
             for w in fam.workers:
-                if w.video is not None and w.busy_until <= t + 1e-9:
+                if w.video is not None:
+                    w.work_left -= STEP_S * task_rate
+                if w.video is not None and w.work_left <= 1e-9:
                     fam.tasks, fam.busy_s = fam.tasks + 1, fam.busy_s + fam.model.service_s
                     if i + 1 < len(fams):
                         fams[i + 1].queue.append(w.video)
@@ -98,8 +127,8 @@ def run(videos: int, policy: AutoscalePolicy, chain: bool, seeds: bool = True) -
                     w.video = None
             fam.workers = [w for w in fam.workers if not (w.stopping and w.video is None)]
             for w in fam.workers:
-                if w.video is None and not w.stopping and w.ready_at <= t and fam.queue:
-                    w.video, w.busy_until = fam.queue.popleft(), t + fam.model.service_s
+                if w.video is None and not w.stopping and w.ready and fam.queue:
+                    w.video, w.work_left = fam.queue.popleft(), fam.model.service_s
                     if i == 1:
                         waits.append(t - masks_end[w.video])
         most_mib = max(most_mib, sum(len(f.workers) * f.model.peak_mib for f in fams))
@@ -134,7 +163,7 @@ def _views(fams: list[Family], t: float, chain: bool, seeds: bool) -> list[GpuVi
         else:
             f.idle_since = None
         active = f.active()
-        ready = [w for w in active if w.ready_at <= t]
+        ready = [w for w in active if w.ready]
         service = (f.busy_s / f.tasks if f.tasks else max(known, default=None)) if chain else None
         views.append(
             GpuView(
@@ -164,7 +193,7 @@ def _views(fams: list[Family], t: float, chain: bool, seeds: bool) -> list[GpuVi
 
 def _act(fam: Family, decision: Decision, t: float) -> None:
     if decision.action == "up":
-        fam.workers += [Worker(ready_at=t + fam.model.load_s) for _ in range(decision.count)]
+        fam.workers += [Worker(load_left=fam.model.load_s) for _ in range(decision.count)]
     elif decision.action == "down":
         fam.active()[-1].stopping = True
 
@@ -176,12 +205,33 @@ def main() -> None:
     p.add_argument("--cooldown-s", type=float, default=AutoscalePolicy().cooldown_s, help="2: as the GPU bench")
     p.add_argument("--no-seeds", action="store_true", help="no seeded peaks: every peak learned from a first task")
     p.add_argument("--reasons", action="store_true", help="print each decision's reason")
+    p.add_argument(
+        "--compare",
+        choices=["chain", "loading"],
+        default="chain",
+        help="chain: own backlog against the chain; loading: all at once against --max-starting-per-gpu",
+    )
+    p.add_argument("--max-starting-per-gpu", type=int, default=AutoscalePolicy().max_starting_per_gpu)
+    p.add_argument("--load-slots", type=float, help="loads share the host (1.5: the 2-GPU H200 run's)")
+    p.add_argument("--gpu-share", action="store_true", help="tasks share the GPU by each model's share")
     args = p.parse_args()
-    policy = AutoscalePolicy(max_workers_per_gpu=args.max_workers_per_gpu, cooldown_s=args.cooldown_s)
+    policy = AutoscalePolicy(
+        max_workers_per_gpu=args.max_workers_per_gpu,
+        cooldown_s=args.cooldown_s,
+        max_starting_per_gpu=args.max_starting_per_gpu,
+    )
     print(f"{args.videos} videos, {TOTAL_MIB:,.0f} MiB, {policy}")
+    print(f"load slots {args.load_slots}, GPU share {args.gpu_share}")
+    if args.compare == "chain":
+        runs = {"before: own backlog": (policy, False), "now: the chain": (policy, True)}
+    else:
+        all_at_once = replace(policy, max_starting_per_gpu=16)
+        runs = {"before: all at once": (all_at_once, True), f"now: {args.max_starting_per_gpu} at once": (policy, True)}
     results = {}
-    for label, chain in (("before: own backlog", False), ("now: the chain", True)):
-        result = results[label] = run(args.videos, policy, chain, seeds=not args.no_seeds)
+    for label, (chosen, chain) in runs.items():
+        result = results[label] = run(
+            args.videos, chosen, chain, seeds=not args.no_seeds, load_slots=args.load_slots, gpu_share=args.gpu_share
+        )
         waits = result["waits"]
         print(f"\n{label}: all {args.videos} videos done at {result['finish_s']:.1f} s")
         print(f"  masks -> depth wait: mean {sum(waits) / len(waits):.1f} s, max {max(waits):.1f} s")
