@@ -35,7 +35,7 @@ PARTS = {  # part -> (module, function) where the tree has it
     "manifest_recorded": ("tasks.run.lineage", "record_outcomes"),
     "outcomes_file_committed": ("tasks.run.lineage", "Outcomes.commit"),
     "statistics": ("tasks.run.aggregate", "write_statistics_from"),
-    "statistics_header_sets": ("tasks.run.aggregate", "_header_sets"),  # of the statistics: the header's sets
+    "statistics_header_sets": ("tasks.run.stats_file", "_header_sets"),  # of the statistics: the header's sets
     "statistics_header_pass": ("tasks.run.lineage", "backend_sets"),  # main's header: the manifest's pass
     "quarantine": ("tasks.run.quarantine", "update"),
     "summary_json": ("tasks.run.aggregate", "write_text_atomic"),

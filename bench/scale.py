@@ -240,7 +240,7 @@ def callback_phase(out: Path, n: int, work: Path, url: str) -> dict[str, Any]:
 
     from tasks.observe.metrics import STAGE_LOG_KEPT, stage_log_key
     from tasks.run import aggregate as agg
-    from tasks.run import completion, partials
+    from tasks.run import completion, partials, stats_file
     from tasks.run.stats import VideoStats, normalization_stats, write_stats_yaml
 
     big, entries, summary = replicate(out, n, work)
@@ -290,7 +290,7 @@ def callback_phase(out: Path, n: int, work: Path, url: str) -> dict[str, Any]:
     }
     # Before: every marker read, the partials pooled from their dicts (the old write_statistics).
     t = time.perf_counter()
-    records = agg.completed_videos(big)
+    records = stats_file.completed_videos(big)
     figures["completed_videos_s"] = time.perf_counter() - t
     t = time.perf_counter()
     total = VideoStats.pool([r["report"]["stats"] for r in records.values()], "3d")
@@ -300,11 +300,11 @@ def callback_phase(out: Path, n: int, work: Path, url: str) -> dict[str, Any]:
     before = (big / "normalization_stats.yaml").read_text()
     # Now: without Redis (every marker), then with the partials hash.
     t = time.perf_counter()
-    agg.write_statistics(big, "3d", None)
+    stats_file.write_statistics(big, "3d", None)
     figures["write_statistics_markers_s"] = time.perf_counter() - t
     same = before == (big / "normalization_stats.yaml").read_text()
     t = time.perf_counter()
-    agg.write_statistics(big, "3d", r)
+    stats_file.write_statistics(big, "3d", r)
     figures["write_statistics_hash_s"] = time.perf_counter() - t
     figures["same_statistics"] = same and before == (big / "normalization_stats.yaml").read_text()
     run = {"run_id": "scale", "output_root": str(big), "started": now, "videos": n, "already_complete": 0}
@@ -314,7 +314,7 @@ def callback_phase(out: Path, n: int, work: Path, url: str) -> dict[str, Any]:
     # The run has ended and Redis has let its copies go: the statistics from OUT/markers/partials.bin.
     r.flushall()
     t = time.perf_counter()
-    agg.write_statistics(big, "3d", None)
+    stats_file.write_statistics(big, "3d", None)
     figures["write_statistics_file_s"] = time.perf_counter() - t
     figures["same_statistics_file"] = before == (big / "normalization_stats.yaml").read_text()
     figures["partials_file_bytes"] = partials.file_path(big).stat().st_size
@@ -389,8 +389,7 @@ def sums_phase(n: int, work: Path, url: str, tiny: Path, baseline: bool) -> dict
     from tasks.celery_app import settings
     from tasks.cli import status
     from tasks.outputs.stage_io import dataset_file
-    from tasks.run import aggregate as agg
-    from tasks.run import completion, outcomes, partials, runs, sums
+    from tasks.run import completion, outcomes, partials, runs, stats_file, sums
     from tasks.run.stats import normalization_stats, pool_rows
 
     vid0 = sorted(p.stem for p in tiny.glob("*.hdf5"))[0]
@@ -448,7 +447,7 @@ def sums_phase(n: int, work: Path, url: str, tiny: Path, baseline: bool) -> dict
     )
     # The statistics at the run's end: the sums cover OUT's n markers.
     t = time.perf_counter()
-    merged, source = agg.write_statistics_from(root, "3d", r, None, run_id)
+    merged, source = stats_file.write_statistics_from(root, "3d", r, None, run_id)
     figures["statistics_s"], figures["statistics_from"] = time.perf_counter() - t, source
     assert merged == n and source == "running sums", (merged, source)
     ours = yaml.safe_load((root / "normalization_stats.yaml").read_text())
@@ -482,8 +481,7 @@ def sums_baseline(
     pass (HVALS, a stat per HDF5 file) over ``n`` replicated real videos."""
     import redis
 
-    from tasks.run import aggregate as agg
-    from tasks.run import completion, partials
+    from tasks.run import completion, partials, stats_file
 
     r = redis.Redis.from_url(url, decode_responses=True)
     r.flushall()
@@ -503,7 +501,7 @@ def sums_baseline(
     figures["before_partials_bytes"] = r.memory_usage(partials.redis_key(big), samples=0)
     figures["before_outcomes_bytes"] = r.memory_usage(completion.key("before", ":finished"), samples=0)
     t = time.perf_counter()
-    figures["before_statistics_videos"] = agg.write_statistics(big, "3d", r)
+    figures["before_statistics_videos"] = stats_file.write_statistics(big, "3d", r)
     figures["before_statistics_s"] = time.perf_counter() - t
     r.flushall()
     return figures

@@ -218,7 +218,7 @@ def test_the_statistics_full_pass_reads_the_partials_files_and_falls_back_to_the
 
     configure_for(monkeypatch, pipeline_env["REDIS_URL"])
     from tasks.cli.verify import verify
-    from tasks.run import aggregate, partials
+    from tasks.run import partials, stats_file
 
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"], decode_responses=True)
     ids = sorted(p.stem for p in out.glob("*.hdf5"))
@@ -228,24 +228,24 @@ def test_the_statistics_full_pass_reads_the_partials_files_and_falls_back_to_the
     segments = out / "markers" / partials.SEGMENTS
     segments.rename(tmp_path / "segments")
     markers_only = tmp_path / "markers-only.yaml"
-    assert aggregate.write_statistics(out, "3d", None) == 3
+    assert stats_file.write_statistics(out, "3d", None) == 3
     (out / "normalization_stats.yaml").rename(markers_only)
     (tmp_path / "segments").rename(segments)
 
     def statistics() -> str:
-        assert aggregate.write_statistics(out, "3d", r) == 3
+        assert stats_file.write_statistics(out, "3d", r) == 3
         assert verify(out) == []
         return (out / "normalization_stats.yaml").read_text()
 
     # Every entry current, in the segments or in partials.bin: no marker is read.
-    real_read_done = aggregate.read_done
-    monkeypatch.setattr(aggregate, "read_done", lambda *a, **k: pytest.fail(f"marker read: {a}"))
+    real_read_done = stats_file.read_done
+    monkeypatch.setattr(stats_file, "read_done", lambda *a, **k: pytest.fail(f"marker read: {a}"))
     assert statistics() == markers_only.read_text()
     entries = partials.read_file(out)
     partials.save(out, entries, partials.segments(out))
     assert partials.segments(out) == [] and sorted(partials.read_file(out)) == ids
     assert statistics() == markers_only.read_text()
-    monkeypatch.setattr(aggregate, "read_done", real_read_done)
+    monkeypatch.setattr(stats_file, "read_done", real_read_done)
 
     # Partial (one entry gone) and stale (an output redone since its entry: other mtime, other
     # numbers): each such video's statistics come from its marker.

@@ -30,11 +30,11 @@ def _header(out: Path) -> list[str]:
 
 def _pass_header(out: Path) -> list[str]:
     """The header as the manifest's pass writes it (``stats_header`` reading the sets itself)."""
-    from tasks.run import aggregate
+    from tasks.run import stats_file
     from tasks.run.stats import write_stats_yaml
 
     probe = out / "probe.yaml"
-    write_stats_yaml(probe, {"count": 0}, aggregate.stats_header(out))
+    write_stats_yaml(probe, {"count": 0}, stats_file.stats_header(out))
     found = [line for line in probe.read_text().splitlines() if line.startswith("#")]
     probe.unlink()
     return found

@@ -160,13 +160,13 @@ def test_a_run_ends_with_its_sums_equal_to_the_full_pass(video_factory, workers,
 
     monkeypatch.setenv("REDIS_URL", pipeline_env["REDIS_URL"])
     from tasks import configure
-    from tasks.run import aggregate, partials, sums
+    from tasks.run import partials, stats_file, sums
     from worker_config.settings import load_settings
 
     configure(load_settings())
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"], decode_responses=True)
     run_id = summary["run_id"]
-    assert aggregate.write_statistics(out, "3d", None) == 4  # the full pass: every marker
+    assert stats_file.write_statistics(out, "3d", None) == 4  # the full pass: every marker
     full = yaml.safe_load((out / "normalization_stats.yaml").read_text())
     assert_close(from_sums, full)
     kept = partials.read_file(out)  # the segments the workers appended: one entry per video
@@ -176,7 +176,7 @@ def test_a_run_ends_with_its_sums_equal_to_the_full_pass(video_factory, workers,
     shards = sums.shard_count(4)
     for vid in [*reversed(sorted(kept)), *sorted(kept)]:
         sums.merge(r, "again", shards, vid, kept[vid], 60)
-    assert aggregate.write_statistics_from(out, "3d", r, None, "again") == (4, "running sums")
+    assert stats_file.write_statistics_from(out, "3d", r, None, "again") == (4, "running sums")
     assert_close(yaml.safe_load((out / "normalization_stats.yaml").read_text()), full)
 
     # The h5 stage's hook, delivered twice per video (the second finds its output made and reports the
@@ -193,19 +193,19 @@ def test_a_run_ends_with_its_sums_equal_to_the_full_pass(video_factory, workers,
         report = json.loads(dataset_file(out, vid)[1].read_text())["report"]
         hook.after_success(StageCall(task=None, stage_name=dataset_stage().name, given=job, job=job, report=report))
     assert sums.pooled(sums.read(r, "hooked"), "3d")[1] == 4
-    assert aggregate.write_statistics_from(out, "3d", r, None, "hooked") == (4, "running sums")
+    assert stats_file.write_statistics_from(out, "3d", r, None, "hooked") == (4, "running sums")
     assert_close(yaml.safe_load((out / "normalization_stats.yaml").read_text()), full)
 
     # A worker killed between the marker and the merge: the sums hold 3 of 4 videos; the end pools all.
     for vid in sorted(kept)[1:]:
         sums.merge(r, "lost", shards, vid, kept[vid], 60)
-    assert aggregate.write_statistics_from(out, "3d", r, None, "lost") == (4, "every video")
+    assert stats_file.write_statistics_from(out, "3d", r, None, "lost") == (4, "every video")
     assert yaml.safe_load((out / "normalization_stats.yaml").read_text()) == full
     # Redis flushed before the end, and no saved sums of an earlier end (a run that merged nothing then
     # takes the saved sums when they cover every marker: test_saved_sums_...): the same.
     sums.file_path(out).unlink()
     r.flushdb()
-    assert aggregate.write_statistics_from(out, "3d", r, None, run_id) == (4, "every video")
+    assert stats_file.write_statistics_from(out, "3d", r, None, run_id) == (4, "every video")
     assert yaml.safe_load((out / "normalization_stats.yaml").read_text()) == full
 
 
@@ -306,28 +306,28 @@ def one_pass(made: dict[str, dict]) -> dict:
 def test_saved_sums_and_a_later_runs_sums_give_the_full_pass(redis_url, app_on_test_redis, tmp_path):
     """A --continue or --add over earlier videos: the end adds the sums the last end saved
     (OUT/markers/sums.json) to the run's own, and reads no video's partial; equal to one pass to 1e-12."""
-    from tasks.run import aggregate, sums
+    from tasks.run import stats_file, sums
 
     r = app_on_test_redis[1]
     rng = np.random.default_rng(11)
     out = tmp_path / "out"
     made = complete_videos(out, rng, [f"v{i:03d}" for i in range(40)])
     merge_run(r, "first", out, sorted(made))
-    assert aggregate.write_statistics_from(out, "3d", r, None, "first") == (40, "running sums")
+    assert stats_file.write_statistics_from(out, "3d", r, None, "first") == (40, "running sums")
     saved = json.loads(sums.file_path(out).read_text())
     assert saved["videos"] == 40 and saved["digest"] == list(sums.digest_of(made))
 
     added = complete_videos(out, rng, [f"w{i:03d}" for i in range(7)])
     merge_run(r, "second", out, [*reversed(sorted(added)), *sorted(added)])  # delivered twice: merged once
-    got = aggregate.write_statistics_from(out, "3d", r, None, "second")
+    got = stats_file.write_statistics_from(out, "3d", r, None, "second")
     assert got == (47, "running sums and earlier runs' sums")
     assert_close(yaml.safe_load((out / "normalization_stats.yaml").read_text()), one_pass({**made, **added}))
     assert json.loads(sums.file_path(out).read_text())["videos"] == 47
 
     # A --continue that made nothing new: the saved sums alone.
-    assert aggregate.write_statistics_from(out, "3d", r, None, "third") == (47, "running sums and earlier runs' sums")
+    assert stats_file.write_statistics_from(out, "3d", r, None, "third") == (47, "running sums and earlier runs' sums")
     assert_close(yaml.safe_load((out / "normalization_stats.yaml").read_text()), one_pass({**made, **added}))
-    assert aggregate.write_statistics(out, "3d", None) == 47  # the full pass (no run): the same
+    assert stats_file.write_statistics(out, "3d", None) == 47  # the full pass (no run): the same
     assert_close(yaml.safe_load((out / "normalization_stats.yaml").read_text()), one_pass({**made, **added}))
 
 
@@ -338,14 +338,14 @@ def test_saved_sums_that_do_not_cover_the_markers_exactly_take_the_full_pass(
     markers once each: as many videos but not the same ones, a video redone in the later run, a saved
     file of another track type."""
     from tasks.outputs.stage_io import MARKER_SUFFIX, marker_shard
-    from tasks.run import aggregate, sums
+    from tasks.run import stats_file, sums
 
     r = app_on_test_redis[1]
     rng = np.random.default_rng(12)
     out = tmp_path / "out"
     made = complete_videos(out, rng, [f"v{i:03d}" for i in range(20)])
     merge_run(r, "first", out, sorted(made))
-    assert aggregate.write_statistics_from(out, "3d", r, None, "first") == (20, "running sums")
+    assert stats_file.write_statistics_from(out, "3d", r, None, "first") == (20, "running sums")
     saved = sums.file_path(out).read_text()
 
     # One video's output removed by hand, and a new video whose merge was lost (its worker killed between
@@ -355,7 +355,7 @@ def test_saved_sums_that_do_not_cover_the_markers_exactly_take_the_full_pass(
     (out / f"{gone}.hdf5").unlink()
     added = complete_videos(out, rng, ["new"])
     caplog.set_level("INFO", logger="framefleet.sums")
-    assert aggregate.write_statistics_from(out, "3d", r, None, "second") == (20, "every video")
+    assert stats_file.write_statistics_from(out, "3d", r, None, "second") == (20, "every video")
     assert "not the same ones" in caplog.text
     left = {vid: p for vid, p in {**made, **added}.items() if vid != gone}
     assert_close(yaml.safe_load((out / "normalization_stats.yaml").read_text()), one_pass(left))
@@ -365,11 +365,11 @@ def test_saved_sums_that_do_not_cover_the_markers_exactly_take_the_full_pass(
     again = complete_videos(out, rng, [sorted(made)[0]])  # its file and partial replaced
     merge_run(r, "third", out, list(again))
     caplog.clear()
-    assert aggregate.write_statistics_from(out, "3d", r, None, "third") == (20, "every video")
+    assert stats_file.write_statistics_from(out, "3d", r, None, "third") == (20, "every video")
     assert "pooling every video's partial" in caplog.text
     assert_close(yaml.safe_load((out / "normalization_stats.yaml").read_text()), one_pass({**left, **again}))
 
     # Saved sums of another track type: not used.
     other = json.loads(sums.file_path(out).read_text())
     sums.file_path(out).write_text(json.dumps({**other, "track_type": "2d"}))
-    assert aggregate.write_statistics_from(out, "3d", r, None, "fourth") == (20, "every video")
+    assert stats_file.write_statistics_from(out, "3d", r, None, "fourth") == (20, "every video")

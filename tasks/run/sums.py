@@ -25,7 +25,7 @@ covers). A later run (``--continue``, ``--add``) whose own sums hold the videos 
 that file plus its sums when the count and the digest of OUT's markers say they cover every marker
 once; otherwise, and for a file of another track type, the full pass (``covering``). Beside them the
 file keeps the statistics file's backend sets when they count exactly the videos the sums cover
-(``load_sets``; tasks.run.aggregate adds a run's to them instead of reading the manifest).
+(``load_sets``; tasks.run.stats_file adds a run's to them instead of reading the manifest).
 """
 
 from __future__ import annotations
