@@ -296,6 +296,40 @@ def on_task_received(request: Any, hostname: str, r: redis.Redis, ttl_s: float) 
         with _lock:
             SHARED[request.id] = str(tag)
         guard_ack(request)
+    let_go_at_ack(request, r, hostname)
+
+
+def let_go_at_ack(request: Any, r: redis.Redis, hostname: str) -> None:
+    """Forget the message of ``request`` (and release its lease) just before this process acknowledges it.
+
+    A solo worker's ``task_postrun`` (tasks.workers.worker.on_task_end) has done so already, and this finds
+    nothing. A prefork pool's parent receives and acknowledges the message while the task runs in a child,
+    where ``task_postrun`` fires and finds nothing held: without this the parent's heartbeat would renew the
+    lease for good and put the acknowledged ``unacked`` entry back (``renew``), and a reaper would redeliver
+    the message once the worker stopped.
+    """
+    ack, reject = request._on_ack, request._on_reject
+
+    def let_go() -> None:
+        tags = forget(request.id)
+        if not tags:
+            return
+        try:
+            pipe = r.pipeline(transaction=False)
+            release(pipe, tags, hostname, request.id)
+            pipe.execute()
+        except Exception as exc:  # never in the way of the ack: the leases lapse with their TTL
+            log.warning("leases of task %s not released (%s); they lapse with their TTL", request.id, exc)
+
+    def on_ack(logger: Any, errors: Any) -> Any:
+        let_go()
+        return ack(logger, errors)
+
+    def on_reject(logger: Any, errors: Any, requeue: bool = False) -> Any:
+        let_go()
+        return reject(logger, errors, requeue)
+
+    request._on_ack, request._on_reject = on_ack, on_reject
 
 
 def unacked_entry(message: Any) -> str | None:
