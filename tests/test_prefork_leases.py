@@ -6,7 +6,6 @@ lease and puts the acknowledged entry back, and a reaper later redelivers every 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import redis
@@ -30,8 +29,15 @@ def test_a_prefork_cpu_worker_leaves_no_lease_nor_unacked_entry_of_a_finished_ta
     def cpu_worker() -> dict:
         return next(w for w in map(json.loads, (r.get(k) for k in r.scan_iter("ff:worker:cpu*"))) if w)
 
-    wait_until(lambda: not r.hlen("unacked") and not cpu_worker()["leases"], 30, "every message let go")
-    time.sleep(3 * 2.0)  # three heartbeats (heartbeat_interval_s): nothing is put back
+    wait_until(lambda: not r.hlen("unacked") and not cpu_worker()["leases"], 60, "every message let go")
+    # Three more heartbeats of the CPU worker (each renews its leases, then publishes its state): nothing is put back.
+    beats = {cpu_worker()["updated"]}
+
+    def three_more() -> bool:
+        beats.add(cpu_worker()["updated"])
+        return len(beats) > 3
+
+    wait_until(three_more, 60, "three more heartbeats of the CPU worker")
     restored = r.hkeys("unacked")
     assert restored == [], f"acknowledged messages put back in unacked: {restored}"
     assert list(r.scan_iter("ff:lease:*")) == [] and list(r.scan_iter("ff:lease-owner:*")) == []

@@ -164,6 +164,16 @@ def guard_ack(request: Any) -> None:
     request._on_reject = lambda logger, errors, requeue=False: local_only() or reject(logger, errors, requeue)
 
 
+def release_now(r: redis.Redis, tags: list[str], hostname: str, task_id: str) -> None:
+    """Remove the leases of an ended task's ``tags`` from ``r`` at once; never raises (they lapse anyway)."""
+    try:
+        pipe = r.pipeline(transaction=False)
+        release(pipe, tags, hostname, task_id)
+        pipe.execute()
+    except Exception as exc:
+        log.warning("leases of task %s not released (%s); they lapse with their TTL", task_id, exc)
+
+
 def held_tags() -> list[str]:
     with _lock:
         return list(HELD)
@@ -312,14 +322,8 @@ def let_go_at_ack(request: Any, r: redis.Redis, hostname: str) -> None:
 
     def let_go() -> None:
         tags = forget(request.id)
-        if not tags:
-            return
-        try:
-            pipe = r.pipeline(transaction=False)
-            release(pipe, tags, hostname, request.id)
-            pipe.execute()
-        except Exception as exc:  # never in the way of the ack: the leases lapse with their TTL
-            log.warning("leases of task %s not released (%s); they lapse with their TTL", request.id, exc)
+        if tags:
+            release_now(r, tags, hostname, request.id)
 
     def on_ack(logger: Any, errors: Any) -> Any:
         let_go()

@@ -382,7 +382,7 @@ def on_task_end(
         done_ttl_s = claims.marks_ttl_s(conf.visibility_timeout_s)
         claims.finish(get_redis(conf.redis_url), task_id, state == "SUCCESS", done_ttl_s, before)
         if tags and not one_redis:
-            _release_leases(get_redis(conf.broker), tags, task_id)
+            leases.release_now(get_redis(conf.broker), tags, ROLE.hostname, task_id)
     rss = _rss_mib()
     if (conf.max_tasks_per_worker and STATE["tasks_done"] >= conf.max_tasks_per_worker) or (
         conf.max_rss_mib and rss > conf.max_rss_mib
@@ -393,16 +393,6 @@ def on_task_end(
             rss,
         )
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _release_leases(broker: Any, tags: list[str], task_id: str) -> None:
-    """Remove the leases of an ended task from the broker's Redis; never raises (they lapse anyway)."""
-    try:
-        pipe = broker.pipeline(transaction=False)
-        leases.release(pipe, tags, ROLE.hostname, task_id)
-        pipe.execute()
-    except Exception as exc:
-        log.warning("leases of task %s not released (%s); they lapse with their TTL", task_id, exc)
 
 
 @signals.worker_ready.connect
