@@ -60,7 +60,12 @@ def test_a_worker_with_an_earlier_and_a_later_stage_waiting_takes_the_later_firs
     assert queues.length(r, queue) == 4 and r.llen(queue) < 4  # in more than one of the queue's lists
 
     workers.start(queue)
-    wait_until(lambda: all(r.exists(f"celery-task-meta-{t.id}") for t in sent), 60, "the four tasks to finish")
+
+    def ended(task_id: str) -> bool:  # a stored result is STARTED first (task_track_started), then its end
+        raw = r.get(f"celery-task-meta-{task_id}")
+        return raw is not None and json.loads(raw)["status"] not in ("PENDING", "STARTED")
+
+    wait_until(lambda: all(ended(t.id) for t in sent), 60, "the four tasks to finish")
     done_at = {}
     for t in sent:
         meta = json.loads(r.get(f"celery-task-meta-{t.id}"))
