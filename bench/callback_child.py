@@ -30,14 +30,14 @@ from typing import Any
 PARTS = {  # part -> (module, function) where the tree has it
     "outcomes_read": ("tasks.run.completion", "outcomes"),
     "counters_read": ("tasks.run.completion", "counted"),
-    "outcomes_files_closed": ("tasks.run.outcome_files", "close"),
-    "notes_read": ("tasks.run.outcome_files", "notes_of"),
-    "manifest_recorded": ("tasks.run.lineage", "record_outcomes"),
-    "outcomes_file_committed": ("tasks.run.lineage", "Outcomes.commit"),
+    "outcomes_files_closed": ("tasks.records.outcome_files", "close"),
+    "notes_read": ("tasks.records.outcome_files", "notes_of"),
+    "manifest_recorded": ("tasks.records.lineage", "record_outcomes"),
+    "outcomes_file_committed": ("tasks.records.lineage", "Outcomes.commit"),
     "statistics": ("tasks.run.aggregate", "write_statistics_from"),
-    "statistics_header_sets": ("tasks.run.stats_file", "_header_sets"),  # of the statistics: the header's sets
-    "statistics_header_pass": ("tasks.run.lineage", "backend_sets"),  # main's header: the manifest's pass
-    "quarantine": ("tasks.run.quarantine", "update"),
+    "statistics_header_sets": ("tasks.statistics.stats_file", "_header_sets"),  # of the statistics: the header's sets
+    "statistics_header_pass": ("tasks.records.lineage", "backend_sets"),  # main's header: the manifest's pass
+    "quarantine": ("tasks.records.quarantine", "update"),
     "summary_json": ("tasks.run.aggregate", "write_text_atomic"),
     "summary_files": ("tasks.run.runs", "finished"),
     "retire_redis": ("tasks.run.aggregate", "_retire"),
@@ -77,7 +77,7 @@ def _profile_report(aggregate: Any, path: str) -> None:
 
     def profiled(real: Any) -> Any:
         def start(cmd: Any, *a: Any, **k: Any) -> Any:
-            if isinstance(cmd, list) and cmd[1:3] == ["-m", "tasks.run.report"]:
+            if isinstance(cmd, list) and cmd[1:3] == ["-m", "tasks.report.report"]:
                 cmd = [cmd[0], "-m", "cProfile", "-o", path, *cmd[1:]]
             return real(cmd, *a, **k)
 
@@ -97,7 +97,7 @@ def main() -> int:
     args = parser.parse_args()
     code = str(args.code.resolve())
     sys.path.insert(0, code)
-    os.environ["PYTHONPATH"] = code  # the report's child process: python -m tasks.run.report from the same tree
+    os.environ["PYTHONPATH"] = code  # the report's child process: python -m tasks.report.report from the same tree
     os.chdir(code)
     os.environ.setdefault("FRAMEFLEET_DEFAULT_BACKENDS", "synthetic")
     import importlib

@@ -7,7 +7,7 @@ The run is simulated on a private redis-server with the keys and the writes of t
 - **enqueued**: N − window videos held (tasks.run.pending.Holder), the window's jobs in the sent hash;
 - **last window**: N − window videos finished, each counted with its place and what it adds to the run's
   counters (completion's own Lua; its outcome's line goes to OUT, not Redis),
-  its partial merged (tasks.run.sums), its five stage tasks marked done (tasks.delivery.claims' writes at a
+  its partial merged (tasks.statistics.sums), its five stage tasks marked done (tasks.delivery.claims' writes at a
   task's end, by marks.of) and logged (the stage log, newest 100,000), the pending chunks gone and the
   bitmap full; the window in flight: its jobs sent, one start counted each.
 
@@ -67,8 +67,10 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False, main_layout: bool
     from tasks.job import Job
     from tasks.observe import metrics
     from tasks.outputs.stage_io import dataset_file
-    from tasks.run import completion, outcomes, partials, pending, runs, sums
+    from tasks.records import outcomes
+    from tasks.run import completion, pending, runs
     from tasks.run.dataset import new_run_id, video_id_of
+    from tasks.statistics import partials, sums
 
     stages = settings().enabled_stages()  # a video's chain: one stage task each
     r = redis.Redis.from_url(url, decode_responses=True, socket_timeout=600)  # main's DEL of its hashes takes s
@@ -137,7 +139,7 @@ def live_run(n: int, url: str, tiny: Path, keep: bool = False, main_layout: bool
     step("main_order")
     r.delete(completion.key(run_id, ":order"))
     step("main_order_gone")
-    # Main's outcomes (each deflated in one hash, tasks.run.outcomes), measured and deleted; then each video
+    # Main's outcomes (each deflated in one hash, tasks.records.outcomes), measured and deleted; then each video
     # counted as now by completion's own Lua: its place in the order, what it adds to the run's counters.
     pipe = r.pipeline(transaction=False)
     for k, i in enumerate(finished):

@@ -6,7 +6,7 @@
                           [--sums-videos 10000,100000,1000000] [--sums-baseline 10000,100000]
 
 Each phase measures the way a run ended before (one chord; partials read from the markers) and
-now (tasks.run.completion's counter and window; tasks.run.partials' hash) in the same sitting.
+now (tasks.run.completion's counter and window; tasks.statistics.partials' hash) in the same sitting.
 
 1. Enqueue: N empty ``.mp4`` files (the enqueuer only lists and stats them) against a private
    Redis with no worker, (a) as one chord of N chains (``--chord-videos``), (b) as the run is
@@ -21,9 +21,9 @@ now (tasks.run.completion's counter and window; tasks.run.partials' hash) in the
 4. ``--continue`` over the N complete videos: ``tasks.run.dataset.incomplete`` from the markers, and
    with the partials hash, and the whole ``enqueue(..., resume=True)`` (manifest, check with the
    hash, the statistics callback sent).
-5. The statistics of a run of N videos (``--sums-videos``) from its running sums (tasks.run.sums):
+5. The statistics of a run of N videos (``--sums-videos``) from its running sums (tasks.statistics.sums):
    N partials of the real video's size and layout, varied per video, merged in a random order as the
-   h5 stages would (one EVALSHA each, pipelined), N outcomes kept as tasks.run.outcomes keeps them
+   h5 stages would (one EVALSHA each, pipelined), N outcomes kept as tasks.records.outcomes keeps them
    (the real marker's report, per-video source and timings); the Redis memory the run added and by
    key, the statistics (``write_statistics_from`` over an OUT of N markers), their largest relative
    difference from pooling the same rows in one NumPy pass, reading the outcomes back, and
@@ -222,9 +222,9 @@ def replicate(out: Path, n: int, work: Path) -> tuple[Path, list[dict[str, Any]]
 
 
 def fill_partials(r: Any, big: Path, ids: list[str]) -> None:
-    """The entries the h5 stage would have left in tasks.run.partials' hash for ``ids`` (one real partial)."""
+    """The entries the h5 stage would have left in tasks.statistics.partials' hash for ``ids`` (one real partial)."""
     from tasks.outputs.stage_io import dataset_file
-    from tasks.run import partials
+    from tasks.statistics import partials
 
     h5, marker = dataset_file(big, ids[0])
     stats = json.loads(marker.read_text())["report"]["stats"]
@@ -240,8 +240,9 @@ def callback_phase(out: Path, n: int, work: Path, url: str) -> dict[str, Any]:
 
     from tasks.observe.metrics import STAGE_LOG_KEPT, stage_log_key
     from tasks.run import aggregate as agg
-    from tasks.run import completion, partials, stats_file
-    from tasks.run.stats import VideoStats, normalization_stats, write_stats_yaml
+    from tasks.run import completion
+    from tasks.statistics import partials, stats_file
+    from tasks.statistics.stats import VideoStats, normalization_stats, write_stats_yaml
 
     big, entries, summary = replicate(out, n, work)
     partials.file_path(big).unlink(missing_ok=True)  # an earlier sitting's: "from the markers" reads markers
@@ -328,8 +329,8 @@ def continue_phase(n: int, work: Path, url: str) -> dict[str, Any]:
     from tasks.celery_app import settings
     from tasks.cli.enqueue import enqueue
     from tasks.outputs.stage_io import marked_videos
-    from tasks.run import partials
     from tasks.run.dataset import incomplete
+    from tasks.statistics import partials
 
     big = work / f"complete-{n}"
     entries = [{"video_id": vid} for vid in sorted(marked_videos(big))]
@@ -356,7 +357,7 @@ def continue_phase(n: int, work: Path, url: str) -> dict[str, Any]:
     return figures
 
 
-# The statistics at a million videos (issue 25): the run's running sums (tasks.run.sums) against the
+# The statistics at a million videos (issue 25): the run's running sums (tasks.statistics.sums) against the
 # full pass, with what the run holds in Redis for its outcomes and partials.
 
 
@@ -389,8 +390,10 @@ def sums_phase(n: int, work: Path, url: str, tiny: Path, baseline: bool) -> dict
     from tasks.celery_app import settings
     from tasks.cli import status
     from tasks.outputs.stage_io import dataset_file
-    from tasks.run import completion, outcomes, partials, runs, stats_file, sums
-    from tasks.run.stats import normalization_stats, pool_rows
+    from tasks.records import outcomes
+    from tasks.run import completion, runs
+    from tasks.statistics import partials, stats_file, sums
+    from tasks.statistics.stats import normalization_stats, pool_rows
 
     vid0 = sorted(p.stem for p in tiny.glob("*.hdf5"))[0]
     h5, marker_path = dataset_file(tiny, vid0)
@@ -481,7 +484,8 @@ def sums_baseline(
     pass (HVALS, a stat per HDF5 file) over ``n`` replicated real videos."""
     import redis
 
-    from tasks.run import completion, partials, stats_file
+    from tasks.run import completion
+    from tasks.statistics import partials, stats_file
 
     r = redis.Redis.from_url(url, decode_responses=True)
     r.flushall()
@@ -531,8 +535,9 @@ def finished_run(n: int, work: Path, tiny: Path) -> Path:
     beside it (``manifest.pristine``): every enqueue rewrites the manifest.
     """
     from tasks.outputs.stage_io import dataset_file
-    from tasks.run import lineage, manifest, partials
+    from tasks.records import lineage, manifest
     from tasks.run.dataset import video_id_of
+    from tasks.statistics import partials
 
     out = work / f"finished-{n}"
     if (out / ".complete").exists():
@@ -621,7 +626,7 @@ def stream_continue_phase(n: int, work: Path, url: str, codes: dict[str, Path], 
 
 def enqueued_manifest(out: Path) -> Path:
     """``out``'s manifest as an enqueue leaves it (no status, quality or provenance yet): ``manifest.enqueued``."""
-    from tasks.run import manifest
+    from tasks.records import manifest
 
     path = out / "manifest.enqueued"
     if not path.exists():
@@ -641,7 +646,7 @@ def enqueued_manifest(out: Path) -> Path:
 
 def reset_out(out: Path, manifest_copy: str) -> None:
     """Put ``out`` back as before any callback: its manifest ``manifest_copy``, no run files, no saved sums."""
-    from tasks.run import partials, sums
+    from tasks.statistics import partials, sums
 
     shutil.copy2(out / manifest_copy, out / "manifest.json")
     for gone in ("runs", "report"):
@@ -653,12 +658,13 @@ def reset_out(out: Path, manifest_copy: str) -> None:
 
 
 def fast_outcomes(r: Any, run_id: str, found: list[tuple[str, dict[str, Any]]], ttl_s: int) -> None:
-    """The outcomes as tasks.run.outcomes.encode keeps them (deflated against the run's first one), written
+    """The outcomes as tasks.records.outcomes.encode keeps them (deflated against the run's first one), written
     without encode's round trip per video; and the order hash the finishing tasks fill."""
     import hashlib
     import zlib
 
-    from tasks.run import completion, outcomes
+    from tasks.records import outcomes
+    from tasks.run import completion
 
     zdict = outcomes.compact({k: v for k, v in found[0][1].items() if k != "video_id"})
     digest = hashlib.blake2b(zdict, digest_size=8).digest()
@@ -679,7 +685,7 @@ def fast_outcomes(r: Any, run_id: str, found: list[tuple[str, dict[str, Any]]], 
 
 def layout_of(code: Path) -> str:
     """Where the tree ``code`` keeps a live run's outcomes: "files" (OUT/runs/<run>.outcomes.live/ and the
-    run's counters in Redis, tasks.run.outcome_files) or "redis" (each outcome in Redis, as main did)."""
+    run's counters in Redis, tasks.records.outcome_files) or "redis" (each outcome in Redis, as main did)."""
     return "files" if (code / "tasks" / "run" / "outcome_files.py").exists() else "redis"
 
 
@@ -689,9 +695,11 @@ SEGMENTS = 16  # worker processes whose segments hold a "files" run's lines
 def counted_outcomes(r: Any, run_id: str, found: list[tuple[str, dict[str, Any]]], ttl_s: int, lines: Path) -> None:
     """Each video counted as its finishing task counts it (tasks.run.completion's own Lua, with its counters),
     and its line in one of SEGMENTS segments under ``lines`` (written whole, not a line at a time), with the
-    segment's index rows (tasks.run.outcome_index)."""
+    segment's index rows (tasks.records.outcome_index)."""
     from tasks.celery_app import settings
-    from tasks.run import completion, outcome_files, outcome_index, runs, sums, tally
+    from tasks.records import outcome_files, outcome_index
+    from tasks.run import completion, runs, tally
+    from tasks.statistics import sums
 
     shutil.rmtree(lines, ignore_errors=True)
     lines.mkdir(parents=True)
@@ -719,8 +727,9 @@ def run_redis(
     video's line written there, as this tree's finishing tasks leave them), and its stage log (as kept)."""
     from tasks.observe.metrics import STAGE_LOG_KEPT, stage_log_key
     from tasks.outputs.stage_io import dataset_file
-    from tasks.run import runs, sums
-    from tasks.run.stats import pool_rows, to_row
+    from tasks.run import runs
+    from tasks.statistics import sums
+    from tasks.statistics.stats import pool_rows, to_row
 
     vid0 = sorted(p.stem for p in tiny.glob("*.hdf5"))[0]
     marker = json.loads(dataset_file(tiny, vid0)[1].read_text())
@@ -794,7 +803,7 @@ def add_new_videos(out: Path, ids: list[str], tiny: Path, rows: np.ndarray) -> N
     """``ids`` complete in ``out`` as a --continue's workers leave them: a file, its marker, its entry in a
     segment of OUT/markers/partials/."""
     from tasks.outputs.stage_io import dataset_file
-    from tasks.run import partials
+    from tasks.statistics import partials
 
     vid0 = sorted(p.stem for p in tiny.glob("*.hdf5"))[0]
     text = dataset_file(tiny, vid0)[1].read_text()
@@ -842,8 +851,8 @@ def end_run_phase(n: int, work: Path, url: str, codes: dict[str, Path], tiny: Pa
     import redis
 
     from tasks.outputs.stage_io import dataset_file
-    from tasks.run import partials
     from tasks.run.dataset import video_id_of
+    from tasks.statistics import partials
 
     r = redis.Redis.from_url(url, socket_timeout=600)  # a DUMP of main's outcomes hash at a million takes seconds
     out = finished_run(n, work, tiny)
@@ -873,7 +882,7 @@ def end_run_phase(n: int, work: Path, url: str, codes: dict[str, Path], tiny: Pa
     def live_lines(layout: str, run: dict[str, Any], name: str) -> None:
         """A "files" run's live outcomes folder, as its finishing tasks left it."""
         if layout == "files":
-            from tasks.run import outcome_files
+            from tasks.records import outcome_files
 
             shutil.copytree(work / "lines-files" / name, outcome_files.live_dir(out, run["run_id"]))
 
@@ -1140,7 +1149,7 @@ def live_main(args: argparse.Namespace) -> int:
         print(f"beside a live run of {big['videos']}: {json.dumps(results['responsive'][big['videos']])}")
         import redis
 
-        from tasks.run.sums import MAX_SHARDS
+        from tasks.statistics.sums import MAX_SHARDS
 
         big["let_go_s"] = live_run.let_go_s(redis.Redis.from_url(url, socket_timeout=600), big["run_id"], MAX_SHARDS)
         print(f"its end in Redis (completion.let_go): {big['let_go_s']:.2f} s", flush=True)

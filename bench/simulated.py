@@ -10,9 +10,9 @@ import numpy as np
 
 
 def realistic_partials(marker: dict[str, Any], n: int, seed: int = 25) -> np.ndarray:
-    """``n`` rows (tasks.run.stats.to_row) around one real video's partial: each field's count, means and
+    """``n`` rows (tasks.statistics.stats.to_row) around one real video's partial: each field's count, means and
     M2 varied per video (so the order of merging matters as it does in a run), the real row's width."""
-    from tasks.run.stats import row_layout, to_row
+    from tasks.statistics.stats import row_layout, to_row
 
     base = to_row(marker["report"]["stats"], "3d")
     rng = np.random.default_rng(seed)

@@ -18,7 +18,8 @@ CLAIM_PREFIX = "ff:claim:"  # + root hash:video:stage: one live run of a video's
 REBALANCE_LOCK = "ff:rebalance-lock"
 BELL_PREFIX = "ff:bell:"  # + queue: the doorbell workers block on; publishers ring it (tasks.delivery.transport)
 
-# runs, results and records (tasks.observe.progress, tasks.run.quarantine, tasks.pipeline.oom, tasks.observe.metrics)
+# runs, results and records (tasks.observe.progress, tasks.records.quarantine, tasks.pipeline.oom,
+# tasks.observe.metrics)
 RUN_PREFIX = "ff:run:"  # + run id: the run's one lasting hash: per-stage counters and the fields below
 RUN_RECORD_FIELD = "record"  # the run's record (its OUT, callback id), for status and cancel (tasks.run.runs)
 RUN_AGGREGATED_FIELD = "aggregated"  # set NX once, by the task that sends the statistics callback
@@ -38,9 +39,11 @@ RUN_SENT_SUFFIX = ":sent"  # hash video id -> the job of a video sent (its chain
 RUN_DONE_SUFFIX = ":done"
 RUN_ATTEMPTS_SUFFIX = ":attempts"  # hash task id -> how many times it started, until it is done
 RUN_STAGES_SUFFIX = ":stages"  # list of the run's stage spans (the report's and status's source)
-RUN_SUMS_SUFFIX = ":sums"  # hash: the run's partial statistics merged so far, per track type (tasks.run.sums)
-RUN_MERGED_SUFFIX = ":merged"  # + ":" + shard: hash video mark -> its file's stamp, once merged (tasks.run.sums)
-PARTIALS_PREFIX = "ff:partials:"  # + output-root hash: hash video id -> its partial statistics (tasks.run.partials)
+RUN_SUMS_SUFFIX = ":sums"  # hash: the run's partial statistics merged so far, per track type (tasks.statistics.sums)
+RUN_MERGED_SUFFIX = ":merged"  # + ":" + shard: hash video mark -> its file's stamp, once merged (tasks.statistics.sums)
+PARTIALS_PREFIX = (
+    "ff:partials:"  # + output-root hash: hash video id -> its partial statistics (tasks.statistics.partials)
+)
 QUARANTINED = "ff:quarantined"  # hash output-root hash -> how many videos OUT/quarantine.jsonl holds
 OOM_LOG = "ff:oom"  # list of out-of-memory records, newest first
 RUN_INFO_PREFIX = "ff:runinfo:"  # + run id: where an earlier version kept the run's record (read only)

@@ -123,7 +123,7 @@ def settings_env(tmp_path: Path, yaml_text: str, **extra: str) -> dict[str, str]
 @pytest.fixture
 def redis_url() -> Iterator[str]:
     """A flushed Redis database used by this test alone."""
-    from tasks.run import sums
+    from tasks.statistics import sums
 
     url = f"{BASE_REDIS}/{TEST_DB}"
     client = redis.Redis.from_url(url)

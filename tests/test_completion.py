@@ -78,7 +78,7 @@ def test_the_count_is_per_video_and_the_callback_is_sent_once(redis_url, monkeyp
     fields, failures = completion.counted(r, "run1")
     assert fields["videos"] == 3 and fields["done"] == 2 and fields["s:h5:tasks"] == 1 and fields["s:h5:ms"] == 1000
     assert [f["video_id"] for f in failures] == ["v1"] and failures[0]["stage"] == "preprocess"
-    from tasks.run import outcome_files
+    from tasks.records import outcome_files
 
     lines = outcome_files.read(outcome_files.live_dir(tmp_path / "out", "run1"))
     assert lines.status == {"v0": "done", "v1": "failed", "v2": "done"} and not lines.disagree
@@ -171,7 +171,8 @@ def test_a_window_of_one_finishes_every_video_without_its_enqueuer_and_counts_fa
     assert verify(out) == []  # the statistics of one NumPy pass over the files
     # A window of one: each video started after the one before it had ended.
     # (From the run's stage log in OUT/runs/: its outcomes left Redis once written to its files.)
-    from tasks.run import manifest, outcome_files, runs
+    from tasks.records import manifest, outcome_files
+    from tasks.run import runs
 
     logged, where = runs.stage_log(None, out, record["run_id"])
     assert where.endswith(".stages.jsonl") and not r.exists(completion.key(record["run_id"], ":finished"))
@@ -218,11 +219,11 @@ def test_the_statistics_full_pass_reads_the_partials_files_and_falls_back_to_the
 
     configure_for(monkeypatch, pipeline_env["REDIS_URL"])
     from tasks.cli.verify import verify
-    from tasks.run import partials, stats_file
+    from tasks.statistics import partials, stats_file
 
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"], decode_responses=True)
     ids = sorted(p.stem for p in out.glob("*.hdf5"))
-    assert not r.exists(partials.redis_key(out))  # no copy in Redis: the run's sums are there (tasks.run.sums)
+    assert not r.exists(partials.redis_key(out))  # no copy in Redis: the run's sums are there (tasks.statistics.sums)
     # The workers appended each video's entry to their segments in OUT/markers/partials/.
     assert sorted(partials.read_file(out)) == ids and partials.segments(out)
     segments = out / "markers" / partials.SEGMENTS

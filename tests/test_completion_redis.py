@@ -13,8 +13,9 @@ from tasks import keys
 from tasks.delivery import marks as done_marks
 from tasks.delivery import queues
 from tasks.job import Job
-from tasks.run import cancel, completion, runs, sums
+from tasks.run import cancel, completion, runs
 from tasks.run.dataset import build_jobs
+from tasks.statistics import sums
 from tests.test_completion import configure_for, waiting
 
 

@@ -8,7 +8,7 @@ import signal
 import redis
 import yaml
 
-from tasks.run import manifest
+from tasks.records import manifest
 from tests.conftest import run_script, settings_env, wait_until
 
 # About a second of depth per video, waited rather than computed: as long on a loaded machine as on an idle one.

@@ -71,7 +71,7 @@ def test_a_video_without_hands_is_quarantined_as_low_quality_with_its_numbers_an
     assert sorted(p.name for p in out.glob("*.hdf5")) == [f"{ids['pstudio.mp4']}.hdf5"]
     stats = (out / "normalization_stats.yaml").read_text()
     assert "#   1 videos: depth=synthetic tracks=synthetic hands=mediapipe" in stats
-    from tasks.run import manifest
+    from tasks.records import manifest
 
     entries = {e["path"]: e for e in manifest.read(out)["videos"]}  # with what the run's end recorded of each
     assert entries["shapes.mp4"]["status"] == "low_quality" and entries["pstudio.mp4"]["status"] == "done"

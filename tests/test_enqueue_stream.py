@@ -192,7 +192,7 @@ def test_a_run_ends_only_once_its_size_is_known(app_on_test_redis, tmp_path):
 
 
 def test_a_manifest_is_merged_in_one_pass_keeping_what_runs_recorded(tmp_path):
-    from tasks.run import lineage, manifest
+    from tasks.records import lineage, manifest
     from tasks.run.dataset import write_manifest
     from tasks.run.listing import walk_videos
 
@@ -218,7 +218,7 @@ def test_a_runs_outcomes_are_read_with_the_manifest_and_folded_into_it_by_the_ne
     (OUT/runs/<run>.outcomes.live/), not to the manifest; once the run's end has put the folder in place every
     reader sees them merged (an earlier version's one file per run too); the next enqueue writes them into the
     manifest and names the run in its head, so files left behind (their removal failed) are not merged again."""
-    from tasks.run import lineage, manifest, outcome_files
+    from tasks.records import lineage, manifest, outcome_files
     from tasks.run.dataset import write_manifest
     from tasks.run.listing import walk_videos
 

@@ -30,8 +30,8 @@ def _header(out: Path) -> list[str]:
 
 def _pass_header(out: Path) -> list[str]:
     """The header as the manifest's pass writes it (``stats_header`` reading the sets itself)."""
-    from tasks.run import stats_file
-    from tasks.run.stats import write_stats_yaml
+    from tasks.statistics import stats_file
+    from tasks.statistics.stats import write_stats_yaml
 
     probe = out / "probe.yaml"
     write_stats_yaml(probe, {"count": 0}, stats_file.stats_header(out))
@@ -47,13 +47,15 @@ def _end_run(
     each done video complete (file, marker, partial) and merged into the run's sums, each video ended as its last
     task ends it, then the real callback. Returns the summary."""
     from tasks.job import Failure
-    from tasks.run import aggregate, completion, lineage, runs, sums
+    from tasks.records import lineage
+    from tasks.run import aggregate, completion, runs
     from tasks.run.dataset import build_jobs
+    from tasks.statistics import sums
 
     lineage.write(out, {"order": "parts"}, [{"video_id": v, "path": f"{v}.mp4"} for v in sorted(every)])
     done = [vid for vid, report in ends.items() if report is not None]
     complete_videos(out, np.random.default_rng(len(every)), done)
-    from tasks.run import partials
+    from tasks.statistics import partials
 
     kept = partials.read_file(out)
     for vid in done:
@@ -75,7 +77,8 @@ def test_the_header_adds_the_runs_counters_to_the_saved_sets_and_equals_the_pass
     """A first run (two backend sets, a failed video), then a --continue that adds videos: each end's header
     comes from the counters (and the saved sets), not the manifest's pass, and is the pass's, line for line."""
     configure_for(monkeypatch, redis_url)
-    from tasks.run import aggregate, sums
+    from tasks.run import aggregate
+    from tasks.statistics import sums
 
     monkeypatch.setattr(
         aggregate, "write_report", lambda out_root, table=None, child=None: None
@@ -114,7 +117,8 @@ def test_the_header_takes_the_pass_when_the_saved_sets_do_not_cover_the_done_vid
     the saved sets failed in this run with its marker kept, no saved sets; and when two sets hold as many
     videos (the pass orders them by the manifest)."""
     configure_for(monkeypatch, redis_url)
-    from tasks.run import aggregate, manifest, outcome_files
+    from tasks.records import manifest, outcome_files
+    from tasks.run import aggregate
 
     monkeypatch.setattr(aggregate, "write_report", lambda out_root, table=None, child=None: None)
     caplog.set_level("INFO", logger="framefleet.aggregate")

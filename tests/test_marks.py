@@ -15,7 +15,8 @@ from tasks.errors import WorkerLost
 from tasks.job import Job
 from tasks.pipeline.claim import Attempts, Claim
 from tasks.pipeline.hooks import StageCall, StageFailed
-from tasks.run import completion, runs, sums
+from tasks.run import completion, runs
+from tasks.statistics import sums
 
 TTL_S = 30.0
 

@@ -37,7 +37,8 @@ def test_each_video_counts_once_whatever_its_deliveries_and_the_end_writes_the_s
 ):
     r, jobs, record = _run(redis_url, monkeypatch, tmp_path, 5, "once")
     from tasks.job import Failure
-    from tasks.run import aggregate, completion, manifest, outcome_files, tally
+    from tasks.records import manifest, outcome_files
+    from tasks.run import aggregate, completion, tally
 
     made = {"quality": {"q": 1}, "provenance": {"backends": {"depth": "synthetic"}, "run_id": "once"}}
     done = [replace(job, timings=_span(10.0 * i, 1.0 + i), report=made) for i, job in enumerate(jobs)]
@@ -93,7 +94,8 @@ def test_a_counted_video_without_its_line_is_reported_in_the_summary(redis_url, 
     """A line lost after its video was counted (its host lost before the page reached a shared disk): the
     end's counts from Redis and from the files differ, and the summary says so."""
     r, jobs, record = _run(redis_url, monkeypatch, tmp_path, 2, "lost")
-    from tasks.run import aggregate, completion, outcome_files
+    from tasks.records import outcome_files
+    from tasks.run import aggregate, completion
 
     for i, job in enumerate(jobs):
         completion.video_ended(r, replace(job, timings=_span(i, 1.0)), 3600)
@@ -140,7 +142,7 @@ def test_the_index_gives_what_the_lines_give_whatever_a_stopped_worker_left(tmp_
     import os
     import shutil
 
-    from tasks.run import outcome_files
+    from tasks.records import outcome_files
 
     out = tmp_path / "out"
     statuses = ["done", "low_quality", "failed"]
@@ -194,7 +196,7 @@ def test_the_index_gives_what_the_lines_give_whatever_a_stopped_worker_left(tmp_
 
 
 def test_a_run_redis_lost_has_its_outcomes_ended_and_a_live_one_is_left_alone(tmp_path):
-    from tasks.run import manifest, outcome_files
+    from tasks.records import manifest, outcome_files
 
     out = tmp_path / "out"
     made = {"quality": {"q": 1}, "provenance": {"backends": {"depth": "synthetic"}, "run_id": "lost"}}

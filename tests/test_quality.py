@@ -11,7 +11,7 @@ import pytest
 from tasks.errors import LowQuality, error_class
 from tasks.job import Failure
 from tasks.pipeline.quality import enforce, shortfalls
-from tasks.run import lineage
+from tasks.records import lineage
 from tasks.stages.tracks import track_quality
 from worker_config.settings import QualityGates, load_settings, resolved_stage, resolved_stages
 

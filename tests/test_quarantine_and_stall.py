@@ -11,7 +11,7 @@ import time
 import redis
 
 from tasks.cli.sample import make_corrupt_inputs, make_video
-from tasks.run import quarantine
+from tasks.records import quarantine
 from tests.conftest import ROOT, run_script
 
 

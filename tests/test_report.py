@@ -103,7 +103,7 @@ def test_run_local_writes_a_report_with_plots_and_keeps_flower_password_out_of_s
     ("wall_s", "unit", "word"), [(16.0, 1.0, "seconds"), (600.0, 60.0, "minutes"), (5 * 3600.0, 3600.0, "hours")]
 )
 def test_the_time_axis_unit_follows_the_run_length(wall_s, unit, word):
-    from tasks.run.report import time_axis
+    from tasks.report.report import time_axis
 
     assert time_axis({"wall_s": wall_s}) == (unit, f"{word} since the run started")
 

@@ -30,7 +30,7 @@ def _found(status: str, vid: str) -> dict:
 def _out(tmp_path: Path, run_id: str, manifest_entries: list[dict], segments: list[list[tuple[str, str]]]) -> Path:
     """An OUT whose manifest holds ``manifest_entries`` and whose run ``run_id`` is live with a segment of
     outcomes lines per list of (video id, status) in ``segments``."""
-    from tasks.run import lineage, outcome_files
+    from tasks.records import lineage, outcome_files
 
     out = tmp_path / "out"
     lineage.write(out, {"order": "parts"}, sorted(manifest_entries, key=lambda e: e["path"]))
@@ -51,7 +51,8 @@ def test_the_table_from_the_ends_read_is_the_passs_whatever_the_lines_say(tmp_pa
     """Done, low_quality and failed videos, a video ended twice with other statuses (low then done; done then
     failed, the failure settled by Redis's record), a torn last line, manifest entries of no video of the run
     (with an earlier run's status folded in, and without any), read in whole or in chunks of a few lines."""
-    from tasks.run import outcome_files, quality_table, report_quality
+    from tasks.records import outcome_files
+    from tasks.report import quality_table, report_quality
 
     monkeypatch.setattr(quality_table, "CHUNK_BYTES", chunk_chars)
     statuses = ["done", "low_quality", "done", "failed", "low_quality"]
@@ -78,7 +79,8 @@ def test_the_table_from_the_ends_read_is_the_passs_whatever_the_lines_say(tmp_pa
 def test_the_table_is_left_to_the_pass_when_the_end_read_does_not_give_it(tmp_path):
     """Another run's outcomes merged over the manifest, and the first ``rows`` others of the manifest beyond
     the videos whose fields the end kept (many low_quality videos first): None, and the pass gives the table."""
-    from tasks.run import outcome_files, quality_table, report_quality
+    from tasks.records import outcome_files
+    from tasks.report import quality_table, report_quality
 
     mine = [(f"v{i:02d}", "low_quality" if i < 8 else "done") for i in range(12)]
     out = _out(tmp_path, "run", _entries(12), [mine])
@@ -97,7 +99,9 @@ def test_the_runs_end_gives_the_report_the_passs_table(redis_url, monkeypatch, t
     the report written from it is the report written without it."""
     configure_for(monkeypatch, redis_url)
     from tasks.job import Failure
-    from tasks.run import aggregate, completion, lineage, report, report_quality, runs
+    from tasks.records import lineage
+    from tasks.report import report, report_quality
+    from tasks.run import aggregate, completion, runs
     from tasks.run.dataset import build_jobs
 
     given = []
@@ -139,7 +143,9 @@ def test_the_report_started_early_waits_for_the_table_and_writes_nothing_without
     import sys
 
     configure_for(monkeypatch, redis_url)
-    from tasks.run import aggregate, completion, lineage, report_quality, runs
+    from tasks.records import lineage
+    from tasks.report import report_quality
+    from tasks.run import aggregate, completion, runs
     from tasks.run.dataset import build_jobs
 
     r = redis.Redis.from_url(redis_url)
@@ -156,7 +162,7 @@ def test_the_report_started_early_waits_for_the_table_and_writes_nothing_without
     assert report_quality.section(out) in page and "v02.mp4" in page
 
     (out / "report.html").unlink()
-    cmd = [sys.executable, "-m", "tasks.run.report", str(out), "--table", "-"]
+    cmd = [sys.executable, "-m", "tasks.report.report", str(out), "--table", "-"]
     done = subprocess.run(cmd, input="", capture_output=True, text=True, env=pipeline_env, timeout=60)
     assert done.returncode == 3 and "stopped before its summary" in done.stderr
     child = aggregate.start_report(out)

@@ -26,7 +26,7 @@ KIND = {
 }
 # Names from CONTRACTS.md that are spelled like a stage but name an HDF5 dataset or a statistic.
 CONTRACT_NAMES = {
-    ("tasks/run/stats.py", "depth"),
+    ("tasks/statistics/stats.py", "depth"),
     ("tasks/cli/verify.py", "depth"),
     ("tasks/cli/verify.py", "tracks"),
     ("tasks/cli/y2r_strict.py", "tracks"),

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.run.stats import Moments, VideoStats, normalization_stats, pool_rows, to_row, write_stats_yaml
+from tasks.statistics.stats import Moments, VideoStats, normalization_stats, pool_rows, to_row, write_stats_yaml
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False, allow_subnormal=False)
 

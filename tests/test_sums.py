@@ -1,4 +1,4 @@
-"""A run's running sums of partial statistics (tasks.run.sums): exact, merged once per video whatever is
+"""A run's running sums of partial statistics (tasks.statistics.sums): exact, merged once per video whatever is
 delivered twice, never used when a merge was lost, and a few tens of bytes per video in Redis.
 
 Real Redis throughout (its Lua does the merge); the end-to-end test runs real `celery worker`
@@ -23,7 +23,7 @@ RTOL = 1e-12
 
 def random_partial(rng: np.random.Generator, scale: float) -> dict:
     """A video's partial of a 3d run from random samples (sizes and magnitudes vary per video)."""
-    from tasks.run.stats import Moments, VideoStats
+    from tasks.statistics.stats import Moments, VideoStats
 
     def m(n: int, dim: int, shift: float) -> Moments:
         return Moments.from_samples(rng.normal(shift, scale, size=(n, dim)))
@@ -35,7 +35,7 @@ def random_partial(rng: np.random.Generator, scale: float) -> dict:
 
 
 def entry(partial: dict, size: int = 1000, mtime_ns: int = 1) -> bytes:
-    from tasks.run import partials
+    from tasks.statistics import partials
 
     return partials.HEADER.pack(size, mtime_ns, b"3d") + partials.encode(partial, "3d")
 
@@ -51,8 +51,8 @@ def assert_close(got, want) -> None:
 
 
 def test_merging_in_any_order_with_duplicates_gives_one_pass(redis_url, app_on_test_redis):
-    from tasks.run import sums
-    from tasks.run.stats import VideoStats, normalization_stats
+    from tasks.statistics import sums
+    from tasks.statistics.stats import VideoStats, normalization_stats
 
     _conf, r = app_on_test_redis
     rng = np.random.default_rng(7)
@@ -72,7 +72,7 @@ def test_merging_in_any_order_with_duplicates_gives_one_pass(redis_url, app_on_t
 
 
 def test_concurrent_deliveries_of_one_video_merge_it_once(redis_url, app_on_test_redis):
-    from tasks.run import sums
+    from tasks.statistics import sums
 
     _conf, r = app_on_test_redis
     part = random_partial(np.random.default_rng(1), 1.0)
@@ -90,7 +90,7 @@ def test_concurrent_deliveries_of_one_video_merge_it_once(redis_url, app_on_test
 
 
 def test_a_video_merged_again_with_another_file_turns_the_sums_off(redis_url, app_on_test_redis):
-    from tasks.run import sums
+    from tasks.statistics import sums
 
     _conf, r = app_on_test_redis
     rng = np.random.default_rng(2)
@@ -102,7 +102,7 @@ def test_a_video_merged_again_with_another_file_turns_the_sums_off(redis_url, ap
 def test_the_marks_take_a_few_tens_of_bytes_per_video(redis_url, app_on_test_redis):
     """The memory shape, measured with MEMORY USAGE: the sums stay one small hash whatever the run's size,
     and the merged marks stay in the listpack encoding (not one hash-table entry per video)."""
-    from tasks.run import sums
+    from tasks.statistics import sums
 
     _conf, r = app_on_test_redis
     part = entry(random_partial(np.random.default_rng(3), 1.0))
@@ -128,7 +128,7 @@ def test_the_marks_take_a_few_tens_of_bytes_per_video(redis_url, app_on_test_red
 
 
 def test_segments_are_read_newest_last_and_a_damaged_tail_is_skipped(tmp_path):
-    from tasks.run import partials
+    from tasks.statistics import partials
 
     rng = np.random.default_rng(4)
     a, b = entry(random_partial(rng, 1.0), mtime_ns=1), entry(random_partial(rng, 1.0), mtime_ns=2)
@@ -160,7 +160,7 @@ def test_a_run_ends_with_its_sums_equal_to_the_full_pass(video_factory, workers,
 
     monkeypatch.setenv("REDIS_URL", pipeline_env["REDIS_URL"])
     from tasks import configure
-    from tasks.run import partials, stats_file, sums
+    from tasks.statistics import partials, stats_file, sums
     from worker_config.settings import load_settings
 
     configure(load_settings())
@@ -211,7 +211,7 @@ def test_a_run_ends_with_its_sums_equal_to_the_full_pass(video_factory, workers,
 
 @pytest.mark.parametrize("videos", [1, 64, 65, 1_000_000, 100_000_000])
 def test_shards_hold_about_64_videos(videos):
-    from tasks.run import sums
+    from tasks.statistics import sums
 
     shards = sums.shard_count(videos)
     assert shards & (shards - 1) == 0 and shards <= sums.MAX_SHARDS
@@ -220,7 +220,7 @@ def test_shards_hold_about_64_videos(videos):
 
 def test_the_sums_key_is_named_once():
     from tasks import keys
-    from tasks.run import sums
+    from tasks.statistics import sums
 
     assert sums.sums_key("r").endswith(keys.RUN_SUMS_SUFFIX)
     assert Path(sums.shard_key("r", b"\0" * 8, 4)).name.startswith(keys.RUN_PREFIX + "r" + keys.RUN_MERGED_SUFFIX)
@@ -228,7 +228,7 @@ def test_the_sums_key_is_named_once():
 
 def test_the_markers_are_counted_as_marked_videos_lists_them(tmp_path):
     from tasks.outputs.stage_io import MARKER_SUFFIX, marked_videos, marker_shard
-    from tasks.run import partials, sums
+    from tasks.statistics import partials, sums
 
     for vid in ("a", "b", "c"):
         shard = tmp_path / "markers" / marker_shard(vid)
@@ -243,7 +243,7 @@ def test_the_markers_are_counted_as_marked_videos_lists_them(tmp_path):
 def test_outcomes_are_kept_small_and_read_back_whole(redis_url, app_on_test_redis):
     """An outcome deflated against the run's first one reads back as it was (stage times to the ms),
     takes a fraction of its JSON, and one deflated against another dictionary is refused, not misread."""
-    from tasks.run import outcomes
+    from tasks.records import outcomes
 
     _conf, r = app_on_test_redis
     report = {"provenance": {"backends": {"depth": "synthetic"}, "settings_sha256": "ab" * 32}, "quality": {"x": 1}}
@@ -275,7 +275,7 @@ def complete_videos(out: Path, rng: np.random.Generator, names: list[str]) -> di
     """Videos complete in ``out`` as a run leaves them: an output file, its marker in its shard, its entry
     in this process's segment of OUT/markers/partials/; their partials by id."""
     from tasks.outputs.stage_io import MARKER_SUFFIX, marker_shard
-    from tasks.run import partials
+    from tasks.statistics import partials
 
     made = {}
     out.mkdir(parents=True, exist_ok=True)
@@ -290,7 +290,7 @@ def complete_videos(out: Path, rng: np.random.Generator, names: list[str]) -> di
 
 
 def merge_run(r, run_id: str, out: Path, names: list[str]) -> None:
-    from tasks.run import partials, sums
+    from tasks.statistics import partials, sums
 
     kept = partials.read_file(out)
     for vid in names:
@@ -298,7 +298,7 @@ def merge_run(r, run_id: str, out: Path, names: list[str]) -> None:
 
 
 def one_pass(made: dict[str, dict]) -> dict:
-    from tasks.run.stats import normalization_stats, pool_rows, to_row
+    from tasks.statistics.stats import normalization_stats, pool_rows, to_row
 
     return normalization_stats(pool_rows(np.stack([to_row(p, "3d") for p in made.values()]), "3d"))
 
@@ -306,7 +306,7 @@ def one_pass(made: dict[str, dict]) -> dict:
 def test_saved_sums_and_a_later_runs_sums_give_the_full_pass(redis_url, app_on_test_redis, tmp_path):
     """A --continue or --add over earlier videos: the end adds the sums the last end saved
     (OUT/markers/sums.json) to the run's own, and reads no video's partial; equal to one pass to 1e-12."""
-    from tasks.run import stats_file, sums
+    from tasks.statistics import stats_file, sums
 
     r = app_on_test_redis[1]
     rng = np.random.default_rng(11)
@@ -338,7 +338,7 @@ def test_saved_sums_that_do_not_cover_the_markers_exactly_take_the_full_pass(
     markers once each: as many videos but not the same ones, a video redone in the later run, a saved
     file of another track type."""
     from tasks.outputs.stage_io import MARKER_SUFFIX, marker_shard
-    from tasks.run import stats_file, sums
+    from tasks.statistics import stats_file, sums
 
     r = app_on_test_redis[1]
     rng = np.random.default_rng(12)

@@ -62,7 +62,7 @@ def test_a_video_found_again_is_forgotten_and_finished_or_cancelled_runs_are_not
     job = _job(tmp_path, "a")
     completion.note_sent(r, [job], 3600)
     assert sweep.sweep(r, r, conf, force=True) == []
-    from tasks.run import sums
+    from tasks.statistics import sums
 
     r.hset(*completion.order_of("r1", "a", sums.run_shards(r, "r1")), 1)  # its end was counted meanwhile: its place
     assert sweep.sweep(r, r, conf, force=True) == [] and not r.hkeys("ff:sweep:r1")

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from tasks.run.stats import VideoStats, normalization_stats, write_stats_yaml
 from tasks.stages import stage_class
+from tasks.statistics.stats import VideoStats, normalization_stats, write_stats_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 from tasks.cli import verify as vd  # noqa: E402

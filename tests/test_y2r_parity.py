@@ -28,9 +28,9 @@ import yaml
 
 from tasks.outputs.geometry import crop_intrinsics, square_crop
 from tasks.outputs.storage import load_npz
-from tasks.run.stats import VideoStats, normalization_stats
 from tasks.stages import stage_class
 from tasks.stages.h5 import H5Stage
+from tasks.statistics.stats import VideoStats, normalization_stats
 from tests import y2r_oracle
 from tests.conftest import ONE_WORKER_EACH, PIPELINE_ENV, ROOT, run_script
 

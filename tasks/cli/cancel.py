@@ -19,7 +19,8 @@ import redis
 from tasks.cli import common
 from tasks.observe import stall
 from tasks.redis_client import get_redis
-from tasks.run import cancel, completion, runs, sums
+from tasks.run import cancel, completion, runs
+from tasks.statistics import sums
 from tasks.workers import registry
 
 

@@ -39,8 +39,9 @@ from tasks.cli import common, watch
 from tasks.observe import stall
 from tasks.outputs import intermediates
 from tasks.outputs.storage import write_text_atomic
+from tasks.records import lineage, outcome_files, quarantine
 from tasks.redis_client import get_redis
-from tasks.run import cancel, completion, lineage, outcome_files, quarantine, runs, settings_check, sums
+from tasks.run import cancel, completion, runs, settings_check
 from tasks.run.dataset import (
     Completed,
     DatasetError,
@@ -53,6 +54,7 @@ from tasks.run.dataset import (
 )
 from tasks.run.metadata import DEFAULT_NAME, MetadataError, texts_for
 from tasks.run.send import RunSender
+from tasks.statistics import sums
 from tasks.workers import registry
 from worker_config.settings import Settings, resolved_dict
 
@@ -77,7 +79,7 @@ def enqueue(
     wait_for_workers: bool = False,
 ) -> dict[str, Any]:
     """Send the run as its folder is walked: its first ``window`` videos' chains at once, the others held in
-    Redis (tasks.run.send, tasks.run.pending), the manifest written as it goes (tasks.run.manifest); return
+    Redis (tasks.run.send, tasks.run.pending), the manifest written as it goes (tasks.records.manifest); return
     its record (run_id, callback_id, videos, window, ...) once every video is sent or held.
 
     Memory stays flat whatever the folder's size (one folder's names at a time), except with a metadata
@@ -149,7 +151,7 @@ def enqueue(
             **ran_with,  # each stage's settings and hash, that every stage task runs under
             "settings_warnings": differ,
             # The running sums' merged marks are sharded by a count fixed now: a video may reach its h5 stage
-            # before the folder is walked and the run's size known (tasks.run.sums).
+            # before the folder is walked and the run's size known (tasks.statistics.sums).
             "shards": sums.shard_count(limit or len(held or {})) if limit or held else sums.MAX_SHARDS,
         }
         # The record exists before the first task can finish, so cancel and status find the run at once,

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.outputs import provenance
-from tasks.run import lineage
+from tasks.records import lineage
 
 SHOWN = 20  # files listed one a line; the rest are counted
 

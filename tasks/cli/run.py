@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         first_video(args.raw_dir)  # a missing or empty folder: the folder is walked once, by the enqueue
         check_folders(args.raw_dir, args.out, args.resume, args.force, args.add)
         if not args.force:  # before any process starts, as the rest of these checks
-            from tasks.run import lineage
+            from tasks.records import lineage
 
             lineage.check_same(args.out, conf, args.mixed)
         # Before any process starts: a bad metadata file should cost no cluster start-up.

@@ -26,8 +26,9 @@ from tasks.delivery import settings_queues
 from tasks.delivery.queues import lengths as queue_lengths
 from tasks.gpu import GpuReading, open_probe
 from tasks.observe import progress
+from tasks.records import quarantine
 from tasks.redis_client import get_redis
-from tasks.run import quarantine, runs, settings_check
+from tasks.run import runs, settings_check
 from tasks.workers import registry
 from worker_config.settings import Settings, redact_url
 

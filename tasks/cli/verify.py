@@ -1,6 +1,6 @@
 """Check every OUT/*.hdf5 against CONTRACTS.md and recompute normalization_stats.yaml in one NumPy pass.
 
-Independent of tasks/run/stats.py on purpose: the statistics are recomputed by concatenating
+Independent of tasks/statistics/stats.py on purpose: the statistics are recomputed by concatenating
 every pooled row of every file and calling np.mean / np.std in float64. A value matches
 when |a - b| <= 1e-9 * max(|a|, |b|) or |a - b| <= 1e-12 (the absolute floor covers values
 that are 0 up to rounding, e.g. a mean displacement of a static scene); counts must be equal.

@@ -25,7 +25,7 @@ import numpy as np
 from tasks.cli import common
 from tasks.outputs.preview import BONES
 from tasks.outputs.stage_io import output_path
-from tasks.run import lineage
+from tasks.records import lineage
 from tasks.stages import DepthStage, HandsStage, PreprocessStage, TracksStage
 
 SIDES = ("left", "right")

@@ -18,8 +18,9 @@ from tasks.cli.common import fail, plural
 from tasks.delivery import requeues
 from tasks.observe import progress, stall
 from tasks.outputs.intermediates import summary_line
+from tasks.records import quarantine
 from tasks.redis_client import get_redis
-from tasks.run import cancel, quarantine, runs, sweep
+from tasks.run import cancel, runs, sweep
 from tasks.workers import registry
 from worker_config.settings import Settings
 

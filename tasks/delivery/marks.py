@@ -2,7 +2,7 @@
 
 A finished stage task is remembered by an 8-byte integer, its mark (a digest of its task id), in one
 of the run's sets of done marks (``ff:run:<run>:done:<shard>``). The sets are spread over the
-shards the run's record fixes before its first video is sent (``shards``, tasks.run.sums: 32 to 64
+shards the run's record fixes before its first video is sent (``shards``, tasks.statistics.sums: 32 to 64
 videos each, or about 15 at a million when the size is not known ahead), so each holds a few
 hundred marks at most: under Redis's ``set-max-intset-entries`` (512), stored as a sorted array of
 8-byte integers. The shard is chosen by other bits of the digest than the mark's, so two task ids
@@ -57,8 +57,8 @@ def of(run_id: str, task_id: str, shards: int) -> Marks:
 
 
 def where(r: Any, run_id: str, task_id: str) -> Marks:
-    """Where ``task_id`` of ``run_id`` is marked (``of`` with the run's shard count, tasks.run.sums.run_shards).
+    """Where ``task_id`` of ``run_id`` is marked (``of`` with the run's shard count, tasks.statistics.sums.run_shards).
     Raises redis.RedisError."""
-    from tasks.run import sums
+    from tasks.statistics import sums
 
     return of(run_id, task_id, sums.run_shards(r, run_id))

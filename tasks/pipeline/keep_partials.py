@@ -1,5 +1,5 @@
 """The dataset stage's partial statistics kept for the run's end: merged into the run's running sums in
-Redis (tasks.run.sums) and appended to this process's segment in OUT/markers/ (tasks.run.partials)."""
+Redis (tasks.statistics.sums) and appended to this process's segment in OUT/markers/ (tasks.statistics.partials)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from tasks.celery_app import settings
 from tasks.outputs.stage_io import output_path
 from tasks.pipeline.hooks import StageCall, StageHook
 from tasks.redis_client import get_redis
-from tasks.run import partials, runs, sums
+from tasks.run import runs
 from tasks.stages import stage_class
+from tasks.statistics import partials, sums
 
 log = logging.getLogger("framefleet.pipeline")
 
@@ -20,7 +21,7 @@ class KeepPartials(StageHook):
     """Keep a finished video's partial statistics; without them the run's end reads its marker.
 
     It runs after the marker is written, also when the stage found its output made (a redelivery):
-    the merge is idempotent per video (tasks.run.sums), and a merge lost to a crash or a Redis error
+    the merge is idempotent per video (tasks.statistics.sums), and a merge lost to a crash or a Redis error
     leaves the sums short of OUT's markers, which sends the run's end to the full pass.
     """
 

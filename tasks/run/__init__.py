@@ -1,4 +1,6 @@
-"""The run of a dataset: enqueue and chains, the count of finished videos, the statistics and the run summary.
+"""The run of a dataset: enqueue and chains, sending, the count of finished videos and the run's end.
 
-Also a run's record, its cancellation, per-video metadata, the quarantine and the report.
+Also a run's record in Redis, its cancellation, per-video metadata and the sweep that resends lost work.
+A run's files are kept by ``tasks.records``, its statistics by ``tasks.statistics`` and its report by
+``tasks.report``.
 """

@@ -1,4 +1,4 @@
-"""The statistics callback, a run's end: write the statistics file (tasks.run.stats_file), the run summary,
+"""The statistics callback, a run's end: write the statistics file (tasks.statistics.stats_file), the run summary,
 the quarantine and the report, and retire the run's keys in Redis.
 
 tasks.run.completion sends it once every video of the run has finished; it reads the videos'
@@ -24,22 +24,14 @@ from tasks.delivery import requeues
 from tasks.observe import progress
 from tasks.observe.flower_view import VideoTask
 from tasks.outputs.storage import write_text_atomic
+from tasks.records import manifest, outcome_files, outcomes, quarantine
 from tasks.redis_client import get_redis
-from tasks.run import (
-    completion,
-    manifest,
-    outcome_files,
-    outcomes,
-    partials,
-    quality_table,
-    quarantine,
-    runs,
-    sums,
-    sweep,
-)
-from tasks.run.stats_file import Ended, write_statistics_from
+from tasks.report import quality_table
+from tasks.run import completion, runs, sweep
 from tasks.run.tally import Tally
 from tasks.stages import STAGE_NAMES, dataset_stage, model_backends
+from tasks.statistics import partials, sums
+from tasks.statistics.stats_file import Ended, write_statistics_from
 
 log = logging.getLogger("framefleet.aggregate")
 REPORT_TIMEOUT_S = 120
@@ -62,19 +54,19 @@ def _resent(r: Any, run_id: str) -> list[dict[str, Any]]:
 
 
 def start_report(out_root: Path) -> subprocess.Popen[str] | None:
-    """Start the report's process (``python -m tasks.run.report OUT --table -``) while the run's end does its
+    """Start the report's process (``python -m tasks.report.report OUT --table -``) while the run's end does its
     work: its start-up (Python, matplotlib: about a second) overlaps the end's; it waits on its standard input
     for ``write_report``, and exits without writing when that closes first. None when it cannot start."""
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "tasks.run.report", str(out_root), "--table", "-"],
+            [sys.executable, "-m", "tasks.report.report", str(out_root), "--table", "-"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
     except OSError as exc:
-        log.warning("report not written: %s; run python -m tasks.run.report %s", exc, out_root)
+        log.warning("report not written: %s; run python -m tasks.report.report %s", exc, out_root)
         return None
 
 
@@ -97,7 +89,7 @@ def write_report(
         _out, err = child.communicate(given, timeout=REPORT_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as exc:
         stop_report(child)
-        log.warning("report not written: %s; run python -m tasks.run.report %s", exc, out_root)
+        log.warning("report not written: %s; run python -m tasks.report.report %s", exc, out_root)
         return
     if child.returncode:
         log.warning("report not written (exit status %d): %s", child.returncode, err.strip()[-2000:])
@@ -221,7 +213,7 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def _adopt_lost(r: Any, out_root: Path) -> None:
     """The outcomes of a run Redis lost whose tasks were still ending when the enqueue that replaced it took
-    them (tasks.run.outcome_files.adopt_lost): by this run's end those tasks have long ended."""
+    them (tasks.records.outcome_files.adopt_lost): by this run's end those tasks have long ended."""
     try:
         for lost, videos in outcome_files.adopt_lost(out_root, lambda run: runs.lookup(r, run) is not None):
             log.warning("run %s, lost by Redis: the outcomes of %d more video(s) put into %s", lost, videos, out_root)

@@ -10,7 +10,7 @@ Instead:
   enqueuer once it has walked the folder; its size is recorded then (``listed``), and until then no
   count ends the run;
 - the task that ends a video's chain (its last stage, with the video's result or its failure record)
-  appends the video's line to the run's outcomes files in OUT (tasks.run.outcome_files), then counts it
+  appends the video's line to the run's outcomes files in OUT (tasks.records.outcome_files), then counts it
   once, by its place in the run's order, adding what it adds to the summary to the run's counters
   ``ff:run:<id>:tally`` (integers: tasks.run.tally.counts) or its failure record to ``ff:run:<id>:failed``,
   in one Lua call, so a redelivered task counts its video once; the k-th video to finish sends pending
@@ -52,7 +52,7 @@ MIN_WINDOW = 32  # the automatic window with few (or not yet any) workers
 OUTCOME_KEYS = ("video_id", "video", "failed", "timings", "notes", "gpu", "report")
 
 # KEYS: the video's shard of the order, sent, the run's hash, the run's counters, its failures, an earlier
-# version's outcomes; ARGV: video id, the video's mark (tasks.run.sums.mark_of), ttl, "done" or "failed", the
+# version's outcomes; ARGV: video id, the video's mark (tasks.statistics.sums.mark_of), ttl, "done" or "failed", the
 # failure record, how many counters to add, then (counter, integer) to add, then (counter, integer) to raise to.
 # A video is counted once, by its place in the order (its mark): a redelivered or repeated end adds nothing,
 # but a done end of a video counted as failed replaces its failure (a second chain of a video that failed may
@@ -111,9 +111,9 @@ def sent_key(run_id: str) -> str:
 
 def order_of(run_id: str, video_id: str, shards: int) -> tuple[str, bytes]:
     """(the shard of the run's order that holds ``video_id``'s place, its mark there): the 8-byte digest of the
-    merged marks (tasks.run.sums), in hashes of the same shards, each small enough for Redis's listpack
+    merged marks (tasks.statistics.sums), in hashes of the same shards, each small enough for Redis's listpack
     encoding (about 20 B per video; one hash of video ids took about 90)."""
-    from tasks.run import sums
+    from tasks.statistics import sums
 
     mark = sums.mark_of(video_id)
     return f"{key(run_id, keys.RUN_ORDER_SUFFIX)}:{int.from_bytes(mark[:4], 'little') % shards:x}", mark
@@ -183,13 +183,15 @@ def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None)
     run's counters; send the next pending video and, last, the statistics callback.
 
     ``sender``: the id of the task that ended the video's chain (see ``start_statistics``). The line is
-    written before the count: a video counted always has its line (tasks.run.outcome_files).
+    written before the count: a video counted always has its line (tasks.records.outcome_files).
 
     Raises OSError when the line cannot be written, redis.RedisError or the broker's error when a message
     cannot be sent (the caller retries the task: every step here may be repeated).
     """
     from tasks.celery_app import settings
-    from tasks.run import outcome_files, sums, tally
+    from tasks.records import outcome_files
+    from tasks.run import tally
+    from tasks.statistics import sums
 
     run_id = job.run_id
     message = job.to_dict()
@@ -328,7 +330,7 @@ def retire(r: redis.Redis, run_id: str, keep_s: int) -> None:
         finished = {**record, "status": "finished", "finished": round(time.time(), 3)}
         pipe.hset(run_key, keys.RUN_RECORD_FIELD, json.dumps(finished, separators=(",", ":")))
     pipe.delete(keys.LEGACY_STAGE_LOG)  # an earlier version's global stage log (no TTL): its runs have snapshots
-    from tasks.run import sums
+    from tasks.statistics import sums
 
     let_go(pipe, run_id, keep_s, shards=sums.shards_of(record))
     pipe.execute()
@@ -341,7 +343,7 @@ def let_go(pipe: Any, run_id: str, keep_s: int, videos: int = 0, shards: int | N
     ``keep_s`` seconds from now (also
     for a cancelled run, whose tasks stop at its flag and which the sweep leaves alone)."""
     from tasks.delivery import marks
-    from tasks.run import sums
+    from tasks.statistics import sums
 
     gone = (
         keys.RUN_DONE_SUFFIX,  # an earlier version's one hash of done marks

@@ -22,7 +22,7 @@ from celery import chain
 from tasks.celery_app import TASK_PREFIX, app
 from tasks.errors import DatasetError
 from tasks.job import Job
-from tasks.run import manifest
+from tasks.records import manifest
 from tasks.run.listing import VIDEO_SUFFIXES, Found, walk_videos
 
 
@@ -103,12 +103,12 @@ def dataset_roots(out_dir: Path) -> list[str]:
 
 
 class ManifestRun:
-    """This run's entries of OUT/manifest.json, written as the folder is walked (tasks.run.manifest):
+    """This run's entries of OUT/manifest.json, written as the folder is walked (tasks.records.manifest):
     ``entry`` for each video in walk order, then ``commit`` (or ``abort``).
 
     ``texts`` maps clip ids to ``tasks.run.metadata.ClipText``; an entry carries its ``text`` and
     ``noun`` (empty when the video has none) to the job. ``made_with``: this run's set of
-    backends and settings (tasks.run.lineage.current_set), added to the manifest's ``provenance``
+    backends and settings (tasks.records.lineage.current_set), added to the manifest's ``provenance``
     (replacing the earlier sets when the run redoes every video: ``redo``).
     """
 
@@ -121,7 +121,7 @@ class ManifestRun:
         made_with: dict[str, Any] | None = None,
         redo: bool = False,
     ) -> None:
-        from tasks.run import lineage
+        from tasks.records import lineage
 
         earlier = manifest.head(out_dir)
         self.root = str(raw_dir.resolve())
@@ -206,14 +206,14 @@ class Completed:
     A file whose size and modification time are those its marker recorded is taken as complete
     without reading it; one touched since (same size, other time) is hashed. (verify_dataset.py
     reads every file in full.) A video whose marker exists and whose file has the size and time of its
-    entry in tasks.run.partials (its file and segments in OUT, and with ``r`` an earlier version's Redis
+    entry in tasks.statistics.partials (its file and segments in OUT, and with ``r`` an earlier version's Redis
     copy) is complete without reading its marker. What is read once, when made: the markers' names and each entry's size
     and time (not its row: about 0.2 KB a video in memory, not the file's 0.4 KB and more).
     """
 
     def __init__(self, out_dir: Path, r: Any = None) -> None:
         from tasks.outputs.stage_io import marked_videos
-        from tasks.run import partials
+        from tasks.statistics import partials
 
         self.root = out_dir.resolve()
         self.recorded = recorded_outputs(self.root)
@@ -241,9 +241,9 @@ class Completed:
 
 def recorded_outputs(out_root: Path) -> dict[str, tuple[int, int]]:
     """(bytes, modification time in ns) of each video's dataset file as OUT/markers/partials.bin and the
-    segments beside it recorded it (tasks.run.partials; the newer over the older), read through a memory
+    segments beside it recorded it (tasks.statistics.partials; the newer over the older), read through a memory
     map without copying the rows; {} without any, and of a damaged file only the entries before the damage."""
-    from tasks.run import partials
+    from tasks.statistics import partials
 
     found: dict[str, tuple[int, int]] = {}
     for path in [partials.file_path(out_root), *(p for p, _size in partials.segments(out_root))]:
@@ -252,7 +252,7 @@ def recorded_outputs(out_root: Path) -> dict[str, tuple[int, int]]:
 
 
 def _recorded_in(path: Path, found: dict[str, tuple[int, int]]) -> None:
-    from tasks.run import partials
+    from tasks.statistics import partials
 
     try:
         with open(path, "rb") as fh:

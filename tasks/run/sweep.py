@@ -78,7 +78,7 @@ def in_flight(r: redis.Redis, run_id: str) -> dict[str, Job]:
     finished video has its place there) by itself (HEXISTS), never with a read of every finished video.
     A video counted between the two reads is in both, and left out: it has finished.
     """
-    from tasks.run import sums
+    from tasks.statistics import sums
 
     sent = {
         (v.decode() if isinstance(v, bytes) else v): raw for v, raw in r.hgetall(completion.sent_key(run_id)).items()

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from tasks.job import IDENTITY, Job
-from tasks.run.outcome_files import fields_of
-from tasks.run.sums import LIMBS, mark_of
+from tasks.records.outcome_files import fields_of
+from tasks.statistics.sums import LIMBS, mark_of
 
-DIGEST_LIMBS = f"<{LIMBS}H"  # a video's mark as the limbs of tasks.run.sums.digest_of
+DIGEST_LIMBS = f"<{LIMBS}H"  # a video's mark as the limbs of tasks.statistics.sums.digest_of
 
 
 class _Spans:
@@ -50,7 +50,7 @@ def failure_of(run_id: str, outcome: dict[str, Any]) -> dict[str, Any] | None:
 
 def provenance_set(report: dict[str, Any]) -> str:
     """The JSON of a done video's [backends, settings hash, framefleet version] as its outcomes line records
-    them (tasks.run.outcome_files.fields_of; the statistics file's header counts videos by it)."""
+    them (tasks.records.outcome_files.fields_of; the statistics file's header counts videos by it)."""
     prov = fields_of("done", report).get("provenance") or {}
     return json.dumps([prov.get("backends"), prov.get("settings_sha256"), prov.get("framefleet")])
 

@@ -11,8 +11,8 @@ from tasks.job import Job
 from tasks.outputs import provenance_file as provenance
 from tasks.outputs.geometry import crop_intrinsics, pose_9d, square_crop
 from tasks.outputs.windows import clip_depth, frame_pixels, hand_window, track_window, track_window_2d
-from tasks.run.stats import Moments, VideoStats
 from tasks.stages.base import Outputs, Progress, Stage, report, require
+from tasks.statistics.stats import Moments, VideoStats
 
 SIDES = ("left", "right")
 

@@ -261,11 +261,11 @@ def assert_nothing_lost(out: Path, reference: dict | None = None) -> dict:
     summary = json.loads((out / "run_summary.json").read_text())
     # Each video counted once in Redis and once in the run's outcomes files, and both say the same.
     assert "outcomes_unmatched" not in summary, summary["outcomes_unmatched"]
-    from tasks.run import manifest as manifests
+    from tasks.records import manifest as manifests
 
     recorded = {e["video_id"]: e.get("status") for e in manifests.read(out)["videos"]}
     assert {recorded.get(vid) for vid in summary["done_videos"]} <= {"done"}, recorded
-    # and every complete video, an earlier run's too (one Redis lost: tasks.run.outcome_files.adopt_lost)
+    # and every complete video, an earlier run's too (one Redis lost: tasks.records.outcome_files.adopt_lost)
     assert {recorded.get(vid) for vid in complete} <= {"done"}, recorded
     if reference is not None and not quarantined:
         assert stats.keys() == reference.keys()

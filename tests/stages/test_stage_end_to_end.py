@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from tasks.cli import verify as verify_dataset
-from tasks.run.stats import VideoStats, normalization_stats, write_stats_yaml
 from tasks.stages import stage_class
+from tasks.statistics.stats import VideoStats, normalization_stats, write_stats_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 

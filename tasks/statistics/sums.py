@@ -1,7 +1,7 @@
 """A run's partial statistics merged as each video's dataset file is written: running sums in Redis, so the
 statistics at the run's end are one small read, not one entry per video.
 
-``ff:run:<run>:sums`` holds, per track type, the pooled row (tasks.run.stats.to_row's layout: count,
+``ff:run:<run>:sums`` holds, per track type, the pooled row (tasks.statistics.stats.to_row's layout: count,
 mean and M2 per field, float64) and how many videos went into it. A video is merged by one Lua call
 that also records it in the run's merged marks (``ff:run:<run>:merged:<shard>``: 8 bytes of the video
 id's digest → the 16 bytes of its file's size and modification time), so:
@@ -25,7 +25,7 @@ covers). A later run (``--continue``, ``--add``) whose own sums hold the videos 
 that file plus its sums when the count and the digest of OUT's markers say they cover every marker
 once; otherwise, and for a file of another track type, the full pass (``covering``). Beside them the
 file keeps the statistics file's backend sets when they count exactly the videos the sums cover
-(``load_sets``; tasks.run.stats_file adds a run's to them instead of reading the manifest).
+(``load_sets``; tasks.statistics.stats_file adds a run's to them instead of reading the manifest).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import numpy as np
 import redis
 
 from tasks import keys
-from tasks.run.stats import Moments, VideoStats, row_layout
+from tasks.statistics.stats import Moments, VideoStats, row_layout
 
 log = logging.getLogger("framefleet.sums")
 PER_SHARD = 64  # videos per merged-marks hash: under Redis's hash-max-listpack-entries (128 by default)
@@ -179,7 +179,7 @@ def shard_keys(run_id: str, shards: int) -> list[str]:
 
 
 def merge(r: redis.Redis, run_id: str, shards: int, video_id: str, entry: bytes, ttl_s: int) -> int:
-    """Add one video's partial (``entry``: tasks.run.partials' header and row) to its run's sums, once.
+    """Add one video's partial (``entry``: tasks.statistics.partials' header and row) to its run's sums, once.
 
     Returns 1 when merged now, 0 when this video was merged before with the same file (a duplicate),
     2 when it was merged before with another file (the sums are then marked changed and not used).
@@ -190,7 +190,7 @@ def merge(r: redis.Redis, run_id: str, shards: int, video_id: str, entry: bytes,
 
 def merge_call(run_id: str, shards: int, video_id: str, entry: bytes, ttl_s: int) -> tuple[list[str], list[Any]]:
     """The keys and arguments of the merge script for one video (``merge``; a pipeline may send many)."""
-    from tasks.run import partials
+    from tasks.statistics import partials
 
     track_type = partials.HEADER.unpack_from(entry)[2].decode()
     stamp, row = entry[:16], entry[partials.HEADER.size :]
@@ -207,7 +207,7 @@ def merge_script() -> Any:
 
 def read(r: redis.Redis, run_id: str) -> dict[str, bytes]:
     """The run's sums hash as it is (field → bytes); {} when there is none. Raises redis.RedisError."""
-    from tasks.run.partials import raw_client
+    from tasks.statistics.partials import raw_client
 
     with raw_client(r) as raw:
         found = raw.hgetall(sums_key(run_id))
@@ -215,7 +215,7 @@ def read(r: redis.Redis, run_id: str) -> dict[str, bytes]:
 
 
 def from_row(row: bytes, track_type: str) -> VideoStats:
-    """The statistics a pooled row holds (tasks.run.stats.to_row's layout), exactly: no arithmetic on it.
+    """The statistics a pooled row holds (tasks.statistics.stats.to_row's layout), exactly: no arithmetic on it.
     Raises ValueError when it is not a row of ``track_type``."""
     values = np.frombuffer(row, dtype="<f8")
     layout = row_layout(track_type)
@@ -338,7 +338,7 @@ def save(out_root: Path, covered: Covered, sets: dict[str, Any] | None = None) -
     ``sets`` (the statistics file's backend sets, when they count exactly ``covered``'s videos; see
     ``load_sets``). Raises OSError."""
     from tasks.outputs.storage import write_text_atomic
-    from tasks.run.stats import to_row
+    from tasks.statistics.stats import to_row
 
     kind = covered.total.track_type
     saved = {
@@ -354,7 +354,7 @@ def save(out_root: Path, covered: Covered, sets: dict[str, Any] | None = None) -
 
 def load_sets(out_root: Path) -> dict[str, Any] | None:
     """The backend sets ``save`` wrote beside the sums (``{"sets": [...], "runs": [...]}``: the done videos'
-    sets, each with its ``tasks.run.lineage.set_key``, of exactly the videos the saved sums cover, and the
+    sets, each with its ``tasks.records.lineage.set_key``, of exactly the videos the saved sums cover, and the
     runs whose outcomes the manifest held then), with ``videos``: how many; None without them."""
     try:
         saved = json.loads(file_path(out_root).read_text())

@@ -57,7 +57,7 @@ def encode(r: redis.Redis, run_id: str, outcome: dict[str, Any], ttl_s: int) -> 
     if zdict is None:
         if len(_DICTS) > 64:
             _DICTS.clear()
-        from tasks.run.partials import raw_client
+        from tasks.statistics.partials import raw_client
 
         with raw_client(r) as raw:
             found = raw.hgetall(dict_key(run_id))
@@ -89,7 +89,7 @@ def decode(value: bytes, dicts: Mapping[bytes, bytes]) -> dict[str, Any]:
 def read(r: redis.Redis, run_id: str, batch: int = 2000) -> Iterator[tuple[str, dict[str, Any]]]:
     """(video id, outcome) of every finished video of the run, in no order: HSCAN in batches of
     ``batch``, so no reply holds every outcome at once. Raises redis.RedisError."""
-    from tasks.run.partials import raw_client
+    from tasks.statistics.partials import raw_client
 
     finished = keys.RUN_PREFIX + run_id + keys.RUN_FINISHED_SUFFIX
     with raw_client(r) as raw:

@@ -1,4 +1,4 @@
-"""A run's outcomes segment's index (tasks.run.outcome_files): a row per line, written after the line by the
+"""A run's outcomes segment's index (tasks.records.outcome_files): a row per line, written after the line by the
 process that alone appends to both: the video's id, its status, and the segment's size after the line (tab
 separated), so that the run's end reads a million videos' ids and statuses from 35 MB rather than the 781 MB
 of their lines, and a line where its row says. A line without a row (a worker stopped between the two) is
@@ -11,7 +11,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from tasks.run.manifest import SEGMENT
+from tasks.records.manifest import SEGMENT
 
 INDEX = ".index"  # beside a segment: <host>-<pid>-<token>.index
 # A whole line (a killed writer leaves a last line without its newline): id, tab, fields starting with the status.
@@ -24,7 +24,7 @@ def row_of(video_id: str, status: str, end: int) -> str:
 
 
 def index_of(lines: Sequence[str]) -> str:
-    """The index rows of a segment written as ``lines`` (whole lines, in order), as tasks.run.outcome_files.append
+    """The index rows of a segment written as ``lines`` (whole lines, in order), as tasks.records.outcome_files.append
     writes them."""
     rows, end = [], 0
     for line in lines:

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from tasks.run import manifest
+from tasks.records import manifest
 from tasks.stages import DepthStage, HandsStage, TracksStage
 
 log = logging.getLogger("framefleet.report")

@@ -8,7 +8,7 @@ manifest, and its part, which the next run removes). A
 manifest of an earlier version (another order, or indented JSON) is read whole once and sorted.
 
 What a run records of its videos (status, quality, provenance) goes to files of its own,
-OUT/runs/<run>.outcomes/*.jsonl (a line per video: its id, a tab, the fields to set; tasks.run.outcome_files:
+OUT/runs/<run>.outcomes/*.jsonl (a line per video: its id, a tab, the fields to set; tasks.records.outcome_files:
 each video's line appended as it finishes, the folder in place at the run's end; an earlier version
 wrote one file, OUT/runs/<run>.outcomes.jsonl), not into the manifest: rewriting a million videos'
 manifest at each run's end took longer than the run's statistics. Readers here merge those files over
@@ -29,9 +29,9 @@ from typing import Any
 
 MANIFEST = "manifest.json"
 ORDER = "parts"
-TAIL = ', "videos": ['  # what ends the head's line (tasks.run.lineage.write writes the same)
+TAIL = ', "videos": ['  # what ends the head's line (tasks.records.lineage.write writes the same)
 PARTS = "runs"  # the folder the new manifest is written in before it replaces the old (tasks.run.runs.FOLDER)
-OUTCOMES = ".outcomes"  # OUT/runs/<run>.outcomes/: what a run recorded of its videos (tasks.run.outcome_files)
+OUTCOMES = ".outcomes"  # OUT/runs/<run>.outcomes/: what a run recorded of its videos (tasks.records.outcome_files)
 SEGMENT = ".jsonl"  # a segment of a run's outcomes folder: a line per video
 NOTES = ".notes.jsonl"  # a segment's notes: video id, a tab, the notes of the video's outcome (JSON)
 LEGACY_OUTCOMES = ".outcomes.jsonl"  # OUT/runs/<run>.outcomes.jsonl: an earlier version's one file per run
@@ -91,7 +91,7 @@ def _outcomes_left(out_dir: Path, run_id: str) -> bool:
 
 
 def segments(folder: Path) -> list[Path]:
-    """The outcome segments of a run's folder (tasks.run.outcome_files writes them), in reading order (the end's
+    """The outcome segments of a run's folder (tasks.records.outcome_files writes them), in reading order (the end's
     own last); [] without it."""
     try:
         names = [n for n in os.listdir(folder) if n.endswith(SEGMENT) and not n.endswith(NOTES) and n[:1] != "."]

@@ -5,7 +5,7 @@ each worker process appends its videos' entries to as their dataset files are wr
 The h5 stage's marker (OUT/markers/<shard>/<video>.hdf5.done.json) stays the record of truth; the
 file and the segments are copies that spare one file read per video (50,000 markers took 7 s). The
 full pass writes partials.bin from every current entry (``save``) and removes the segments it read.
-Redis holds no entry (the run's statistics are running sums there, tasks.run.sums); an earlier
+Redis holds no entry (the run's statistics are running sums there, tasks.statistics.sums); an earlier
 version kept them in a Redis hash per output root, still read while it lives. An entry counts only
 while its HDF5 file has the size and modification time it recorded: an output redone since
 (``--force``) or a missing entry sends the reader back to the marker.
@@ -47,14 +47,14 @@ def redis_key(out_root: Path) -> str:
 @functools.cache
 def row_width(track_type: str) -> int:
     """How many float64 values a row of ``track_type`` holds."""
-    from tasks.run.stats import row_layout
+    from tasks.statistics.stats import row_layout
 
     return sum(1 + 2 * dim for _f, dim in row_layout(track_type))
 
 
 def encode(stats: dict[str, Any], track_type: str) -> bytes:
-    """The partial as the bytes of its float64 row (tasks.run.stats.to_row): exact, and read without JSON."""
-    from tasks.run.stats import to_row
+    """The partial as the bytes of its float64 row (tasks.statistics.stats.to_row): exact, and read without JSON."""
+    from tasks.statistics.stats import to_row
 
     return to_row(stats, track_type).astype("<f8").tobytes()
 

@@ -1,5 +1,5 @@
-"""The report's quality table (tasks.run.report_quality.recorded) from what a run's end read of its outcomes
-lines (tasks.run.outcome_files.read): the same videos and count without a second read of the lines, and the
+"""The report's quality table (tasks.report.report_quality.recorded) from what a run's end read of its outcomes
+lines (tasks.records.outcome_files.read): the same videos and count without a second read of the lines, and the
 manifest read once with its lines' ids found in C. The end hands the table to the report's process."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tasks.run import manifest
-from tasks.run.outcome_files import Lines
-from tasks.run.report_quality import MAX_ROWS
+from tasks.records import manifest
+from tasks.records.outcome_files import Lines
+from tasks.report.report_quality import MAX_ROWS
 
 
 def wanted(out: Path, rows: int = MAX_ROWS) -> set[str]:

@@ -12,7 +12,7 @@ is written before the video is counted in Redis (tasks.run.completion): a counte
 line, and a task killed in between writes it again when it is delivered again, so a video may have
 several lines; readers take one. The run's end (``close``) checks the lines against what Redis counted,
 writes the lines that settle a video whose lines disagree to ``END`` (read last), and renames the
-folder to OUT/runs/<run>.outcomes/, which tasks.run.manifest's readers merge over the manifest (a live
+folder to OUT/runs/<run>.outcomes/, which tasks.records.manifest's readers merge over the manifest (a live
 run's lines are not merged: a concurrent enqueue's fold would leave out those written after it).
 """
 
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.outputs.storage import write_text_atomic
-from tasks.run import manifest
-from tasks.run.outcome_index import INDEX, LINE, indexed, keep, row_of
+from tasks.records import manifest
+from tasks.records.outcome_index import INDEX, LINE, indexed, keep, row_of
 
 log = logging.getLogger("framefleet.outcomes")
 LIVE = ".live"  # OUT/runs/<run>.outcomes.live/: the run's segments while it is live
@@ -63,7 +63,7 @@ def line_of(video_id: str, status: str, found: dict[str, Any]) -> str:
 def append(out_dir: Path, run_id: str, video_id: str, status: str, found: dict[str, Any], notes: Any = None) -> None:
     """Append ``video_id``'s line (and its notes, if any) to this process's segment of the live run.
     Raises OSError (the caller retries: a second line of the same video is harmless)."""
-    from tasks.run.partials import process_name
+    from tasks.statistics.partials import process_name
 
     folder = live_dir(out_dir, run_id)
     folder.mkdir(parents=True, exist_ok=True)

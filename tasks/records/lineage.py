@@ -18,9 +18,9 @@ from typing import Any
 
 from tasks.errors import DatasetError
 from tasks.outputs.storage import write_text_atomic
-from tasks.run import manifest as manifests
-from tasks.run.manifest import MANIFEST as MANIFEST  # the lineage is kept in the manifest
-from tasks.run.manifest import read as read
+from tasks.records import manifest as manifests
+from tasks.records.manifest import MANIFEST as MANIFEST  # the lineage is kept in the manifest
+from tasks.records.manifest import read as read
 from worker_config.settings import Settings, resolved_stages
 
 
@@ -161,8 +161,8 @@ def grouped_sets(found: Iterable[tuple[dict[str, Any], int]]) -> list[tuple[str,
 
 
 def added_sets(earlier: list[dict[str, Any]], run: dict[str, int]) -> list[tuple[str, dict[str, Any]]] | None:
-    """The backend sets of the videos of ``earlier`` (``tasks.run.sums.load_sets``' sets) and of a run's done videos
-    (``run``: the JSON of each video's [backends, settings hash, framefleet] → how many, tasks.run.tally's
+    """The backend sets of the videos of ``earlier`` (``tasks.statistics.sums.load_sets``' sets) and of a run's
+    done videos (``run``: the JSON of each video's [backends, settings hash, framefleet] → how many, tasks.run.tally's
     ``p:`` counters) as ``backend_sets`` lists them when the manifest's done videos are those two disjoint
     groups; None when the pass alone can say it: two sets of as many videos (the pass lists them in
     manifest order), or one set named with its backends in two orders."""

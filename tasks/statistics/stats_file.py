@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from tasks.outputs.stage_io import marked_videos, read_done
-from tasks.run import lineage, manifest, partials, sums
+from tasks.records import lineage, manifest
 from tasks.stages import dataset_stage
+from tasks.statistics import partials, sums
 
 log = logging.getLogger("framefleet.aggregate")  # the run's end's log, as before this module was split from it
 
@@ -56,9 +57,9 @@ def completed_partials(
     ids: list[str] | None = None,
 ) -> np.ndarray:
     """Return the partial statistics of every video of ``out_root`` whose HDF5 file is complete, any
-    run, as rows (tasks.run.stats.to_row) in video id order.
+    run, as rows (tasks.statistics.stats.to_row) in video id order.
 
-    The same videos and partials as ``completed_videos``, read from tasks.run.partials (OUT's file and
+    The same videos and partials as ``completed_videos``, read from tasks.statistics.partials (OUT's file and
     the Redis hash of a live run: one read each and a stat per file) where an entry matches the file,
     else from the marker. ``current``, if given, receives the entry of every video counted beside a
     marker (for ``partials.save``). Raises ValueError on a partial of another track type.
@@ -99,10 +100,10 @@ def write_statistics(
 ) -> int:
     """Write normalization_stats.yaml from every completed video; return how many were merged.
 
-    ``run_id``: the run whose running sums (tasks.run.sums) are used when they cover every complete
+    ``run_id``: the run whose running sums (tasks.statistics.sums) are used when they cover every complete
     video of ``out_root``, alone or with the sums an earlier run's end saved (a small Redis read, a
     listing of the markers); otherwise, and without it, the full pass: every video's partial, from
-    tasks.run.partials' files (``r``: also an earlier version's Redis copy) or its marker. ``current``:
+    tasks.statistics.partials' files (``r``: also an earlier version's Redis copy) or its marker. ``current``:
     as for ``completed_partials`` (full pass only). The statistics written are saved with the videos
     they cover (``sums.save``) for the next run.
     """
@@ -112,7 +113,7 @@ def write_statistics(
 @dataclass(frozen=True)
 class Ended:
     """What the statistics file's header needs of the run that ends: its done videos' backend sets (the
-    counters' ``provenance_sets``), how many they are and their digest (``tasks.run.sums.digest_of``; None
+    counters' ``provenance_sets``), how many they are and their digest (``tasks.statistics.sums.digest_of``; None
     when not known), the ids of its other videos, and whether its outcomes files agree with its counters."""
 
     run_id: str
@@ -134,7 +135,7 @@ def write_statistics_from(
     """``write_statistics``, and where the statistics came from: "running sums", "running sums and
     earlier runs' sums" or "every video". ``ended``: the header's backend sets are the saved ones plus
     the run's when the sums were reused and the run's done videos are the ones it merged (``_header_sets``)."""
-    from tasks.run.stats import normalization_stats, pool_rows, write_stats_yaml
+    from tasks.statistics.stats import normalization_stats, pool_rows, write_stats_yaml
 
     got = sums.covering(r, run_id, out_root, track_type) if run_id else None
     if got is not None:

@@ -1,7 +1,7 @@
-"""Write OUT/report.html: each video's quality with its preview (tasks.run.report_quality), a finished run's
+"""Write OUT/report.html: each video's quality with its preview (tasks.report.report_quality), a finished run's
 throughput, GPU memory with the autoscaler's decisions, stage durations and failures, as PNG plots in OUT/report/.
 
-    framefleet report OUT [--config FILE]      (or: python -m tasks.run.report OUT)
+    framefleet report OUT [--config FILE]      (or: python -m tasks.report.report OUT)
 
 Reads OUT/run_summary.json; the run's stage log (from Redis while the run is live, else
 OUT/runs/<run>.stages.jsonl); from Redis, when it answers, the autoscaler's decisions
@@ -207,7 +207,7 @@ def build(out: Path, conf: Settings, table: tuple[list[dict[str, Any]], int] | N
         finally:
             plt.close(fig)
         sections.append(f"<h2>{html.escape(title)}</h2>\n{body}")
-    from tasks.run.report_quality import section
+    from tasks.report.report_quality import section
 
     sections.insert(0, section(out, table))
     path = out / "report.html"

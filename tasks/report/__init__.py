@@ -1,0 +1,1 @@
+"""The run's report: its HTML page, the quality section and the per-gate table."""
