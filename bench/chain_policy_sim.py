@@ -9,7 +9,7 @@ The real ``tasks.autoscaler.policy`` decides once a second on views built as ``t
 builds them (each family counting the others' workers x peaks as used; one change per GPU per tick; the
 scale-up of several cut by ``leave_room``). "before" gives it what the service gave it before (no
 ``upstream``, no ``service_s``, no ``leave_room``). The rest is simulated in steps of 0.1 s from the measured
-numbers of bench/RESULTS.md ("The whole chain with every real model under the autoscaler"): per model its
+numbers of bench/NOTEBOOK.md ("The whole chain with every real model under the autoscaler"): per model its
 seconds per video alone, its NVML peak and its load time; a 143,771 MiB H200; the videos all preprocessed
 at the start. A worker holds its peak from its start, loads for its load time, then takes tasks; a peak is
 learned when the family's first task ends (until then the H200 seeds of worker_config.seed_profiles, as in

@@ -8,11 +8,11 @@
 #       pin, extra/pycg's .py files) and EIGEN (eigen.tgz, Debian's libeigen3-dev). utils3d is not on PyPI:
 #       UTILS3D_SRC names a checkout of EasternJournalist/utils3d at build.sh's UTILS3D_COMMIT (a git clone
 #       where GitHub is reachable); without it, extra/utils3d is left out and the script says so.
-# real  .gpu/real (~12 MB): bench/gpu_round.sh's WHEELS and GL_DEBS (the real-model autoscaler, SAM 3, the
+# real  .gpu/real (~12 MB): the WHEELS and GL_DEBS of the real-model benches (the real-model autoscaler, SAM 3, the
 #       TAPIP3D and WiLoR conformance run); .gpu/real2 (~14 MB): decord, which SAM 3's builder imports
 #       (sam3/train/data/sam3_image_dataset.py:20), carried apart for the 64 MiB limit (DECORD_WHEELS).
 # up    .gpu/up: ../shared/upstream's archives and ../shared/data/real's clips (UPSTREAM_ARCHIVES=.gpu/up/upstream,
-#       CLIP or FRAMEFLEET_REAL_DATA=.gpu/up/data); carry only the archives a call needs (bench/RESULTS.md).
+#       CLIP or FRAMEFLEET_REAL_DATA=.gpu/up/data); carry only the archives a call needs (bench/NOTEBOOK.md).
 # What one call can carry, with the tree (~2.5 MB): 64 MiB. .device (../shared/device/prepare.sh) is 45 MB,
 # 35 of them PyAV: .device + .gpu/real + five archives and three clips fit (65.8 MB of 67.1); .gpu/vipe
 # goes without .device. A warm machine keeps /tmp between calls, not the carried paths.

@@ -9,6 +9,7 @@ one video shows the dispatch overhead alone.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -29,4 +30,6 @@ def main(out: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="a finished run's OUT (it holds run_summary.json)")
+    sys.exit(main(parser.parse_args().out))

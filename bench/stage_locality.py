@@ -8,9 +8,9 @@ Every worker logs "ran <stage> of <video>"; its log is named after its queue (``
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -38,4 +38,6 @@ def main(out: Path) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(Path(sys.argv[1])), indent=1, sort_keys=True))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="a finished run's OUT (its logs/ hold the GPU workers' logs)")
+    print(json.dumps(main(parser.parse_args().out), indent=1, sort_keys=True))
