@@ -24,7 +24,7 @@ KIND = {
     "hands": base.HandsBackend,
     "masks": base.MasksBackend,
 }
-# Names from CONTRACTS.md that are spelled like a stage but name an HDF5 dataset or a statistic.
+# Names from docs/contracts.md that are spelled like a stage but name an HDF5 dataset or a statistic.
 CONTRACT_NAMES = {
     ("tasks/statistics/stats.py", "depth"),
     ("tasks/cli/verify.py", "depth"),

@@ -187,7 +187,7 @@ def test_write_stats_yaml_gives_the_mode_of_a_plain_write(tmp_path) -> None:
 
 
 def test_float32_samples_are_pooled_in_float64() -> None:
-    """The h5 stage hands over float32 windows; their moments are float64 (CONTRACTS.md), not float32 sums."""
+    """The h5 stage hands over float32 windows; their moments are float64 (docs/contracts.md), not float32 sums."""
     x = np.random.default_rng(4).normal(3.0, 2.0, size=(5000, 3)).astype(np.float32)
     m, m64 = Moments.from_samples(x), Moments.from_samples(x.astype(np.float64))
     assert m.mean.dtype == m.m2.dtype == np.float64

@@ -7,7 +7,7 @@ held on the device at its peak) and ``chunk_scale`` (the fraction of its activat
 it may use; halved after an out-of-memory retry). Backends that have no device memory
 leave both at their defaults.
 
-Arrays in and out use the units of CONTRACTS.md: metres, pixels at the frame resolution
+Arrays in and out use the units of docs/contracts.md: metres, pixels at the frame resolution
 (512x384 after preprocess), OpenCV camera axes (x right, y down, z forward).
 """
 

@@ -1,7 +1,7 @@
 """Hand landmarks (MediaPipe's 21, same order as MANO's joints in y2r) to the hands contract: wrist pose and joints.
 
 Pure functions on NumPy arrays; OpenCV (for PnP) is imported inside ``wrist_from_pnp``.
-Cameras follow CONTRACTS.md: OpenCV axes, metres, pixels at the frame resolution.
+Cameras follow docs/contracts.md: OpenCV axes, metres, pixels at the frame resolution.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Pyramidal Lucas-Kanade point tracks with a forward-backward check, and their lifting to 3D.
 
 Pure functions on NumPy arrays; OpenCV is imported inside them. Pixels are (u, v) at the
-frame resolution; cameras follow CONTRACTS.md (world->camera E, OpenCV axes, metres).
+frame resolution; cameras follow docs/contracts.md (world->camera E, OpenCV axes, metres).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Two-view geometry for the classical camera backend: intrinsics from a field of view, motion between frames, depth.
 
 Pure functions on NumPy arrays; OpenCV is imported inside the functions that need it, so
-importing this module stays cheap. Cameras follow CONTRACTS.md: OpenCV axes, pixels, and
+importing this module stays cheap. Cameras follow docs/contracts.md: OpenCV axes, pixels, and
 world->camera matrices E with x_cam = E @ x_world.
 """
 

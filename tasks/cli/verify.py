@@ -1,4 +1,4 @@
-"""Check every OUT/*.hdf5 against CONTRACTS.md and recompute normalization_stats.yaml in one NumPy pass.
+"""Check every OUT/*.hdf5 against docs/contracts.md and recompute normalization_stats.yaml in one NumPy pass.
 
 Independent of tasks/statistics/stats.py on purpose: the statistics are recomputed by concatenating
 every pooled row of every file and calling np.mean / np.std in float64. A value matches
@@ -218,7 +218,7 @@ def _put(out: dict[str, Any], prefix: str, parts: list[np.ndarray], dim: int, co
 
 
 def expected_stats(c: _Checker, tt: str) -> dict[str, Any]:
-    """The normalization_stats.yaml that the checked files imply, per CONTRACTS.md."""
+    """The normalization_stats.yaml that the checked files imply, per docs/contracts.md."""
     dim = 3 if tt == "3d" else 2
     out: dict[str, Any] = {**IMAGENET, "track_type": tt, "track_dim": dim}
     _put(out, "displacement", c.pools["disp"], dim, "displacement_num_samples")

@@ -66,7 +66,7 @@ def track_window_2d(pixels: np.ndarray, crop_x: int, crop_y: int, side: int, siz
     """Return ``query_coords`` (N, 2) and ``displacements`` (L, N, 2) float32 of pixel tracks (L, P, 2), or None.
 
     y2r's 2D rule (create_h5_dataset.py L344-367 and L597-627), which its trainer expects. In
-    CONTRACTS.md's terms it replaces "keep a point only if u, v in [0, 1] at every step" and "a
+    docs/contracts.md's terms it replaces "keep a point only if u, v in [0, 1] at every step" and "a
     group is written even when N = 0": each step keeps, in query order, the points whose pixel
     lies inside the square crop at that step (0 <= x - crop_x < side, same for y, so u, v in
     [0, 1)), and then every step is cut to the smallest count. So row i of step t is the i-th

@@ -1,4 +1,4 @@
-"""H5: write one video's y2r HDF5 file (CONTRACTS.md, to the letter) and its partial statistics."""
+"""H5: write one video's y2r HDF5 file (docs/contracts.md, to the letter) and its partial statistics."""
 
 from __future__ import annotations
 

@@ -188,7 +188,7 @@ def _mean_std(m: Moments) -> tuple[list[float], list[float]]:
 
 
 def normalization_stats(total: VideoStats) -> dict[str, Any]:
-    """Return the ``normalization_stats.yaml`` mapping of CONTRACTS.md for pooled statistics."""
+    """Return the ``normalization_stats.yaml`` mapping of docs/contracts.md for pooled statistics."""
     disp_mean, disp_std = _mean_std(total.displacement)
     out: dict[str, Any] = {
         "imagenet_mean": list(IMAGENET_MEAN),
