@@ -211,3 +211,49 @@ def test_a_run_redis_lost_has_its_outcomes_ended_and_a_live_one_is_left_alone(tm
     assert recorded.get("v2") is None  # the live run's lines stay its own until its end
     assert outcome_files.live_dir(out, "live").is_dir() and not outcome_files.live_dir(out, "lost").exists()
     assert outcome_files.adopt_lost(out, lambda run: False) == [("live", 1)]
+
+
+def test_every_video_with_its_status_loads_in_duckdb_from_framefleet_videos(redis_url, monkeypatch, tmp_path):
+    """`framefleet videos OUT` streams the manifest merged with the run's outcomes as JSON Lines, which DuckDB
+    (and pandas) read as they are: the one line docs/guide.md shows for "which videos failed, and why"."""
+    import subprocess
+    import sys
+
+    import duckdb
+
+    from tasks.job import Failure
+    from tasks.records import manifest
+    from tasks.run import aggregate, completion
+    from tests.conftest import ROOT
+
+    r, jobs, record = _run(redis_url, monkeypatch, tmp_path, 3, "export")
+    out = tmp_path / "out"
+    writer = manifest.Writer(out, {"raw_dir": str(tmp_path), "run_id": "export"})
+    for i in range(3):
+        writer.add({"video_id": f"v{i}", "path": f"v{i}.mp4", "status": "pending"})
+    writer.commit()
+    completion.video_ended(r, replace(jobs[0], timings=_span(0.0, 1.0)), 3600)
+    bad = Failure("tracks", "BadInput", "no texture", 1, "gpu0@t", 1.0)
+    completion.video_ended(r, replace(jobs[1], failed=bad), 3600)
+    low = Failure("h5", "low_quality", "gate", 1, "cpu@t", 2.0, detail={"shortfalls": ["tracks"]})
+    completion.video_ended(r, replace(jobs[2], failed=low), 3600)
+    aggregate.aggregate.run(completion.callback_run(record))
+
+    def videos(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "tasks.cli.main", "videos", str(out), *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    every = tmp_path / "videos.jsonl"
+    every.write_text(videos())
+    rows = duckdb.sql(f"SELECT video_id, status FROM read_json_auto('{every}') ORDER BY video_id").fetchall()
+    assert rows == [("v0", "done"), ("v1", "failed"), ("v2", "low_quality")]
+    failed = [json.loads(line) for line in videos("--status", "failed", "--status", "low_quality").splitlines()]
+    assert [(v["video_id"], v["status"]) for v in failed] == [("v1", "failed"), ("v2", "low_quality")]
+    assert failed[1]["shortfalls"] == ["tracks"]

@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("tasks.cli.status", "GPUs, workers, queues and a run's progress; --watch follows a run"),
     "cancel": ("tasks.cli.cancel", "cancel a run: waiting tasks revoked, running ones stop; --continue resumes"),
     "verify": ("tasks.cli.verify", "check an output folder's HDF5 files and statistics against the contract"),
+    "videos": ("tasks.cli.videos", "every video of an output folder as JSON Lines (its status, reason, quality)"),
     "report": ("tasks.report.report", "write OUT/report.html for a finished run"),
     "view": ("tasks.cli.view", "write a video's frames, depth, cameras, 3D tracks and hands as a Rerun .rrd"),
     "clean": ("tasks.cli.clean", "delete the intermediates (OUT/work/) of finished videos"),
