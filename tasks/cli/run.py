@@ -359,6 +359,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return code
     except (DatasetError, MetadataError) as exc:
         return _cli.fail(str(exc))
+    except Exception as exc:  # Redis full or read-only: a clear stop; anything else is raised again
+        return _cli.stop_if_redis_refused(exc, args.raw_dir, args.out)
     except KeyboardInterrupt:
         print(
             "\ninterrupted: stopping the local cluster (complete outputs are kept; --continue finishes the run)",
