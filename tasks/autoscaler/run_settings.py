@@ -123,7 +123,11 @@ def family_for(
     tag = family_tag(stages, hosted)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{tag}.yaml"
-    path.write_text(settings_text(conf, stages))
+    # Mode 0600: the file copies the autoscaler's settings file, whose redis_url may hold Redis's password.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write(settings_text(conf, stages))
     try:
         theirs = load_settings(path)
     except ConfigError as exc:

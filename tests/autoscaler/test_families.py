@@ -71,8 +71,9 @@ def test_a_runs_record_never_gives_this_host_an_interpreter_code_or_weights_fold
         stage["settings"]["params"] = {**stage["settings"]["params"], "repo_dir": planted}
     family = family_for(load_settings(own), 0, "gpu0", run, tmp_path / "settings")
     assert family is not None and family.python is None  # this host's interpreter: its own settings name none
-    text = (tmp_path / "settings" / f"{family.tag}.yaml").read_text()
-    assert planted not in text
+    written = tmp_path / "settings" / f"{family.tag}.yaml"
+    assert planted not in written.read_text()
+    assert written.stat().st_mode & 0o077 == 0  # it may hold the settings file's redis_url, password included
     theirs = load_settings(family.config)
     assert theirs.stages["depth"].params["hold_mib"] == 200 and theirs.stages["depth"].python is None
     # A stage with its own environment here only when this host's settings say which interpreter.
