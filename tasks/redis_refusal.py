@@ -4,7 +4,10 @@ for the enqueuer's clear stop and the workers' log lines, instead of a traceback
 
 from __future__ import annotations
 
+import redis
 from redis.exceptions import OutOfMemoryError, ReadOnlyError  # type: ignore[attr-defined]  # stubs predate them
+
+from tasks import keys
 
 # The exit status of a command that stopped because Redis refused its writes (tasks.cli.common lists them all).
 EXIT_STATUS = 5
@@ -39,4 +42,14 @@ def refusal(exc: BaseException) -> str | None:
         if text.startswith("MISCONF") or "MISCONF " in text:
             return f"{MISCONF} ({text.splitlines()[0][:200]})"
         current = current.__cause__ or current.__context__
+    return None
+
+
+def write_refused(client: redis.Redis) -> str | None:
+    """Why Redis at ``client`` refuses a write now (``refusal``), by writing a key that expires in a second;
+    None when it takes the write or does not answer (that is another error, reported where it happens)."""
+    try:
+        client.set(keys.WRITE_PROBE, "1", px=1000)
+    except redis.RedisError as exc:
+        return refusal(exc)
     return None

@@ -1,18 +1,18 @@
-"""Redis full (maxmemory reached, noeviction) or read-only: a clear stop with its own exit status, then
-`--continue` finishes the run once Redis has room; a real redis-server, real workers, `CONFIG SET maxmemory`."""
+"""Redis full (maxmemory reached, noeviction) or read-only: named with its fix, and a worker started then stops with
+its own exit status; a real redis-server, `CONFIG SET maxmemory`. The enqueuer's stop and `--continue` once Redis
+has room: tests/faults/test_redis_full_faults.py."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 import pytest
 import redis
 
 from tasks.redis_refusal import EXIT_STATUS, refusal
-from tests.conftest import Workers, process_env, run_script, start_redis_server
+from tests.conftest import Workers, process_env, start_redis_server
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
@@ -52,30 +52,14 @@ def test_refusals_are_named_with_their_fix_and_other_errors_are_not(own_redis):
     assert refusal(redis.ResponseError("WRONGTYPE Operation against a key")) is None
 
 
-def test_enqueue_into_a_full_redis_stops_clearly_and_continue_finishes_once_it_has_room(
-    own_redis, video_factory, tmp_path
-):
-    env = process_env(own_redis)
-    workers = Workers(env, tmp_path / "logs")
+def test_a_worker_started_while_redis_is_full_names_the_cause_and_exits_with_its_status(own_redis, tmp_path):
+    workers = Workers(process_env(own_redis), tmp_path / "logs")
+    fill(redis.Redis.from_url(own_redis))
     try:
-        workers.start("cpu")
-        workers.start("gpu0")
-        raw, out = video_factory(2), tmp_path / "out"
-        r = redis.Redis.from_url(own_redis)
-        fill(r)
-        stopped = run_script("enqueue_dataset.py", str(raw), "--out", str(out), env=env, timeout_s=120)
-        assert stopped.returncode == EXIT_STATUS, stopped.stdout + stopped.stderr
-        assert "Traceback" not in stopped.stderr, stopped.stderr
-        assert "Redis is full" in stopped.stderr and "CONFIG SET maxmemory" in stopped.stderr
-        assert f"--out {out} --continue` finishes the run" in stopped.stderr
-        assert not list(out.glob("*.hdf5"))
-
-        r.config_set("maxmemory", "0")  # room again
-        r.delete("ballast")
-        done = run_script("enqueue_dataset.py", str(raw), "--out", str(out), "--continue", env=env, timeout_s=200)
-        assert done.returncode == 0, done.stdout + done.stderr
-        summary = json.loads((out / "run_summary.json").read_text())
-        assert summary["done"] + summary["already_complete"] == 2 and summary["failed"] == []
-        assert len(list(out.glob("*.hdf5"))) == 2
+        proc = workers.start("cpu", wait=False)
+        assert proc.wait(timeout=90) == EXIT_STATUS, workers.log("cpu")
+        log = workers.log("cpu")
+        assert "the worker does not start: Redis is full" in log and "CONFIG SET maxmemory" in log
+        assert "Traceback" not in log and "Unrecoverable error" not in log
     finally:
         workers.stop_all()
