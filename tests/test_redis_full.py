@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from tasks.redis_refusal import EXIT_STATUS, refusal
-from tests.conftest import Workers, process_env, start_redis_server
+from tests.conftest import Workers, process_env, run_script, start_redis_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -63,3 +63,13 @@ def test_a_worker_started_while_redis_is_full_names_the_cause_and_exits_with_its
         assert "Traceback" not in log and "Unrecoverable error" not in log
     finally:
         workers.stop_all()
+
+
+def test_framefleet_run_on_a_full_redis_stops_before_starting_a_worker(own_redis, video_factory, tmp_path):
+    fill(redis.Redis.from_url(own_redis))
+    out = tmp_path / "out"
+    done = run_script("run_local.py", str(video_factory(1)), "--out", str(out), env=process_env(own_redis))
+    assert done.returncode == EXIT_STATUS, done.stdout + done.stderr
+    assert "Redis is full" in done.stderr and "Traceback" not in done.stderr
+    assert f"--out {out} --continue` finishes the run" in done.stderr
+    assert not list((out / "logs").glob("cpu*.log")) and not list((out / "logs").glob("gpu*.log"))

@@ -91,6 +91,11 @@ def stop_if_redis_refused(exc: BaseException, raw_dir: Path, out: Path) -> int:
     why = redis_refusal.refusal(exc)
     if why is None:
         raise exc
+    return redis_refused(why, raw_dir, out)
+
+
+def redis_refused(why: str, raw_dir: Path, out: Path) -> int:
+    """Print ``why`` (``tasks.redis_refusal``), that nothing sent is lost and how to finish the run; return 5."""
     return fail(
         f"{why}. Nothing sent is lost: what was sent waits in Redis and complete outputs stay in {out}; once "
         f"Redis takes writes again, `framefleet enqueue {raw_dir} --out {out} --continue` finishes the run",

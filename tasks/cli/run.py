@@ -38,6 +38,7 @@ from tasks.cli.local_auth import REDIS_FILE, SECRET_FILES, flower_auth, redis_co
 from tasks.gpu import open_probe
 from tasks.observe.metrics import GpuSampler, start_exporter
 from tasks.redis_client import free_port, get_redis, server_argv
+from tasks.redis_refusal import write_refused
 from tasks.run.dataset import DatasetError
 from tasks.run.metadata import MetadataError
 from tasks.workers import registry
@@ -261,6 +262,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         else:
             (cluster.logs / REDIS_FILE).unlink(missing_ok=True)  # an earlier run's private Redis is gone
             print("Redis: $REDIS_URL")
+            if why := write_refused(get_redis(conf.redis_url)):  # full or read-only: no worker could start
+                return _cli.redis_refused(why, args.raw_dir, args.out)
         gpus = args.gpus if args.gpus is not None else list(range(visible_gpus()))
         per_gpu = args.gpu_workers or 1
         # Supervised solo workers: per_gpu per GPU queue (and one per stage with its own environment), one
