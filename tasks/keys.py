@@ -16,6 +16,7 @@ ORPHAN_PREFIX = "ff:orphan:"  # + delivery tag: when the reaper first saw it wit
 REAPER_LOCK = "ff:reaper-lock"
 CLAIM_PREFIX = "ff:claim:"  # + root hash:video:stage: one live run of a video's stage
 REBALANCE_LOCK = "ff:rebalance-lock"
+WRITE_PROBE = "ff:write-probe"  # set for a second by a starting worker: does Redis take writes? (tasks.redis_refusal)
 BELL_PREFIX = "ff:bell:"  # + queue: the doorbell workers block on; publishers ring it (tasks.delivery.transport)
 
 # runs, results and records (tasks.observe.progress, tasks.records.quarantine, tasks.pipeline.oom,

@@ -34,13 +34,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def server_argv(port: int, folder: str | Path, persistent: bool = False) -> list[str]:
+def server_argv(port: int, folder: str | Path, persistent: bool = False, config: str | Path | None = None) -> list[str]:
     """The command line of a private redis-server on 127.0.0.1:``port`` keeping its files in ``folder``.
 
     ``persistent``: an append-only file written at every command (survives a restart), else nothing on disk.
+    ``config``: a configuration file read first (the password, kept off the command line).
     """
     return [
         "redis-server",
+        *([str(config)] if config else []),
         "--port",
         str(port),
         "--bind",

@@ -154,7 +154,10 @@ def test_workers_and_flower_share_the_compose_redis():
     for name, service in services.items():
         if name == "redis":
             continue
-        url = urlparse(service["environment"]["REDIS_URL"])
+        # The password Redis asks for, required (":?"): compose refuses to start without it.
+        given = re.fullmatch(r"redis://:\$\{REDIS_PASSWORD:\?[^}]+\}@(.+)", service["environment"]["REDIS_URL"])
+        assert given, (name, service["environment"]["REDIS_URL"])
+        url = urlparse(f"redis://{given.group(1)}")
         assert (url.scheme, url.hostname, url.port) == ("redis", "redis", 6379), (name, url)
         assert url.hostname in services
         assert service["depends_on"]["redis"]["condition"] == "service_healthy", name
@@ -178,11 +181,22 @@ def test_workers_shut_down_warm_and_come_back():
             assert service["stop_grace_period"] == "10m", name
 
 
-def test_redis_keeps_an_append_only_log_and_reports_health():
-    redis = load_compose()["services"]["redis"]
+def test_redis_keeps_an_append_only_log_asks_for_a_password_and_reports_health():
+    compose = load_compose()
+    redis = compose["services"]["redis"]
     assert redis["image"] == "redis:7"
-    assert redis["command"][redis["command"].index("--appendonly") + 1] == "yes"
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+    # The password: in the configuration file redis-server reads first, required (":?"), never on its command line.
+    (mounted,) = redis["configs"]
+    assert command[1] == mounted["target"]
+    password = r"\$\{REDIS_PASSWORD:\?[^}]+\}"
+    assert re.fullmatch(f"requirepass {password}\n", compose["configs"][mounted["source"]]["content"])
+    assert not any("REDIS_PASSWORD" in arg or "requirepass" in arg for arg in command)
+    # redis-cli reads REDISCLI_AUTH: the health check authenticates without the password on its command line.
     assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    assert re.fullmatch(password, redis["environment"]["REDISCLI_AUTH"])
 
 
 def test_flower_takes_basic_auth_from_the_environment():

@@ -31,14 +31,17 @@ LONG_DEPTH = "stages:\n  depth:\n    params: {seconds_per_frame: 2.0}\n"
 
 
 class Flower:
-    """A real ``celery -A tasks flower`` process and an HTTP client for it."""
+    """A real ``celery -A tasks flower`` process (``program``: another start than ``python -m celery``) and an
+    HTTP client for it."""
 
-    def __init__(self, env: dict[str, str], log: Path, auth: str, *args: str) -> None:
+    def __init__(
+        self, env: dict[str, str], log: Path, auth: str, *args: str, program: tuple[str, ...] = ("-m", "celery")
+    ) -> None:
         self.port = free_port()
         self.auth = auth
         self.log = log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={self.port}", *args],
+            [sys.executable, *program, "-A", "tasks", "flower", f"--port={self.port}", *args],
             cwd=ROOT,
             env={**env, "FLOWER_BASIC_AUTH": auth},
             stdout=open(log, "wb"),

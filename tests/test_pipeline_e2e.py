@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 from pathlib import Path
 
 import h5py
@@ -50,6 +51,13 @@ def test_local_cluster_runs_a_dataset_and_leaves_nothing_behind(video_factory, p
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Flower: http://127.0.0.1:" in done.stdout
     port = int(re.search(r"private redis-server at redis://127.0.0.1:(\d+)", done.stdout).group(1))
+    # Its password: in OUT/logs/redis-auth.txt (mode 0600) and the processes' environments, in no output or log.
+    auth = out / "logs" / "redis-auth.txt"
+    password = auth.read_text().partition("://:")[2].partition("@")[0]
+    assert len(password) >= 24 and stat.S_IMODE(auth.stat().st_mode) == 0o600
+    assert f"(password in {auth})" in done.stdout
+    for text in [done.stdout, done.stderr, *(p.read_text(errors="replace") for p in (out / "logs").glob("*.log"))]:
+        assert password not in text
 
     ids = manifest_ids(out)
     assert len(ids) == 4 and hdf5_ids(out) == ids

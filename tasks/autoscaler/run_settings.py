@@ -23,7 +23,14 @@ from tasks.autoscaler.supervisor import Supervisor
 from tasks.delivery import settings_queues
 from tasks.run import runs
 from tasks.stages import GPU_STAGES, STAGE_NAMES
-from worker_config.settings import CONFIG_ENV, ConfigError, Settings, load_settings, stage_entry
+from worker_config.settings import (
+    CONFIG_ENV,
+    LOCAL_PARAM_NAMES,
+    ConfigError,
+    Settings,
+    load_settings,
+    stage_entry,
+)
 from worker_config.settings_match import parse_settings_queue
 
 log = logging.getLogger("framefleet.autoscaler")
@@ -48,14 +55,31 @@ def hosted_on(queue: str, stages: Mapping[str, Mapping[str, Any]], conf: Setting
 
 
 def _python(stage: str, stages: Mapping[str, Mapping[str, Any]], conf: Settings) -> str | None:
-    """The stage's interpreter on this host: the autoscaler's own setting, else the run's."""
-    return conf.stages[stage].python or stages[stage].get("python")
+    """The stage's interpreter on this host: the autoscaler's own setting only.
+
+    A run's record names the interpreter of the host that enqueued it; taken here, a record written by
+    anyone who reaches Redis would choose the program this host starts.
+    """
+    return conf.stages[stage].python
+
+
+def _hashed_params(stage: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` of a run's record less any host-local one (``worker_config.settings.LOCAL_PARAM_NAMES``).
+
+    A record's hashed parameters never hold those (``stage_entry`` moves them to ``local``); one that does
+    was written by hand, and a path it names must not reach this host's workers.
+    """
+    dropped = sorted(set(params) & set(LOCAL_PARAM_NAMES))
+    if dropped:
+        log.warning("%s: the run's record names host-local parameters %s; this host's own are used", stage, dropped)
+    return {k: v for k, v in params.items() if k not in LOCAL_PARAM_NAMES}
 
 
 def settings_text(conf: Settings, stages: Mapping[str, Mapping[str, Any]]) -> str:
     """The autoscaler's settings file (``$FRAMEFLEET_CONFIG``, else none) with the run's ``stages`` in place of
     its own: each stage's backend and parameters as the run recorded them, the host-local ones (paths,
-    batch sizes) this host's own where its backend is the same, and every stage the run leaves out off;
+    batch sizes) and the interpreter this host's own (never the record's: a record may come from anyone who
+    reaches Redis, and ``repo_dir`` goes first on ``sys.path``), and every stage the run leaves out off;
     its workers consume only the settings queues (``settings_queues_only``)."""
     path = os.environ.get(CONFIG_ENV)
     data: dict[str, Any] = dict(yaml.safe_load(Path(path).read_text()) or {}) if path else {}
@@ -71,7 +95,7 @@ def settings_text(conf: Settings, stages: Mapping[str, Mapping[str, Any]]) -> st
         written[name] = {
             "enabled": settings.get("enabled", True),
             "backend": settings["backend"],
-            "params": {**(entry.get("local") or {}), **local, **settings.get("params", {})},
+            "params": {**local, **_hashed_params(name, settings.get("params", {}))},
         }
         if python := _python(name, stages, conf):
             written[name]["python"] = python
@@ -89,10 +113,21 @@ def family_for(
     hosted = hosted_on(queue, stages, conf)
     if not hosted:
         return None
+    own = queue.partition(".")[2]
+    if own and not _python(own, stages, conf):
+        raise CannotMatch(
+            f"{own}: the run's tasks wait for a worker of {queue}, a stage with its own environment, but this "
+            f"host's settings give no stages.{own}.python (a run's record never names the interpreter here); "
+            f"set stages.{own}.python in this host's settings"
+        )
     tag = family_tag(stages, hosted)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{tag}.yaml"
-    path.write_text(settings_text(conf, stages))
+    # Mode 0600: the file copies the autoscaler's settings file, whose redis_url may hold Redis's password.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write(settings_text(conf, stages))
     try:
         theirs = load_settings(path)
     except ConfigError as exc:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import redis
 
+from tasks import redis_refusal
 from worker_config.settings import (
     CONFIG_ENV,
     ConfigError,
@@ -76,6 +77,30 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value} (leave the option out for every video)")
     return value
+
+
+# Exit statuses of framefleet's commands: 0 done, 1 a video failed (or `verify` found a problem), 2 a usage,
+# settings or folder error, 3 the run lost from Redis, 4 cancelled, 5 Redis refused writes (full, read-only),
+# 130 interrupted.
+REDIS_REFUSED = redis_refusal.EXIT_STATUS
+
+
+def stop_if_redis_refused(exc: BaseException, raw_dir: Path, out: Path) -> int:
+    """Print why Redis refused a write (full, read-only, MISCONF), its fix and how to finish the run; return
+    exit status 5. Re-raises ``exc`` when it is no such refusal."""
+    why = redis_refusal.refusal(exc)
+    if why is None:
+        raise exc
+    return redis_refused(why, raw_dir, out)
+
+
+def redis_refused(why: str, raw_dir: Path, out: Path) -> int:
+    """Print ``why`` (``tasks.redis_refusal``), that nothing sent is lost and how to finish the run; return 5."""
+    return fail(
+        f"{why}. Nothing sent is lost: what was sent waits in Redis and complete outputs stay in {out}; once "
+        f"Redis takes writes again, `framefleet enqueue {raw_dir} --out {out} --continue` finishes the run",
+        code=REDIS_REFUSED,
+    )
 
 
 def fail(message: str, code: int = 2) -> int:

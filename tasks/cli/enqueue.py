@@ -327,6 +327,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         )
     except (DatasetError, MetadataError) as exc:
         return common.fail(str(exc))
+    except Exception as exc:  # Redis full or read-only: a clear stop; anything else is raised again
+        return common.stop_if_redis_refused(exc, args.raw_dir, args.out)
     except KeyboardInterrupt:
         return common.fail(
             f"interrupted while sending the run; `framefleet cancel --out {args.out}` stops what was "
@@ -352,6 +354,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except KeyboardInterrupt:  # before following began
         watch.detached(record, args.out)
         return 130
+    except Exception as exc:
+        return common.stop_if_redis_refused(exc, args.raw_dir, args.out)
 
 
 def resender(conf: Settings, args: argparse.Namespace) -> Callable[[], dict[str, Any]]:

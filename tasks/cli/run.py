@@ -3,7 +3,9 @@
     framefleet run RAW_DIR --out OUT [--continue | --force] [--gpus 0,1] [--intermediates keep|drop] [--serve]
                    [--metadata FILE] [--require-text]
 
-Uses $REDIS_URL when it answers, else a private redis-server on a free port; starts one solo
+Uses $REDIS_URL when it answers, else a private redis-server on a free port of 127.0.0.1 with a
+random password (its URL in OUT/logs/redis-auth.txt, mode 0600; every process of the run gets it
+through its environment); starts one solo
 worker per visible GPU and one solo CPU worker per core (without a GPU: one worker per core,
 each hosting every stage, its models on the CPU), all supervised (a recycled or crashed worker
 is replaced), Flower and the metrics exporter on 127.0.0.1. Flower's basic auth comes from
@@ -17,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -33,9 +34,11 @@ from tasks.autoscaler.supervisor import CPU_GROUP, Supervisor, cpu_worker_count,
 from tasks.cli import common as _cli
 from tasks.cli.common import check_redis, parse_gpus
 from tasks.cli.enqueue import add_run_arguments, check_run_arguments, enqueue, follow, resender
+from tasks.cli.local_auth import REDIS_FILE, SECRET_FILES, flower_auth, redis_config, redis_url, write_secret
 from tasks.gpu import open_probe
 from tasks.observe.metrics import GpuSampler, start_exporter
 from tasks.redis_client import free_port, get_redis, server_argv
+from tasks.redis_refusal import write_refused
 from tasks.run.dataset import DatasetError
 from tasks.run.metadata import MetadataError
 from tasks.workers import registry
@@ -112,18 +115,17 @@ class Cluster:
                 "no reachable Redis and no redis-server to start: install Redis "
                 "(apt install redis-server) or set REDIS_URL"
             )
-        self.tmp = Path(tempfile.mkdtemp(prefix="framefleet-redis-"))
+        self.tmp = Path(tempfile.mkdtemp(prefix="framefleet-redis-"))  # mode 0700: its files are this user's
         port = free_port()
-        self.start(
-            "redis",
-            server_argv(port, self.tmp),
-            dict(os.environ),
-        )
-        client = redis.Redis(port=port)
+        config, password = redis_config(self.tmp)
+        self.start("redis", server_argv(port, self.tmp, config=config), dict(os.environ))
+        url = redis_url(port, password)
+        write_secret(self.logs / REDIS_FILE, url)  # for `framefleet status` and redis-cli while the run lasts
+        client = redis.Redis.from_url(url)
         for _ in range(100):
             try:
                 client.ping()
-                return f"redis://127.0.0.1:{port}/0"
+                return url
             except redis.ConnectionError:
                 time.sleep(0.05)
         raise DatasetError(f"the private redis-server did not answer; see {self.logs / 'redis.log'}")
@@ -179,31 +181,9 @@ def _keep(supervisor: Supervisor, stopping: threading.Event) -> None:
             print(f"worker {slot.name}: {what}: {detail}", file=sys.stderr, flush=True)
 
 
-FLOWER_USER = "framefleet"
-
-
-def flower_auth(env: dict[str, str], logs: Path) -> tuple[dict[str, str], str]:
-    """Return Flower's environment with basic auth and a line saying who logs in and where the password is.
-
-    $FLOWER_BASIC_AUTH is passed through; without it a random password is written to
-    ``logs/flower-auth.txt`` (mode 0600). The password itself is never printed.
-    """
-    if env.get("FLOWER_BASIC_AUTH"):
-        user = env["FLOWER_BASIC_AUTH"].split(",")[0].partition(":")[0]
-        return env, f"user {user}, password from $FLOWER_BASIC_AUTH"
-    pair = f"{FLOWER_USER}:{secrets.token_urlsafe(18)}"
-    logs.mkdir(parents=True, exist_ok=True)
-    path = logs / "flower-auth.txt"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        os.fchmod(fh.fileno(), 0o600)  # also when the file was already there
-        fh.write(pair + "\n")
-    return {**env, "FLOWER_BASIC_AUTH": pair}, f"user {FLOWER_USER}, password in {path}"
-
-
 def rotate_logs(logs: Path) -> None:
     """Move an earlier run's logs to ``logs/previous/`` (replacing older ones), so a log holds one run."""
-    earlier = [p for p in logs.glob("*") if p.is_file() and p.name != "flower-auth.txt"]
+    earlier = [p for p in logs.glob("*") if p.is_file() and p.name not in SECRET_FILES]
     if not earlier:
         return
     previous = logs / "previous"
@@ -277,9 +257,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             env.pop("FRAMEFLEET_REDIS_URL", None)
             os.environ["REDIS_URL"] = env["REDIS_URL"]
             conf = _cli.settings_from(args)
-            print(f"Redis: a private redis-server at {env['REDIS_URL']}")
+            where = f"redis://127.0.0.1:{env['REDIS_URL'].rpartition('@')[2]}"
+            print(f"Redis: a private redis-server at {where} (password in {cluster.logs / REDIS_FILE})")
         else:
+            (cluster.logs / REDIS_FILE).unlink(missing_ok=True)  # an earlier run's private Redis is gone
             print("Redis: $REDIS_URL")
+            if why := write_refused(get_redis(conf.redis_url)):  # full or read-only: no worker could start
+                return _cli.redis_refused(why, args.raw_dir, args.out)
         gpus = args.gpus if args.gpus is not None else list(range(visible_gpus()))
         per_gpu = args.gpu_workers or 1
         # Supervised solo workers: per_gpu per GPU queue (and one per stage with its own environment), one
@@ -378,6 +362,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return code
     except (DatasetError, MetadataError) as exc:
         return _cli.fail(str(exc))
+    except Exception as exc:  # Redis full or read-only: a clear stop; anything else is raised again
+        return _cli.stop_if_redis_refused(exc, args.raw_dir, args.out)
     except KeyboardInterrupt:
         print(
             "\ninterrupted: stopping the local cluster (complete outputs are kept; --continue finishes the run)",

@@ -1,29 +1,40 @@
-"""Flower must not listen beyond loopback without authentication.
+"""Flower must not listen beyond loopback without authentication, however it is started.
 
-``celery -A tasks flower`` loads the app (``tasks.app``), and with it this module, before it runs
-Flower, so the check runs at import, when ``sys.argv`` is a Flower command line: it resolves Flower's own options (its
-``FLOWER_*`` variables, command line and config file, with Flower's own parsers) and ends the
-process with exit status 2 and the fix when the address is not loopback and no auth is set.
+Flower loads the app (``tasks.app``), and with it this module, before it serves: ``celery -A tasks
+flower``, ``python -m celery``, ``python -m flower -A tasks flower`` or a ``flower`` script. Two locks,
+each ending the process with exit status 2 and the fix:
+
+- ``check``, at import, when ``sys.argv`` is a Flower command line: it resolves Flower's own options
+  (its ``FLOWER_*`` variables, command line and config file, with Flower's own parsers);
+- ``lock_server``, for a Flower that has loaded already whatever its command line: Flower's
+  ``start_http_server`` checks the options Flower itself resolved before it binds a socket.
+
+A guard that cannot decide (an option it cannot read, an error of its own) refuses: an open Flower
+is worse than one that does not start.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 # Options of the `celery` command that take a value, so that value is not taken for the subcommand.
 CELERY_VALUE_OPTIONS = {"-A", "--app", "-b", "--broker", "--result-backend", "--loader", "--config", "--workdir"}
+# The programs that start Flower: `celery`, `flower`, and `python -m celery` / `python -m flower`.
+FLOWER_PROGRAMS = ("celery", "flower")
 EXIT_STATUS = 2
 
 
 def flower_args(argv: Sequence[str]) -> list[str] | None:
-    """Return Flower's arguments when ``argv`` is ``celery [options] flower [args]``, else None."""
+    """Return Flower's arguments when ``argv`` is ``celery|flower [options] flower [args]``, else None."""
     if not argv:
         return None
     prog = Path(argv[0])
-    if prog.name != "celery" and not (prog.name == "__main__.py" and prog.parent.name == "celery"):
+    if prog.name not in FLOWER_PROGRAMS and not (prog.name == "__main__.py" and prog.parent.name in FLOWER_PROGRAMS):
         return None
     args = iter(enumerate(argv[1:], start=1))
     for i, arg in args:
@@ -44,13 +55,8 @@ def is_loopback(address: str) -> bool:
         return False  # "" (every interface), or a host name that may resolve anywhere
 
 
-def auth_problem(prog: str, args: Sequence[str]) -> str | None:
-    """Resolve Flower's options as Flower will; return why it may not start, or None when it may."""
-    from flower.command import apply_env_options, apply_options
-    from tornado.options import options
-
-    apply_env_options()
-    apply_options(prog, list(args))
+def options_problem(options: Any) -> str | None:
+    """Why Flower with the resolved ``options`` (tornado's) may not start, or None when it may."""
     if options.unix_socket or is_loopback(options.address):
         return None
     basic = [pair for pair in options.basic_auth or [] if _user_and_password(pair)]
@@ -65,8 +71,33 @@ def auth_problem(prog: str, args: Sequence[str]) -> str | None:
     )
 
 
+def auth_problem(prog: str, args: Sequence[str]) -> str | None:
+    """Resolve Flower's options as Flower will; return why it may not start, or None when it may."""
+    from flower.command import apply_env_options, apply_options
+    from tornado.options import options
+
+    apply_env_options()
+    apply_options(prog, list(args))
+    return options_problem(options)
+
+
+def undecided(exc: BaseException) -> str:
+    """The refusal when the guard could not resolve Flower's options."""
+    return (
+        f"could not tell whether Flower would listen beyond loopback without authentication "
+        f"({type(exc).__name__}: {exc}), so it does not start. Fix the option or FLOWER_* variable named "
+        f"there; set FLOWER_BASIC_AUTH=user:password, or bind it to loopback with --address=127.0.0.1."
+    )
+
+
+def refuse(problem: str) -> None:
+    print(f"framefleet: {problem}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_STATUS)
+
+
 def check(argv: Sequence[str] | None = None) -> None:
-    """Exit with status 2 and the fix when ``argv`` (default ``sys.argv``) starts an open Flower."""
+    """Exit with status 2 and the fix when ``argv`` (default ``sys.argv``) starts an open Flower, or one whose
+    options the guard cannot resolve."""
     argv = sys.argv if argv is None else argv
     args = flower_args(argv)
     if args is None:
@@ -76,11 +107,38 @@ def check(argv: Sequence[str] | None = None) -> None:
     default_columns(args)
     try:
         problem = auth_problem(argv[0], args)
-    except Exception:  # an argument Flower cannot parse: Flower itself reports it and exits
-        return
+    except Exception as exc:
+        problem = undecided(exc)
     if problem:
-        print(f"framefleet: {problem}", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_STATUS)
+        refuse(problem)
+
+
+def lock_server() -> None:
+    """Make every Flower of this process check its resolved options before it binds a socket (``refuse``).
+
+    Only where Flower is loaded already (every ``celery`` and ``flower`` command loads it before the app);
+    a worker does not import it for this.
+    """
+    module = sys.modules.get("flower.app")
+    flower = getattr(module, "Flower", None)
+    if flower is None or getattr(flower.start_http_server, "framefleet_locked", False):
+        return
+    flower.start_http_server = _locked(flower.start_http_server)
+
+
+def _locked(start: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    @functools.wraps(start)
+    def start_http_server(self: Any) -> Any:
+        try:
+            problem = options_problem(self.options)
+        except Exception as exc:
+            problem = undecided(exc)
+        if problem:
+            refuse(problem)
+        return start(self)
+
+    start_http_server.framefleet_locked = True  # type: ignore[attr-defined]
+    return start_http_server
 
 
 def _user_and_password(pair: str) -> bool:
@@ -89,3 +147,4 @@ def _user_and_password(pair: str) -> bool:
 
 
 check()
+lock_server()

@@ -14,6 +14,7 @@ from tasks.observe.flower_view import finished_earlier
 from tasks.pipeline.hooks import StageCall, StageFailed, StageHook
 from tasks.pipeline.retries import wait
 from tasks.redis_client import get_redis
+from tasks.redis_refusal import refusal
 from tasks.run import cancel
 
 log = logging.getLogger("framefleet.pipeline")
@@ -27,10 +28,12 @@ class Claim(StageHook):
         try:
             _claim_or_wait(call)
         except Reject as exc:
+            why = refusal(exc.reason) if isinstance(exc.reason, BaseException) else None
             raise StageFailed(
                 RedisUnavailable(
-                    f"{call.stage_name} of {call.job.video}: Redis did not answer and the task could not be "
-                    f"retried ({exc.reason}); enqueue again with --continue once Redis is back"
+                    f"{call.stage_name} of {call.job.video}: {why or 'Redis did not answer'}, and the task could "
+                    f"not be retried ({exc.reason}); enqueue again with --continue once Redis "
+                    f"{'takes writes' if why else 'is back'}"
                 )
             ) from exc
 
@@ -101,10 +104,10 @@ def _claim_or_wait(call: StageCall) -> None:
         )
     except redis.RedisError as exc:
         log.warning(
-            "%s of %s: Redis did not answer the claim (%s); retrying in %g s",
+            "%s of %s: %s; retrying in %g s",
             stage_name,
             job.video_id,
-            exc,
+            f"Redis refused the claim: {why}" if (why := refusal(exc)) else f"Redis did not answer the claim ({exc})",
             conf.lease_ttl_s / 2,
         )
         wait(call, conf.lease_ttl_s / 2)

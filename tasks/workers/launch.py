@@ -10,6 +10,7 @@ command line did not give (click says which it did).
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -136,6 +137,23 @@ def own_loggers_at(level: str | int, celery_level: str | int) -> None:
         logging.getLogger(name).setLevel(lowest)
 
 
+def stop_if_redis_refuses_writes(conf: Settings) -> None:
+    """Exit with status 5 (tasks.redis_refusal) and the cause and fix when the broker or framefleet's Redis
+    answers but refuses writes (full, read-only, MISCONF); a supervisor's restart then finds it again."""
+    from tasks.redis_client import get_redis
+    from tasks.redis_refusal import EXIT_STATUS, write_refused
+
+    for url in dict.fromkeys((conf.broker, conf.redis_url)):
+        why = write_refused(get_redis(url))
+        if why:
+            print(
+                f"framefleet: the worker does not start: {why}; start it again once Redis takes writes",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(EXIT_STATUS)
+
+
 class Worker(CeleryWorker):
     """Celery's worker program, with framefleet's design for whatever the command line leaves out."""
 
@@ -144,6 +162,11 @@ class Worker(CeleryWorker):
         if "hostname" in changes:
             hostname = host_format(default_nodename(changes.pop("hostname")))
         super().__init__(app, hostname, **{**options, **changes})
+
+    def on_start(self) -> None:
+        # Before the consumer connects: kombu's first write to a full Redis ends the worker with a traceback.
+        stop_if_redis_refuses_writes(settings())
+        super().on_start()
 
     def setup_logging(self, colorize: bool | None = None) -> Any:
         custom = super().setup_logging(colorize)

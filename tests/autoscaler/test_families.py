@@ -52,3 +52,34 @@ def test_a_runs_settings_become_a_family_whose_settings_file_gives_its_hashes(tm
         assert "depth" in str(exc)
     else:
         raise AssertionError("a family whose file gives other settings was made")
+
+
+def test_a_runs_record_never_gives_this_host_an_interpreter_code_or_weights_folder(tmp_path, monkeypatch):
+    from tasks.autoscaler.run_settings import CannotMatch, family_for
+    from worker_config.settings import run_stage_settings
+
+    own = settings_env(tmp_path, "stages:\n  depth: {params: {hold_mib: 200}}\n")["FRAMEFLEET_CONFIG"]
+    monkeypatch.setenv("FRAMEFLEET_CONFIG", own)
+    other = tmp_path / "other.yaml"
+    other.write_text("stages:\n  depth: {params: {flat_std_threshold: 0.05}}\n")
+    run = run_stage_settings(load_settings(other))["stages"]
+    # What a record forged by anyone who reaches Redis could name: code on shared storage, another interpreter.
+    planted = str(tmp_path / "planted")
+    for stage in run.values():
+        stage["python"] = f"{planted}/bin/python"
+        stage["local"] = {**stage["local"], "repo_dir": planted, "weights_dir": planted, "hold_mib": 1}
+        stage["settings"]["params"] = {**stage["settings"]["params"], "repo_dir": planted}
+    family = family_for(load_settings(own), 0, "gpu0", run, tmp_path / "settings")
+    assert family is not None and family.python is None  # this host's interpreter: its own settings name none
+    written = tmp_path / "settings" / f"{family.tag}.yaml"
+    assert planted not in written.read_text()
+    assert written.stat().st_mode & 0o077 == 0  # it may hold the settings file's redis_url, password included
+    theirs = load_settings(family.config)
+    assert theirs.stages["depth"].params["hold_mib"] == 200 and theirs.stages["depth"].python is None
+    # A stage with its own environment here only when this host's settings say which interpreter.
+    try:
+        family_for(load_settings(own), 0, "gpu0.hands", run, tmp_path / "settings")
+    except CannotMatch as exc:
+        assert "stages.hands.python" in str(exc)
+    else:
+        raise AssertionError("a family for gpu0.hands was made without this host's stages.hands.python")

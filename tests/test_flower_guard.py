@@ -1,0 +1,79 @@
+"""Flower locked however it is started: beyond loopback without auth it refuses, and so does a guard that errs."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, free_port
+from tests.test_flower_monitoring import Flower
+
+pytestmark = pytest.mark.timeout(120)
+
+WRAPPER = "#!{python}\nimport sys\nfrom flower.__main__ import main\nsys.exit(main())\n"
+
+
+def launcher(how: str, tmp_path: Path) -> list[str]:
+    """The start of a command line that runs Flower ``how``: as a module, a console script, or a wrapper."""
+    if how == "python -m flower":
+        return [sys.executable, "-m", "flower"]
+    if how == "celery":
+        return [str(Path(sys.executable).parent / "celery")]
+    # A `flower` program as packagers install it, and one named otherwise (which only the server lock sees).
+    script = tmp_path / ("flower" if how == "flower" else "serve-the-monitor")
+    script.write_text(WRAPPER.format(python=sys.executable))
+    script.chmod(0o755)
+    return [str(script)]
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("how", ["python -m flower", "celery", "flower", "another name"])
+def test_flower_beyond_loopback_without_auth_refuses_however_it_is_started(pipeline_env, tmp_path, how):
+    env = {k: v for k, v in pipeline_env.items() if not k.startswith("FLOWER_")}
+    port = free_port()
+    done = subprocess.run(
+        [*launcher(how, tmp_path), "-A", "tasks", "flower", "--address=0.0.0.0", f"--port={port}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert f"Flower would listen on 0.0.0.0:{port}, beyond loopback, without authentication" in done.stderr
+    assert "FLOWER_BASIC_AUTH=user:password" in done.stderr and not listening(port)
+
+
+def test_python_m_flower_with_auth_serves_only_who_logs_in(pipeline_env, tmp_path):
+    env = {k: v for k, v in pipeline_env.items() if not k.startswith("FLOWER_")}
+    app = Flower(env, tmp_path / "flower.log", "ops:s3cret", "--address=0.0.0.0", program=("-m", "flower"))
+    try:
+        app.wait_ready()
+        assert app.get("/api/workers", auth=None)[0] == 401
+        assert app.get("/api/workers")[0] == 200
+    finally:
+        app.stop()
+
+
+def test_a_guard_that_cannot_read_flowers_options_refuses(pipeline_env):
+    env = {k: v for k, v in pipeline_env.items() if not k.startswith("FLOWER_")}
+    argv = ["celery", "-A", "tasks", "flower", "--address=0.0.0.0"]
+    done = subprocess.run(
+        [sys.executable, "-c", f"from tasks.observe.flower_guard import check; check({argv!r})"],
+        cwd=ROOT,
+        env={**env, "FLOWER_PORT": "not-a-port"},  # Flower's own parser raises on it
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "could not tell whether Flower would listen beyond loopback" in done.stderr
+    assert "ValueError" in done.stderr and "Traceback" not in done.stderr

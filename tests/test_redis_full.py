@@ -1,0 +1,75 @@
+"""Redis full (maxmemory reached, noeviction) or read-only: named with its fix, and a worker started then stops with
+its own exit status; a real redis-server, `CONFIG SET maxmemory`. The enqueuer's stop and `--continue` once Redis
+has room: tests/faults/test_redis_full_faults.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tasks.redis_refusal import EXIT_STATUS, refusal
+from tests.conftest import Workers, process_env, run_script, start_redis_server
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def own_redis() -> Iterator[str]:
+    """A redis-server of this test alone: its memory limit is changed, which no other test may see."""
+    url, stop = start_redis_server()
+    yield f"{url}/0"
+    stop()
+
+
+def fill(r: redis.Redis) -> None:
+    """Put Redis past its maxmemory, as a full Redis is: a 32 MB key under a 16 MB limit (below the key alone:
+    client buffers freed later do not give it room again)."""
+    r.set("ballast", b"x" * 32_000_000)
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", str(16_000_000))
+
+
+def test_refusals_are_named_with_their_fix_and_other_errors_are_not(own_redis):
+    r = redis.Redis.from_url(own_redis)
+    fill(r)
+    with pytest.raises(redis.RedisError) as full:
+        r.rpush("ff:some-queue", "a task")
+    assert "maxmemory" in (refusal(full.value) or "") and "CONFIG SET maxmemory" in (refusal(full.value) or "")
+    with pytest.raises(redis.RedisError) as in_script:  # framefleet's claims and leases are Lua scripts
+        r.eval("return redis.call('SET', KEYS[1], ARGV[1])", 1, "ff:claim", "w1")
+    assert "maxmemory" in (refusal(in_script.value) or "")
+    r.config_set("maxmemory", "0")
+    r.execute_command("REPLICAOF", "127.0.0.1", "1")  # a replica (of nothing that answers) refuses writes
+    try:
+        with pytest.raises(redis.RedisError) as read_only:
+            r.set("ff:x", "1")
+        assert "read-only" in (refusal(read_only.value) or "") and "primary" in (refusal(read_only.value) or "")
+    finally:
+        r.execute_command("REPLICAOF", "NO", "ONE")
+    assert refusal(redis.ConnectionError("Connection refused")) is None
+    assert refusal(redis.ResponseError("WRONGTYPE Operation against a key")) is None
+
+
+def test_a_worker_started_while_redis_is_full_names_the_cause_and_exits_with_its_status(own_redis, tmp_path):
+    workers = Workers(process_env(own_redis), tmp_path / "logs")
+    fill(redis.Redis.from_url(own_redis))
+    try:
+        proc = workers.start("cpu", wait=False)
+        assert proc.wait(timeout=90) == EXIT_STATUS, workers.log("cpu")
+        log = workers.log("cpu")
+        assert "the worker does not start: Redis is full" in log and "CONFIG SET maxmemory" in log
+        assert "Traceback" not in log and "Unrecoverable error" not in log
+    finally:
+        workers.stop_all()
+
+
+def test_framefleet_run_on_a_full_redis_stops_before_starting_a_worker(own_redis, video_factory, tmp_path):
+    fill(redis.Redis.from_url(own_redis))
+    out = tmp_path / "out"
+    done = run_script("run_local.py", str(video_factory(1)), "--out", str(out), env=process_env(own_redis))
+    assert done.returncode == EXIT_STATUS, done.stdout + done.stderr
+    assert "Redis is full" in done.stderr and "Traceback" not in done.stderr
+    assert f"--out {out} --continue` finishes the run" in done.stderr
+    assert not list((out / "logs").glob("cpu*.log")) and not list((out / "logs").glob("gpu*.log"))
