@@ -68,6 +68,8 @@ def configure(new: Settings) -> Celery:
         broker_url=broker_url,
         result_backend=results_url,
         broker_transport_options={**transport, **broker_options},
+        # rediss://'s ssl_* options as a setting too: Flower's broker view reads only this one.
+        broker_use_ssl=redis_urls.ssl_options(new.broker) or False,
         result_backend_transport_options={"retry_policy": {"timeout": 5.0}, **results_options},
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,

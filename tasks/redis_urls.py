@@ -119,6 +119,19 @@ def for_celery(url: str) -> tuple[str, dict[str, Any]]:
     return ";".join(chunks), {"master_name": found.master_name}
 
 
+def ssl_options(url: str) -> dict[str, Any] | None:
+    """The ``ssl_*`` options of a ``rediss://`` URL as Celery's ``broker_use_ssl`` takes them (Flower's broker view
+    reads only that setting); None for other schemes."""
+    if scheme_of(url) != "rediss":
+        return None
+    from kombu.utils.url import parse_ssl_cert_reqs
+
+    options = {k: v for k, v in parse_qsl(urlsplit(url).query) if k.startswith("ssl_")}
+    if "ssl_cert_reqs" in options:
+        options["ssl_cert_reqs"] = parse_ssl_cert_reqs(options["ssl_cert_reqs"])
+    return options
+
+
 def for_redis_py(url: str) -> str:
     """The URL redis-py's ``Redis.from_url`` reads for a non-Sentinel ``url`` (``redis+socket://`` → ``unix://``)."""
     if scheme_of(url) != "redis+socket":

@@ -24,6 +24,7 @@ from tasks.delivery import transport
 from tasks.redis_client import connect, free_port, server_argv
 from tests.conftest import ROOT, wait_until
 from tests.redis_servers import SentinelGroup, certificates
+from tests.test_flower_monitoring import Flower
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -163,9 +164,14 @@ def test_a_worker_on_each_scheme_pops_and_records_a_delivery_in_one_script(serve
     argv += ["-Q", "q1", "-n", "w1@schemes", "-l", "INFO", "--without-gossip", "--without-mingle"]
     with open(log_path, "wb") as log:
         worker = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    flower = Flower(env, tmp_path / "flower.log", "admin:pw")
     try:
         wait_until(lambda: "ready." in log_path.read_text() or worker.poll() is not None, 120, "the worker")
         assert worker.poll() is None, log_path.read_text()
+        flower.wait_ready()  # Flower's Celery connection and its own broker client, each on this URL
+        wait_until(lambda: "w1@schemes" in flower.json("/api/workers?refresh=1"), 30, "Flower to reach the worker")
+        lengths = wait_until(lambda: flower.json("/api/queues/length")["active_queues"], 30, "Flower's queue lengths")
+        assert [q["name"] for q in lengths] == ["q1"], lengths
         broker, options = redis_urls.for_celery(url)
         sender = Celery("sender", broker=broker, set_as_current=False)
         sender.conf.broker_transport_options = {**app.conf.broker_transport_options, **options}
@@ -174,6 +180,7 @@ def test_a_worker_on_each_scheme_pops_and_records_a_delivery_in_one_script(serve
         wait_until(lambda: "RUN t1 end" in log_path.read_text(), 60, "the task to run")
         wait_until(lambda: client.hlen("unacked") == 0, 20, "the ack")
     finally:
+        flower.stop()
         worker.kill()
         worker.wait()
     commands = [(c["client_type"] == "lua", c["command"].split()) for c in monitor.commands]
