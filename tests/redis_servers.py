@@ -14,6 +14,7 @@ from tasks.redis_client import free_port, server_argv
 from tests.conftest import wait_until
 
 MASTER = "ffmaster"
+REPLICATOR = "replicator"
 DOWN_AFTER_MS = 1000  # a primary silent this long is down for a Sentinel; 2 of 3 agreeing start the failover
 
 
@@ -96,6 +97,9 @@ class SentinelGroup:
         folder = self.folder / f"redis-{port}"
         folder.mkdir(exist_ok=True)
         argv = server_argv(port, folder, persistent=True)
+        # Replicas log in as a user of their own on every server (whichever is primary): cut_replicas() turns it off.
+        argv += ["--user", REPLICATOR, "on", f">{REPLICATOR}", "~*", "&*", "+@all", "--masteruser", REPLICATOR]
+        argv += ["--masterauth", REPLICATOR]
         if replica_of:
             argv += ["--replicaof", "127.0.0.1", str(replica_of)]
         log = open(self.folder / f"redis-{port}.log", "ab")
@@ -130,6 +134,12 @@ class SentinelGroup:
 
     def client(self, port: int | None = None) -> redis.Redis:
         return redis.Redis(port=port or self.primary_port() or 0, decode_responses=True, socket_timeout=5)
+
+    def cut_replicas(self, port: int) -> None:
+        """Cut the primary on ``port`` off from its replicas (they cannot log in again); it goes on taking writes."""
+        client = self.client(port)
+        client.execute_command("ACL", "SETUSER", REPLICATOR, "off")
+        client.execute_command("CLIENT", "KILL", "TYPE", "replica")
 
     def kill(self, port: int, sig: int = signal.SIGKILL) -> None:
         proc = self.servers[port]
