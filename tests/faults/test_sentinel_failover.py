@@ -84,14 +84,21 @@ def test_the_primary_lost_mid_run_loses_nothing(loss, group, fault_raw, referenc
             time.sleep(LAG_S)  # ... while the primary acknowledges the run's writes
             lost_bytes = _offset(group, old, "master_repl_offset") - _offset(group, replica, "slave_repl_offset")
             assert lost_bytes > 0
+        offset_at_loss = _offset(group, old, "master_repl_offset")
         lost_at = time.time()
         group.kill(old, signal.SIGSTOP if loss == "cut-off" else signal.SIGKILL)
         wait_until(lambda: _promoted(group, old), 60, "the Sentinels to promote the replica", poll_s=0.2)
         promoted_s = time.time() - lost_at
         if loss == "back":
             group.start_server(old)  # as it was configured: a primary, with its own append-only file
+        taken_bytes = 0
         if loss == "cut-off":
             group.kill(old, signal.SIGCONT)
+            # Back, it is a primary until a Sentinel says otherwise, and runs what its clients sent it meanwhile:
+            # writes that the new primary never sees (and that it drops itself once it replicates the new one).
+            replication = group.client(old).info("replication")
+            if replication["role"] == "master":
+                taken_bytes = int(replication["master_repl_offset"]) - offset_at_loss
         if loss in ("back", "cut-off"):
             wait_until(lambda: group.role(old) == ("slave", "up"), 60, "the old primary to become a replica")
         output, _ = watcher.communicate(timeout=400)
@@ -108,7 +115,9 @@ def test_the_primary_lost_mid_run_loses_nothing(loss, group, fault_raw, referenc
         record(
             f"Sentinel failover: primary {loss}",
             f"primary lost, replica promoted in {promoted_s:.1f} s"
-            + (f", {lost_bytes} bytes of acknowledged writes lost ({LAG_S:.0f} s)" if lost_bytes else ""),
+            + (f", {lost_bytes} bytes of acknowledged writes lost ({LAG_S:.0f} s)" if lost_bytes else "")
+            + (f", {taken_bytes} bytes written to the old primary once back" if loss == "cut-off" else "")
+            + f"; {_recoveries(workers.logs)}",
             out,
             reference_stats,
             summary["finished"] - lost_at,
@@ -126,3 +135,10 @@ def _offset(group: SentinelGroup, port: int, field: str) -> int:
 
 def _names(group: SentinelGroup) -> set[str]:
     return set(connect(group.url, decode_responses=True).keys("ff:worker:*"))
+
+
+def _recoveries(logs: Path) -> str:
+    """What the workers put back after the loss, counted from their logs."""
+    text = "".join(p.read_text(errors="replace") for p in logs.glob("*.log"))
+    restored, requeued = text.count("restored the unacked entry"), text.count("] requeued message ")
+    return f"unacked entries restored by their holders: {restored}, messages requeued by the reaper: {requeued}"
