@@ -4,6 +4,7 @@ Unix socket, a primary behind three Sentinels), where a delivery must pop and re
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -90,6 +91,7 @@ class Monitor:
 
     def __init__(self, client: redis.Redis) -> None:
         self.commands: list[dict] = []
+        self.ended: Exception | None = None
         self._monitor = client.monitor()
         self._monitor.__enter__()
         threading.Thread(target=self._read, daemon=True).start()
@@ -98,8 +100,8 @@ class Monitor:
         try:
             while True:
                 self.commands.append(self._monitor.next_command())
-        except (redis.RedisError, OSError, ValueError):
-            return
+        except (redis.RedisError, OSError, ValueError) as exc:
+            self.ended = exc  # the server stopped (the test is over), or MONITOR failed: the test says so
 
 
 def _short_folder() -> Path:
@@ -108,7 +110,8 @@ def _short_folder() -> Path:
 
 @pytest.fixture(params=["redis", "rediss", "redis+socket", "sentinel"])
 def server(request, tmp_path) -> Iterator[tuple[str, redis.Redis]]:
-    """A real Redis reached by one scheme: the URL framefleet's programs are given, and a client of its primary."""
+    """A real Redis reached by one scheme: the URL framefleet's programs are given, and a client of its primary
+    with a socket timeout longer than the test (for MONITOR)."""
     folder = _short_folder()
     procs: list[subprocess.Popen[bytes]] = []
     group = None
@@ -116,7 +119,8 @@ def server(request, tmp_path) -> Iterator[tuple[str, redis.Redis]]:
         if request.param == "sentinel":
             group = SentinelGroup(folder)
             group.start()
-            url, client = group.url, group.client()
+            url = group.url
+            client = redis.Redis(port=group.primary_port() or 0, decode_responses=True, socket_timeout=300)
         else:
             port = free_port()
             argv = server_argv(port, folder)
@@ -133,7 +137,8 @@ def server(request, tmp_path) -> Iterator[tuple[str, redis.Redis]]:
             else:
                 url = f"redis://127.0.0.1:{port}/0"
             procs.append(subprocess.Popen(argv, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            client = connect(url, decode_responses=True)
+            # A long socket timeout: MONITOR's connection waits for as long as the worker takes to start.
+            client = redis.Redis.from_url(redis_urls.for_redis_py(url), decode_responses=True, socket_timeout=300)
             wait_until(lambda: _pings(client), 20, f"the {request.param} redis-server")
         yield url, client
     finally:
@@ -143,6 +148,12 @@ def server(request, tmp_path) -> Iterator[tuple[str, redis.Redis]]:
             proc.kill()
             proc.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _answer(flower: Flower, path: str) -> dict:
+    """Flower's JSON at ``path``, or {} while it answers otherwise (starting, or the worker not yet seen)."""
+    status, body = flower.get(path)
+    return json.loads(body) if status == 200 else {}
 
 
 def _pings(client: redis.Redis) -> bool:
@@ -168,9 +179,12 @@ def test_a_worker_on_each_scheme_pops_and_records_a_delivery_in_one_script(serve
     try:
         wait_until(lambda: "ready." in log_path.read_text() or worker.poll() is not None, 120, "the worker")
         assert worker.poll() is None, log_path.read_text()
+        # framefleet's own client, in the worker (its heartbeat) and here, on this URL
+        own = connect(url, decode_responses=True)
+        wait_until(lambda: own.exists("ff:worker:w1@schemes"), 30, "the worker's heartbeat through framefleet's client")
         flower.wait_ready()  # Flower's Celery connection and its own broker client, each on this URL
-        wait_until(lambda: "w1@schemes" in flower.json("/api/workers?refresh=1"), 30, "Flower to reach the worker")
-        lengths = wait_until(lambda: flower.json("/api/queues/length")["active_queues"], 30, "Flower's queue lengths")
+        wait_until(lambda: "w1@schemes" in _answer(flower, "/api/workers?refresh=1"), 30, "Flower to reach the worker")
+        lengths = wait_until(lambda: _answer(flower, "/api/queues/length").get("active_queues"), 30, "queue lengths")
         assert [q["name"] for q in lengths] == ["q1"], lengths
         broker, options = redis_urls.for_celery(url)
         sender = Celery("sender", broker=broker, set_as_current=False)
@@ -183,6 +197,7 @@ def test_a_worker_on_each_scheme_pops_and_records_a_delivery_in_one_script(serve
         flower.stop()
         worker.kill()
         worker.wait()
+    assert monitor.ended is None, f"MONITOR stopped early: {monitor.ended!r}"
     commands = [(c["client_type"] == "lua", c["command"].split()) for c in monitor.commands]
     brpops = [words for lua, words in commands if not lua and words[0].upper() == "BRPOP"]
     assert brpops and all(key.startswith("ff:bell:") for words in brpops for key in words[1:-1]), brpops
