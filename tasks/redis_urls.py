@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 SCHEMES = ("redis", "rediss", "redis+socket", "unix", "sentinel")
 EXAMPLES = (
@@ -113,8 +113,9 @@ def for_celery(url: str) -> tuple[str, dict[str, Any]]:
         return url, {}
     found = sentinels(url)
     auth = ""
-    if found.username or found.password:
-        auth = f"{found.username or ''}:{found.password or ''}@" if found.password else f"{found.username}@"
+    user, password = quote(found.username or "", safe=""), quote(found.password or "", safe="")
+    if user or password:
+        auth = f"{user}:{password}@" if password else f"{user}@"
     chunks = [f"sentinel://{auth}{host}:{port}/{found.db}" for host, port in found.hosts]
     return ";".join(chunks), {"master_name": found.master_name}
 

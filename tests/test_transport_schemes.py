@@ -82,6 +82,8 @@ def test_a_sentinel_url_needs_its_master_name_and_hides_every_password():
     assert options == {"master_name": "m1"}
     two = "sentinel://:s3cret@a:1/0;sentinel://:s3cret@b:2/0?master_name=m"
     assert "s3cret" not in redis_urls.redact(two) and redis_urls.redact(two).count("***") == 2
+    odd = redis_urls.for_celery("sentinel://:p%40ss%2Fw@a:1/0?master_name=m")[0]
+    assert odd == "sentinel://:p%40ss%2Fw@a:1/0" and redis_urls.sentinels(odd + "?master_name=m").password == "p@ss/w"
     assert redis_urls.for_celery(URLS["unix"])[0] == URLS["redis+socket"]
     assert redis_urls.for_redis_py(URLS["redis+socket"]) == URLS["unix"]
 
