@@ -6,6 +6,7 @@ import socket
 
 from celery import Celery
 
+from tasks import redis_urls
 from tasks.delivery import queues, transport
 from worker_config.settings import ConfigError, Settings, exit_on_config_error, load_settings
 
@@ -14,7 +15,7 @@ TASK_PREFIX = "framefleet."
 # after 3 unanswered probes, so a half-open connection fails within about 25 s.
 KEEPALIVE = {socket.TCP_KEEPIDLE: 10, socket.TCP_KEEPINTVL: 5, socket.TCP_KEEPCNT: 3}
 
-# redis://: kombu's transport with an ack that Redis refuses still freeing the prefetch slot.
+# Every Redis scheme: kombu's transport with the one-step pop-and-record and the ack retries (tasks.delivery.transport).
 transport.install()
 
 
@@ -61,11 +62,15 @@ def configure(new: Settings) -> Celery:
         # A list per priority, so that a video's later stages overtake earlier ones (tasks.delivery.queues).
         **queues.transport_options(),
     }
+    broker_url, broker_options = redis_urls.for_celery(new.broker)
+    results_url, results_options = redis_urls.for_celery(new.results)
     app.conf.update(
-        broker_url=new.broker,
-        result_backend=new.results,
-        broker_transport_options=transport,
-        result_backend_transport_options={"retry_policy": {"timeout": 5.0}},
+        broker_url=broker_url,
+        result_backend=results_url,
+        broker_transport_options={**transport, **broker_options},
+        # rediss://'s ssl_* options as a setting too: Flower's broker view reads only this one.
+        broker_use_ssl=redis_urls.ssl_options(new.broker) or False,
+        result_backend_transport_options={"retry_policy": {"timeout": 5.0}, **results_options},
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         # A task that ends while Redis is away waits for it (about 5 minutes at most) to send its

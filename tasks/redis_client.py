@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import redis
+from redis.sentinel import Sentinel, SentinelConnectionPool
+
+from tasks import redis_urls
 
 _clients: dict[tuple[int, str], redis.Redis] = {}
 
@@ -16,15 +21,41 @@ def get_redis(url: str) -> redis.Redis:
     key = (os.getpid(), url)
     client = _clients.get(key)
     if client is None:
-        client = redis.Redis.from_url(
-            url,
-            decode_responses=True,
-            socket_timeout=5,
-            socket_connect_timeout=5,
-            health_check_interval=10,
-        )
+        client = connect(url, decode_responses=True)
         _clients[key] = client
     return client
+
+
+def connect(url: str, decode_responses: bool = False) -> redis.Redis:
+    """A new client of the Redis ``url`` names, in any form of tasks.redis_urls (behind Sentinel: its primary now)."""
+    options: dict[str, Any] = {"socket_timeout": 5, "socket_connect_timeout": 5, "health_check_interval": 10}
+    if redis_urls.scheme_of(url) != "sentinel":
+        pool = redis.ConnectionPool.from_url(redis_urls.for_redis_py(url), decode_responses=decode_responses, **options)
+        return redis.Redis(connection_pool=pool)
+    found = redis_urls.sentinels(url)
+    # The Sentinels are asked for the primary at each new connection; a connection to a primary that became a
+    # replica fails on its first write (redis-py's SentinelManagedConnection), and the next one finds the new one.
+    watchers = Sentinel(list(found.hosts), sentinel_kwargs={"socket_timeout": 2, "socket_connect_timeout": 2})
+    return watchers.master_for(
+        found.master_name,
+        db=found.db,
+        username=found.username,
+        password=found.password,
+        decode_responses=decode_responses,
+        **options,
+    )
+
+
+def bytes_client(r: redis.Redis) -> tuple[redis.Redis, Callable[[], None]]:
+    """A client of ``r``'s server on connections of its own that leave replies as bytes; and the call closing them."""
+    pool = r.connection_pool
+    kwargs = {**pool.connection_kwargs, "decode_responses": False}
+    if isinstance(pool, SentinelConnectionPool):
+        kwargs.pop("connection_pool", None)
+        raw: redis.ConnectionPool = SentinelConnectionPool(pool.service_name, pool.sentinel_manager, **kwargs)
+    else:
+        raw = redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+    return redis.Redis(connection_pool=raw), raw.disconnect
 
 
 def free_port() -> int:

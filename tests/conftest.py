@@ -246,7 +246,9 @@ class Workers:
         return proc
 
     def state(self, name: str) -> dict | None:
-        raw = redis.Redis.from_url(self.env["REDIS_URL"]).get(f"ff:worker:{name}@test")
+        from tasks.redis_client import connect
+
+        raw = connect(self.env["REDIS_URL"]).get(f"ff:worker:{name}@test")
         return json.loads(raw) if raw else None
 
     def log(self, name: str) -> str:

@@ -78,7 +78,7 @@ def test_redis_brokers_use_this_transport_and_still_read_redis_urls():
     conn = app.connection_for_read("redis://:secret@127.0.0.1:1/0")
     assert isinstance(conn.transport, transport.Transport)
     assert conn.as_uri() == "redis://:**@127.0.0.1:1/0"  # Flower's broker view and the banner read this
-    assert not isinstance(app.connection_for_read("sentinel://127.0.0.1:1").transport, transport.Transport)
+    assert isinstance(app.connection_for_read("sentinel://127.0.0.1:1").transport, transport.SentinelTransport)
 
 
 # The kombu 5.7.0 code tasks.delivery.transport replaces or relies on, by the SHA-256 of its source (first 16

@@ -168,9 +168,9 @@ class Settings(BaseSettings):
     @field_validator("redis_url", "broker_url", "result_backend")
     @classmethod
     def _redis_scheme(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must be a Redis URL such as redis://127.0.0.1:6379/0 or rediss://…")
-        return value
+        from tasks import redis_urls
+
+        return None if value is None else redis_urls.check(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -311,12 +311,9 @@ def _explain(exc: ValidationError, path: str | os.PathLike[str] | None) -> str:
 
 def redact_url(url: str) -> str:
     """Return ``url`` with any password replaced by ***, for logs and summaries."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    creds, _, host = rest.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in creds else f"{scheme}://***@{host}"
+    from tasks import redis_urls
+
+    return redis_urls.redact(url)
 
 
 def resolved_dict(settings: Settings) -> dict[str, Any]:

@@ -35,9 +35,10 @@ and without a timeout, waited forever on a connection subscribed to nothing. A w
 met the closed socket only once Redis was back (a quick restart, the loop busy meanwhile) stopped
 there, logging nothing and taking no task again.
 
-``install()`` (called when tasks.celery_app is imported) makes ``redis://`` brokers use it in
-this process, through kombu's own table of transport aliases, so that URLs, Flower's broker view
-and the worker banner still read ``redis://``; other schemes keep kombu's transports. Pinned to
+``install()`` (called when tasks.celery_app is imported) makes every Redis broker URL use it in this
+process (``redis://``, ``rediss://`` with its ``ssl_*`` options, ``redis+socket://`` and, with kombu's
+Sentinel pool under the same channel, ``sentinel://``), through kombu's own table of transport aliases,
+so that URLs, Flower's broker view and the worker banner still read as given. Pinned to
 kombu 5.7.0 (pyproject); tests/test_transport.py fails when the kombu code it replaces changes.
 """
 
@@ -289,9 +290,23 @@ class Transport(kombu_redis.Transport):  # type: ignore[misc]
     Channel = Channel
 
 
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):  # type: ignore[misc]
+    """The channel above on the primary the Sentinels name: kombu's SentinelChannel supplies only the pool."""
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):  # type: ignore[misc]
+    Channel = SentinelChannel
+
+
+# kombu's alias of each Redis scheme (redis+socket:// is the redis alias with a socket:// host) and its transport here.
+ALIASES = {"redis": "Transport", "rediss": "Transport", "sentinel": "SentinelTransport"}
+
+
 def install() -> None:
-    """Make ``redis://`` broker URLs resolve to this module's Transport in this process."""
+    """Make every Redis broker URL (redis://, rediss://, redis+socket://, sentinel://) resolve to this module's
+    transports in this process."""
     from kombu import transport as kombu_transport
 
-    kombu_transport.TRANSPORT_ALIASES["redis"] = f"{__name__}:Transport"
-    kombu_transport._transport_cache.pop("redis", None)  # resolved before this call: resolve it again
+    for alias, name in ALIASES.items():
+        kombu_transport.TRANSPORT_ALIASES[alias] = f"{__name__}:{name}"
+        kombu_transport._transport_cache.pop(alias, None)  # resolved before this call: resolve it again

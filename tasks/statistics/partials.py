@@ -31,6 +31,7 @@ import redis
 from tasks import keys
 from tasks.outputs.stage_io import MARKERS_DIR
 from tasks.outputs.storage import atomic_write
+from tasks.redis_client import bytes_client
 
 log = logging.getLogger("framefleet.partials")
 HEADER = struct.Struct("<qq2s")  # the file's bytes, its modification time (ns), the track type
@@ -195,14 +196,11 @@ def read(r: redis.Redis | None, out_root: Path) -> dict[str, bytes]:
 @contextlib.contextmanager
 def raw_client(r: redis.Redis) -> Iterator[redis.Redis]:
     """A client of ``r``'s server on a connection of its own that leaves replies as bytes (binary values)."""
-    pool = r.connection_pool
-    raw = redis.ConnectionPool(
-        connection_class=pool.connection_class, **{**pool.connection_kwargs, "decode_responses": False}
-    )
+    raw, close = bytes_client(r)
     try:
-        yield redis.Redis(connection_pool=raw)
+        yield raw
     finally:
-        raw.disconnect()
+        close()
 
 
 def unchanged(entry: bytes, output: str) -> bool:

@@ -13,6 +13,7 @@ from kombu import Connection, Exchange, Producer
 from tasks.cli.sample import make_corrupt_inputs, make_video
 from tests.conftest import ROOT, Workers, run_script, send_task, task_result, wait_until
 from tests.faults.conftest import RedisServer, _pings, assert_nothing_lost, env_for, free_port, record
+from tests.redis_servers import certificates
 from tests.test_flower_monitoring import Flower
 
 
@@ -154,54 +155,10 @@ def test_processes_are_started_with_argument_lists_never_a_shell():
     assert os.path.exists(ROOT / "scripts" / "run_local.py")
 
 
-def _certificates(folder):
-    """A throw-away CA and a server certificate for 127.0.0.1, made with openssl."""
-
-    def openssl(*args):
-        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
-
-    openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=framefleet-test-ca",
-    )
-    openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"
-    )
-    (folder / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    openssl(
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "2",
-        "-extfile",
-        "ext.cnf",
-    )
-
-
 def test_tls_with_a_password_works_and_the_password_never_shows(fault_raw, tmp_path):
     folder = tmp_path / "tls"
     folder.mkdir()
-    _certificates(folder)
+    certificates(folder)
     port = free_port()
     server = subprocess.Popen(
         [
