@@ -32,6 +32,7 @@ import redis
 
 from tasks.autoscaler.supervisor import CPU_GROUP, Supervisor, cpu_worker_count, worker_argv
 from tasks.cli import common as _cli
+from tasks.cli import install_backends
 from tasks.cli.common import check_redis, parse_gpus
 from tasks.cli.enqueue import add_run_arguments, check_run_arguments, enqueue, follow, resender
 from tasks.cli.shutdown import Hurry
@@ -248,6 +249,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     check_run_arguments(parser, args)
     conf = _cli.settings_from(args)
+    if cannot := install_backends.missing(conf):  # before any process starts: no worker exits for it
+        return _cli.fail(cannot[0])
     _cli.print_backends(conf)
     try:
         from tasks.run.dataset import check_folders, find_videos, first_video
