@@ -70,8 +70,10 @@ system-packages:
 # TEST_WORKERS pytest sessions side by side (pytest-xdist), each with its own redis-server and
 # workers, a test file to each: most tests wait on workers rather than compute, so 3 fit 2 cores.
 # Installs what it needs first (need-test-tools, install): on a fresh clone it is the only command.
+# Under tests/session_guard.py: stopped by a CI timeout (SIGTERM) or Ctrl-C, it leaves no process behind.
+GUARD = $(PY) tests/session_guard.py
 test: need-test-tools install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not gpu and not slow" tests
+	$(GUARD) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not gpu and not slow" tests
 
 # Every adapter through the real upstream model code (random weights, CPU): the sources come from
 # ../shared/upstream (or $$FRAMEFLEET_UPSTREAM_SRC), unpacked once under the temp folder. `make test`
@@ -83,11 +85,11 @@ need-egl:
 		$(MAKE) --no-print-directory system-packages PACKAGES="libegl1 libegl-mesa0 libopengl0"
 
 test-upstream: need-test-tools need-egl install-upstream
-	$(PY) -m pytest -q -m upstream tests/upstream
+	$(GUARD) $(PY) -m pytest -q -m upstream tests/upstream
 
 # The whole fault-injection suite.
 test-faults: need-test-tools install
-	$(PY) -m pytest -q -m "not gpu" tests/faults
+	$(GUARD) $(PY) -m pytest -q -m "not gpu" tests/faults
 
 # One slow fault scenario of each kind (Redis down 30 s, a restart without persistence, Redis errors as tasks
 # run and end, a task past the visibility timeout, a CPU stage longer than the TTL enqueued twice, recycling
@@ -95,7 +97,7 @@ test-faults: need-test-tools install
 # already runs Redis away past the lease TTL with two GPU workers once). They need root (network namespaces);
 # FRAMEFLEET_CI=1 makes a missing privilege fail them instead of skipping.
 test-ci-faults: need-test-tools install
-	$(PY) -m pytest -q -m "ci_fault and not gpu" tests/faults
+	$(GUARD) $(PY) -m pytest -q -m "ci_fault and not gpu" tests/faults
 
 test-gpu: install
 	$(PY) -m pytest -q -m gpu tests

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import re
 
+# The exit status of a worker that cannot serve at all (a model that cannot load): its supervisor does not
+# restart it, since a restart would fail the same way.
+EXIT_CANNOT_START = 3
+
 
 class FramefleetError(Exception):
     """Base of every error framefleet raises on purpose."""

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.errors import LowQuality, error_class
+from tasks.errors import BadInput, LowQuality, error_class
 from tasks.job import Failure
-from tasks.pipeline.quality import enforce, shortfalls
+from tasks.pipeline.quality import caught, check_length, enforce, shortfalls
 from tasks.records import lineage
 from tasks.stages.tracks import track_quality
 from worker_config.settings import QualityGates, load_settings, resolved_stage, resolved_stages
@@ -35,7 +35,7 @@ def test_each_gate_fails_only_past_its_threshold_and_says_the_value_and_the_sett
     }
     assert {(s.stage, s.measure) for s in shortfalls(quality, QualityGates())} == {
         ("depth", "flat_frame_pct")
-    }  # the defaults: y2r's flat rule only
+    }  # tracks followed a little (0.05, 2 frames) pass the defaults; the flat depth does not
     strict = QualityGates(
         allow_camera_fallback=False,
         max_reprojection_error_px=2.0,
@@ -52,6 +52,58 @@ def test_each_gate_fails_only_past_its_threshold_and_says_the_value_and_the_sett
     loose = QualityGates(max_flat_frame_pct=50.0)
     enforce(quality, loose)  # passes
     enforce({}, strict)  # nothing measured (an earlier version's output): nothing to gate
+
+
+# What the default stages measured of a featureless still wall (30 frames, CPU backends) and of the
+# real clip that tracks worst (dog.mp4; docs/operations-defaults.md has the others).
+WALL = {"tracks": {"windows": 21, "windows_with_points": 21, "visible_fraction": 0.0, "median_track_length": 1.0}}
+DOG = {"tracks": {"windows": 32, "windows_with_points": 32, "visible_fraction": 0.2109, "median_track_length": 2.0}}
+NO_WINDOW = {"tracks": {"windows": 0, "windows_with_points": 0}}
+
+
+def test_the_default_gates_keep_out_a_still_wall_and_a_video_without_a_window_but_not_the_real_clips():
+    gates = QualityGates()
+    assert {s.setting for s in shortfalls(WALL, gates)} == {"min_track_visible_fraction", "min_median_track_length"}
+    assert [s.setting for s in shortfalls(NO_WINDOW, gates)] == ["min_track_windows"]
+    assert shortfalls(DOG, gates) == []
+
+
+def test_quality_y2r_is_y2rs_flat_depth_rule_alone_and_a_preset_takes_overrides(tmp_path: Path):
+    (tmp_path / "s.yaml").write_text("quality: y2r\n")
+    y2r = load_settings(tmp_path / "s.yaml").quality
+    assert shortfalls(WALL, y2r) == shortfalls(NO_WINDOW, y2r) == []
+    assert y2r.max_flat_frame_pct == 10.0
+    assert [s.setting for s in shortfalls({"depth": {"flat_frame_pct": 11.0}}, y2r)] == ["max_flat_frame_pct"]
+    mixed = QualityGates.model_validate({"preset": "y2r", "min_track_windows": 1})
+    assert [s.setting for s in shortfalls(NO_WINDOW, mixed)] == ["min_track_windows"]
+    with pytest.raises(ValueError, match="unknown quality preset 'y2R'; the presets are default, y2r"):
+        QualityGates.model_validate("y2R")
+
+
+def test_a_video_shorter_than_a_track_window_is_bad_input_naming_the_frames_and_the_setting(tmp_path: Path):
+    (tmp_path / "s.yaml").write_text("stages: {tracks: {params: {window_length: 8}}}\n")
+    conf = load_settings(tmp_path / "s.yaml")
+    chain = conf.enabled_stages()
+    check_length("a.mp4", 8, chain, conf)  # one window exactly
+    with pytest.raises(BadInput) as short:
+        check_length("a.mp4", 7, chain, conf)
+    assert "a.mp4: too short for the chain: 7 frame(s)" in str(short.value)
+    assert "(stages.tracks.params.window_length: 8)" in str(short.value)
+    check_length("a.mp4", 1, ("preprocess", "depth", "hands", "h5"), conf)  # no tracks: one frame will do
+
+
+def test_the_summary_counts_what_each_gate_kept_out():
+    low = {"wall": shortfalls(WALL, QualityGates()), "blank": shortfalls(NO_WINDOW, QualityGates())}
+    failed = [
+        {"error_class": "BadInput", "reason": "one.mp4: too short for the chain: 1 frame(s) ..."},
+        {"error_class": "BadInput", "reason": "x.mp4: not a readable video container"},
+    ]
+    assert caught({k: [vars(s) for s in v] for k, v in low.items()}, failed) == {
+        "quality.min_median_track_length": 1,
+        "quality.min_track_visible_fraction": 1,
+        "quality.min_track_windows": 1,
+        "too short (bad_input)": 1,
+    }
 
 
 def test_a_failure_record_keeps_its_detail_and_old_records_without_one_still_read():

@@ -96,6 +96,22 @@ def test_rebalancer_moves_waiting_tasks_off_a_queue_without_live_worker(app_on_t
     ]
 
 
+def test_rebalancer_drains_a_gpu_queue_no_worker_ever_registered_as_the_stall_report_sees_it(app_on_test_redis):
+    from tasks.observe.stall import diagnose
+
+    conf, r = app_on_test_redis
+    depth = STAGE_TASKS["depth"]
+    depth.apply_async(args=(job(video_id="a"),), queue="gpu0")  # routed where no worker ever consumed
+    depth.apply_async(args=(job(video_id="b", gpus=[0]),), queue="gpu0")
+    register(r, "gpu1@a", 1)
+    assert "gpu0" not in registry.known_gpu_queues(r)
+    assert [line for line in diagnose(r, r, conf) if line.startswith("queue gpu0: 2 tasks waiting")]
+    assert rebalance(r, conf) == 1
+    # The task that may run only on GPU 0 stays, still reported; the other waits on the live gpu1.
+    assert queues.length(r, "gpu0") == 1 and queues.length(r, "gpu1") == 1
+    assert [line for line in diagnose(r, r, conf) if line.startswith("queue gpu0: 1 tasks waiting")]
+
+
 def test_rebalancer_evens_out_live_queues_respecting_gpu_restrictions(app_on_test_redis):
     conf, r = app_on_test_redis
     depth = STAGE_TASKS["depth"]

@@ -48,12 +48,23 @@ class StageSettings(BaseModel):
     max_retries: int = Field(default=3, ge=0)
 
 
+# Named sets of quality gates (``quality: y2r`` in the settings); a mapping may name one as ``preset`` and
+# override some of its thresholds. "default" keeps out what no training set wants (docs/operations-defaults.md
+# gives the measurements on the real clips they come from); "y2r" is y2r's own rule alone, flat depth.
+QUALITY_PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "y2r": {"min_track_visible_fraction": 0.0, "min_median_track_length": 0.0, "min_track_windows": 0},
+}
+
+
 class QualityGates(BaseModel):
     """Per-video quality thresholds (the stages' ``gates``); a video below one is quarantined as ``low_quality``.
 
     A ``min_`` gate of 0 is off, as is a ``max_`` gate of None. Each is checked against what its stage measured,
     when the stage runs and again when a later run finds its output (so a changed threshold
-    and ``--continue`` or ``--retry-quarantined`` bring a quarantined video back).
+    and ``--continue`` or ``--retry-quarantined`` bring a quarantined video back). The defaults reject a
+    video with no track window, or whose tracks are lost at once (a featureless or blank picture);
+    ``quality: y2r`` (QUALITY_PRESETS) keeps y2r's flat-depth rule alone.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -63,10 +74,29 @@ class QualityGates(BaseModel):
     allow_camera_fallback: bool = True  # false: a video whose camera could not be solved is quarantined
     max_reprojection_error_px: float | None = Field(default=None, ge=0)  # None: off
     # Median over windows of the fraction of a window's query points still tracked at its last step.
-    min_track_visible_fraction: float = Field(default=0.0, ge=0, le=1)
-    min_median_track_length: float = Field(default=0.0, ge=0)  # frames a query point is followed, median
+    # Real clips (CPU backends): sheep 0.84, pstudio 0.69, dog 0.21; a featureless still wall 0.0.
+    min_track_visible_fraction: float = Field(default=0.05, ge=0, le=1)
+    # Frames a query point is followed, median. Real clips: sheep 10, pstudio 10, dog 2; the wall 1 (lost at once).
+    min_median_track_length: float = Field(default=1.5, ge=0)
+    # Track windows with at least one query point (a frame with usable depth to put one on).
+    min_track_windows: int = Field(default=1, ge=0)
     min_hand_frame_fraction: float = Field(default=0.0, ge=0, le=1)  # frames with at least one hand
     min_hand_confidence: float = Field(default=0.0, ge=0, le=1)  # mean detection score over detected frames
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            data = {"preset": data}
+        if not isinstance(data, dict) or "preset" not in data:
+            return data
+        name = data["preset"]
+        if name not in QUALITY_PRESETS:
+            raise ValueError(
+                f"unknown quality preset {name!r}; the presets are {', '.join(QUALITY_PRESETS)} "
+                "(or give the thresholds as a mapping, e.g. quality: {min_track_visible_fraction: 0.1})"
+            )
+        return {**QUALITY_PRESETS[name], **{k: v for k, v in data.items() if k != "preset"}}
 
 
 def _default_stages(mode: str = "auto") -> dict[str, StageSettings]:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import EXIT_CANNOT_START
+
 ROOT = Path(__file__).resolve().parents[2]
 MAX_BACKOFF_S = 60.0
 STABLE_RUN_S = 60.0  # a worker that ran this long before failing starts its backoff afresh
@@ -152,6 +154,9 @@ class Supervisor:
                 if code == 0:
                     slot.failures, slot.restart_at = 0, now  # recycled: replaced at once
                     detail = "exited 0 (recycled); starting a fresh one"
+                elif code == EXIT_CANNOT_START:
+                    slot.restart_at = None
+                    detail = f"exited with status {code}: it cannot start here (its log says why); not restarted"
                 else:
                     slot.failures = 1 if ran_s >= STABLE_RUN_S else slot.failures + 1
                     delay = min(MAX_BACKOFF_S, 2.0 ** (slot.failures - 1))

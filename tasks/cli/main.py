@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "autoscale": ("tasks.autoscaler.cli", "supervise this host's GPU workers, sized by GPU memory (NVML)"),
     "gpu-memory": ("tasks.cli.gpu_memory", "GPU memory: info, monitor, suggest workers per GPU"),
     "sample": ("tasks.cli.sample", "make a folder of sample videos to try framefleet on"),
+    "install-backends": ("tasks.cli.install_backends", "install MediaPipe (the CPU hands backend) in this environment"),
 }
 
 

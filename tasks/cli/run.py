@@ -26,15 +26,18 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
 
 from tasks.autoscaler.supervisor import CPU_GROUP, Supervisor, cpu_worker_count, worker_argv
 from tasks.cli import common as _cli
+from tasks.cli import install_backends
 from tasks.cli.common import check_redis, parse_gpus
 from tasks.cli.enqueue import add_run_arguments, check_run_arguments, enqueue, follow, resender
 from tasks.cli.local_auth import REDIS_FILE, SECRET_FILES, flower_auth, redis_config, redis_url, write_secret
+from tasks.cli.shutdown import Hurry
 from tasks.gpu import open_probe
 from tasks.observe.metrics import GpuSampler, start_exporter
 from tasks.redis_client import free_port, get_redis, server_argv
@@ -157,15 +160,14 @@ class Cluster:
             if proc.poll() is None and name != "redis":
                 os.killpg(proc.pid, signal.SIGTERM)
 
-    def stop(self, grace_s: float = 20.0) -> None:
-        # Warm shutdown first (workers finish their task), then make sure nothing is left.
+    def stop(self, grace_s: float = 20.0, hurry: Callable[[], bool] = lambda: False) -> None:
+        """Warm shutdown first (workers finish their task) for up to ``grace_s`` or until ``hurry()``, then
+        SIGKILL whatever is left, Redis last."""
         self.terminate()
         deadline = time.monotonic() + grace_s
-        for name, proc in self.procs:
-            if name == "redis":
-                continue
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        waiting = [proc for name, proc in self.procs if name != "redis"]
+        while any(p.poll() is None for p in waiting) and time.monotonic() < deadline and not hurry():
+            time.sleep(0.1)
         for _name, proc in self.procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -227,6 +229,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     check_run_arguments(parser, args)
     conf = _cli.settings_from(args)
+    if cannot := install_backends.missing(conf):  # before any process starts: no worker exits for it
+        return _cli.fail(cannot[0])
     _cli.print_backends(conf)
     try:
         from tasks.run.dataset import check_folders, find_videos, first_video
@@ -371,16 +375,18 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         )
         return 130
     finally:
-        if sampler is not None:
-            sampler.stop()
-        if exporter is not None:
-            exporter.stop()
-        keeping.set()
-        cluster.terminate()  # Flower stops while the workers finish; Redis stays up until they have
-        if supervisor is not None:
-            keeper.join(timeout=5)
-            supervisor.stop_all(20.0)
-        cluster.stop()
+        # A second Ctrl-C (or a SIGTERM) while this runs hurries it: it must never leave a process behind.
+        with Hurry() as hurry:
+            if sampler is not None:
+                sampler.stop()
+            if exporter is not None:
+                exporter.stop()
+            keeping.set()
+            cluster.terminate()  # Flower stops while the workers finish; Redis stays up until they have
+            if supervisor is not None:
+                keeper.join(timeout=5)
+                supervisor.stop_all(20.0, hurry)
+            cluster.stop(hurry=hurry)
         signal.signal(signal.SIGTERM, previous_sigterm)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from tasks.stages import STAGE_NAMES
+from worker_config.settings import Settings
 
 # One list per Celery priority 0-9 (kombu's default steps [0, 3, 6, 9] would merge neighbouring stages).
 PRIORITY_STEPS: tuple[int, ...] = tuple(range(10))
@@ -90,3 +91,20 @@ def message_priority(raw: str | bytes) -> int:
         return int(json.loads(raw)["properties"]["priority"])
     except (ValueError, KeyError, TypeError):
         return 0
+
+
+CANDIDATE_GPUS = 16  # GPU indices whose queues are looked at even when no worker ever consumed them
+
+
+def gpu_queues(broker: redis.Redis, conf: Settings, known: set[str]) -> set[str]:
+    """Every GPU queue a task may wait in: ``known`` (those a worker ever consumed, the registry's
+    ``ff:gpu-queues``) and those of GPUs 0 … CANDIDATE_GPUS - 1 and of every known GPU that hold messages:
+    routing queues a task where no worker ever consumed when none hosts its stage, and a worker may die
+    before it registers. The stall report and the rebalancer both read this, so they see the same queues.
+    One round trip of LLENs (a queue is a list per priority), never a scan of every key: beside a
+    million-video run that was a round trip per 500 of its 130,000 keys."""
+    gpus = set(range(CANDIDATE_GPUS)) | {i for q in known if (i := conf.gpu_index(q)) is not None}
+    names = {conf.gpu_queue(i) for i in gpus} | {
+        f"{conf.gpu_queue(i)}.{s}" for i in gpus for s in conf.own_env_stages()
+    }
+    return set(known) | {queue for queue, waiting in lengths(broker, sorted(names)).items() if waiting}

@@ -57,7 +57,9 @@ def rebalance(r: redis.Redis, conf: Settings, max_moves: int = 100, broker: redi
     workers = registry.live_workers(r)
     live = {q for w in workers for q in w.get("gpu_queues", [])}
     moved = 0
-    for queue in sorted(registry.known_gpu_queues(r) - live):
+    # Every GPU queue the stall report sees, not only those a worker once registered: a queue whose only
+    # worker died before it was ready was never registered, and its tasks would wait there for good.
+    for queue in sorted(queues.gpu_queues(broker, conf, registry.known_gpu_queues(r)) - live):
         moved += _drain(r, broker, queue, workers, max_moves - moved)
     moved += _unpark(r, broker, conf, workers, max_moves - moved)
     for stage in _queue_families(conf):

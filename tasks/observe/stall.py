@@ -19,8 +19,6 @@ from tasks.workers import registry
 from worker_config.settings import Settings
 from worker_config.settings_match import explain, parse_settings_queue, unserved
 
-CANDIDATE_GPUS = 16  # GPU indices whose queues are looked at even when no worker ever consumed them
-
 
 class RunLost(RuntimeError):
     """No message of an unfinished run is left in Redis: it restarted without persistence, or was flushed."""
@@ -39,20 +37,8 @@ def _decode(raw: str | bytes) -> tuple[str, str, Job | None]:
 
 def queue_names(broker: redis.Redis, r: redis.Redis, conf: Settings) -> list[str]:
     """Every queue a framefleet task may wait in: the CPU queue and each GPU (or per-stage GPU) queue."""
-    known = registry.known_gpu_queues(r)
-    return sorted(_unconsumed_gpu_queues(broker, conf, known) | known | {conf.cpu_queue} | settings_queues.listed(r))
-
-
-def _unconsumed_gpu_queues(broker: redis.Redis, conf: Settings, known: set[str]) -> set[str]:
-    """The GPU queues with messages waiting, of GPUs 0 … CANDIDATE_GPUS - 1 and of every GPU a worker consumed:
-    routing queues a task where no worker ever consumed when none hosts its stage. One round trip of LLENs
-    (a queue is a list per priority), never a scan of every key: beside a million-video run that was a
-    round trip per 500 of its 130,000 keys."""
-    gpus = set(range(CANDIDATE_GPUS)) | {i for q in known if (i := conf.gpu_index(q)) is not None}
-    names = {conf.gpu_queue(i) for i in gpus} | {
-        f"{conf.gpu_queue(i)}.{s}" for i in gpus for s in conf.own_env_stages()
-    }
-    return {queue for queue, waiting in queues.lengths(broker, sorted(names)).items() if waiting}
+    gpu = queues.gpu_queues(broker, conf, registry.known_gpu_queues(r))
+    return sorted(gpu | {conf.cpu_queue} | settings_queues.listed(r))
 
 
 def run_messages(r: redis.Redis, broker: redis.Redis, conf: Settings, run_id: str, callback_id: str) -> int:
@@ -75,8 +61,7 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
     consumed = {q for w in workers for q in w.get("queues", [])}
     problems = []
     # Queues named by routing exist as lists in the broker even if no worker ever registered.
-    known = registry.known_gpu_queues(r)
-    names = sorted(known | _unconsumed_gpu_queues(broker, conf, known) | {conf.cpu_queue})
+    names = sorted(queues.gpu_queues(broker, conf, registry.known_gpu_queues(r)) | {conf.cpu_queue})
     for queue, waiting in queues.lengths(broker, names).items():
         if waiting and queue not in consumed:
             problems.append(

@@ -90,6 +90,8 @@ def execute(call: StageCall, hooks: Sequence[StageHook] = ()) -> dict[str, Any]:
         began = time.perf_counter()
         arrays = stage.run(inputs, progress=on_progress)
         ran_s = time.perf_counter() - began
+        if not stage_class(stage_name).reads:  # the source stage: a video too short is refused before any model
+            quality.check_length(job.video, len(arrays["frames"]), chain_of(job), settings())
         notes = arrays.pop("notes", None)  # facts for the run summary, not arrays
         if notes:
             report["notes"] = notes

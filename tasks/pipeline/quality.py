@@ -1,14 +1,18 @@
-"""Per-video quality gates: what each stage measured (its ``quality``) against the settings' ``quality:`` thresholds."""
+"""Per-video quality gates: what each stage measured (its ``quality``) against the settings' ``quality:`` thresholds,
+and the length check that refuses a video too short for the chain before any model runs."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tasks.errors import LowQuality
+from tasks.errors import BadInput, LowQuality
 from tasks.stages.base import Gate
-from worker_config.settings import QualityGates
+from worker_config.settings import QualityGates, Settings
+
+# In the BadInput of a video too short for the chain; the report counts the videos it refused by it.
+TOO_SHORT = "too short for the chain"
 
 
 @dataclass(frozen=True)
@@ -59,3 +63,33 @@ def enforce(quality: Mapping[str, Mapping[str, Any]] | None, gates: QualityGates
             + ". Change the thresholds under quality: in the settings (then --retry-quarantined) if the video is fine",
             {"shortfalls": [asdict(s) for s in found], "quality": dict(quality or {})},
         )
+
+
+def check_length(video: str, frames: int, chain: Sequence[str], conf: Settings) -> None:
+    """Raise BadInput when ``frames`` (the video's, after resampling) are fewer than a stage of ``chain`` needs
+    (``Stage.min_frames`` of its settings' params: a track window); else return."""
+    from tasks.stages import stage_class
+
+    needs = {name: stage_class(name).min_frames(conf.stages[name].params) for name in chain}
+    name, least = max(needs.items(), key=lambda item: item[1])
+    if frames < least:
+        raise BadInput(
+            f"{video}: {TOO_SHORT}: {frames} frame(s) after resampling to "
+            f"stages.preprocess.params.target_fps, fewer than one {name} window "
+            f"(stages.{name}.params.window_length: {least}); use a longer clip, or a smaller window_length"
+        )
+
+
+def caught(
+    low_quality: Mapping[str, Sequence[Mapping[str, Any]]], failed: Sequence[Mapping[str, Any]]
+) -> dict[str, int]:
+    """How many videos each gate kept out: ``quality.<setting>`` -> videos below it (``low_quality``: video id ->
+    its shortfalls), and "too short" -> the videos refused by ``check_length`` (``failed``: the summary's)."""
+    counts: dict[str, int] = {}
+    for shortfalls in low_quality.values():
+        for setting in sorted({str(s.get("setting")) for s in shortfalls}):
+            counts[f"quality.{setting}"] = counts.get(f"quality.{setting}", 0) + 1
+    short = sum(1 for f in failed if f.get("error_class") == "BadInput" and TOO_SHORT in str(f.get("reason", "")))
+    if short:
+        counts["too short (bad_input)"] = short
+    return counts

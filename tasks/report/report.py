@@ -215,6 +215,13 @@ def build(out: Path, conf: Settings, table: tuple[list[dict[str, Any]], int] | N
     return path
 
 
+def _caught(counts: dict[str, int] | None) -> str:
+    """What each gate kept out, as "quality.<setting>: N videos; ..." (a summary before it: "not recorded")."""
+    if counts is None:
+        return "not recorded"
+    return "; ".join(f"{gate}: {n} video{'s' * (n != 1)}" for gate, n in counts.items()) or "nothing"
+
+
 def page(data: dict[str, Any], sections: list[str]) -> str:
     s = data["summary"]
     rows = [
@@ -224,6 +231,7 @@ def page(data: dict[str, Any], sections: list[str]) -> str:
         ("Already complete", s.get("already_complete", 0)),
         ("Failed", len(s.get("failed", []))),
         ("Quarantined", len(s.get("quarantined", []))),
+        ("Kept out by the gates", _caught(s.get("gates_caught"))),
         ("Wall time", f"{s['wall_s']:.1f} s" if s.get("wall_s") is not None else "unknown"),
         ("Started", _when(s.get("started"))),
         ("Finished", _when(s.get("finished"))),

@@ -24,6 +24,7 @@ from tasks.delivery import requeues
 from tasks.observe import progress
 from tasks.observe.flower_view import VideoTask
 from tasks.outputs.storage import write_text_atomic
+from tasks.pipeline import quality
 from tasks.records import manifest, outcome_files, outcomes, quarantine
 from tasks.redis_client import get_redis
 from tasks.report import quality_table
@@ -186,6 +187,7 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
             "backends": backends,
             "backend_lines": describe(backends),
             "low_quality": {vid: detail.get("shortfalls", []) for vid, detail in low.items()},
+            "gates_caught": quality.caught({vid: d.get("shortfalls", []) for vid, d in low.items()}, failed),
             "requeued": _requeued(r, run["run_id"]),
             "resent": _resent(r, run["run_id"]),
             "outputs": {
@@ -278,7 +280,17 @@ def _summary(out_root: Path, run_id: str) -> dict[str, Any] | None:
 
 def _short(summary: dict[str, Any]) -> dict[str, Any]:
     """The callback's result: what `framefleet run` prints."""
-    keys = ("run_id", "videos", "done", "failed", "quarantined", "statistics_videos", "wall_s", "backend_lines")
+    keys = (
+        "run_id",
+        "videos",
+        "done",
+        "failed",
+        "quarantined",
+        "statistics_videos",
+        "wall_s",
+        "backend_lines",
+        "gates_caught",
+    )
     return {k: summary.get(k) for k in keys}
 
 

@@ -66,6 +66,11 @@ class Stage:
     default_deadline_s: ClassVar[float] = 3600.0
     gates: ClassVar[tuple[Gate, ...]] = ()  # on what ``run`` returns under "quality" (tasks.pipeline.quality)
 
+    @classmethod
+    def min_frames(cls, params: Mapping[str, Any]) -> int:
+        """The fewest frames a video needs for this stage, set by ``params`` (its settings), to give it any output."""
+        return 1
+
     def load(self, device: str) -> None:
         """Load what the stage needs on ``device``; stages without a model have nothing to load."""
 

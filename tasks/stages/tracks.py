@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,8 @@ from tasks.job import Job
 from tasks.outputs.geometry import WINDOW_POSE_ORDERS, content_seed, unproject, window_poses, window_starts
 from tasks.stages.base import Gate, ModelStage, Outputs, Progress, report, require
 from tasks.stages.masks import found_masks
+
+DEFAULT_WINDOW_LENGTH = 10  # frames of a track window (y2r's common.window_length)
 
 
 def sample_pixels(
@@ -92,14 +95,19 @@ class TracksStage(ModelStage):
     gates = (
         Gate("visible_fraction", "min_track_visible_fraction", "min"),
         Gate("median_track_length", "min_median_track_length", "min"),
+        Gate("windows_with_points", "min_track_windows", "min"),
     )
     reads = ("preprocess", "depth")
     uses = ("masks",)
 
+    @classmethod
+    def min_frames(cls, params: Mapping[str, Any]) -> int:
+        return int(params.get("window_length", DEFAULT_WINDOW_LENGTH))
+
     def __init__(
         self,
         backend: str | None = None,
-        window_length: int = 10,
+        window_length: int = DEFAULT_WINDOW_LENGTH,
         stride: int = 1,
         target_points: int = 64,
         mask_erosion_pixels: int = 0,

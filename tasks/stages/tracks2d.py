@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ from tasks.job import Job
 from tasks.outputs.geometry import content_seed, window_starts
 from tasks.stages.base import Gate, ModelStage, Outputs, Progress, report, require
 from tasks.stages.masks import found_masks
-from tasks.stages.tracks import sample_pixels, track_quality
+from tasks.stages.tracks import DEFAULT_WINDOW_LENGTH, sample_pixels, track_quality
 
 
 class Tracks2DStage(ModelStage):
@@ -24,15 +25,22 @@ class Tracks2DStage(ModelStage):
 
     name = "tracks2d"
     cpu_backend = "opencv"
-    gates = (Gate("visible_fraction", "min_track_visible_fraction", "min"),)
+    gates = (
+        Gate("visible_fraction", "min_track_visible_fraction", "min"),
+        Gate("windows_with_points", "min_track_windows", "min"),
+    )
     reads = ("preprocess", "depth")
     uses = ("masks",)
     optional = True
 
+    @classmethod
+    def min_frames(cls, params: Mapping[str, Any]) -> int:
+        return int(params.get("window_length", DEFAULT_WINDOW_LENGTH))
+
     def __init__(
         self,
         backend: str | None = None,
-        window_length: int = 10,
+        window_length: int = DEFAULT_WINDOW_LENGTH,
         stride: int = 1,
         target_points: int = 64,
         mask_erosion_pixels: int = 0,

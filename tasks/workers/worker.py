@@ -16,7 +16,7 @@ from celery import signals
 
 from tasks.celery_app import TASK_PREFIX, settings
 from tasks.delivery import leases
-from tasks.errors import ModelLoadError
+from tasks.errors import EXIT_CANNOT_START, ModelLoadError
 from tasks.gpu import INDEX_ENV, LEDGER_ENV
 from tasks.job import Job
 from tasks.observe import flower_view
@@ -180,7 +180,7 @@ def preload_models(**_: Any) -> None:
         log.critical("%s", exc)
         print(f"framefleet: {exc}", file=sys.stderr, flush=True)
         logging.shutdown()
-        os._exit(3)
+        os._exit(EXIT_CANNOT_START)
 
 
 def _limit_threads(threads: int, device: str) -> None:

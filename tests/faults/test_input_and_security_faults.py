@@ -22,7 +22,7 @@ def test_corrupt_and_odd_inputs_each_end_processed_or_quarantined(fault_raw, fau
     shutil.copytree(fault_raw, raw)
     bad = make_corrupt_inputs(raw)
     make_video(raw / "one frame.mp4", 320, 240, 10, 0.1, seed=3)
-    make_video(raw / "huge.mp4", 3840, 2160, 10, 0.5, seed=4)
+    make_video(raw / "huge.mp4", 3840, 2160, 10, 1.0, seed=4)  # one track window: 10 frames
     make_video(raw / "vidéo ünïcode 東京.MOV", 480, 360, 15, 1.2, seed=5)
     fault_workers.start("cpu")
     fault_workers.start("gpu0")
