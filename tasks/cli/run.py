@@ -254,6 +254,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
         first_video(args.raw_dir)  # a missing or empty folder: the folder is walked once, by the enqueue
         check_folders(args.raw_dir, args.out, args.resume, args.force, args.add)
+        from tasks.run import hold
+
+        # A live run of OUT (on its Redis, whichever) is refused before any process starts; the enqueue takes
+        # the lock itself.
+        if (holder := hold.held_elsewhere(args.out, None)) is not None:
+            raise hold.OutHeld(hold.refusal(args.out, *holder))
         if not args.force:  # before any process starts, as the rest of these checks
             from tasks.records import lineage
 

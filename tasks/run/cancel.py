@@ -21,6 +21,8 @@ from tasks.delivery.queues import waiting
 from tasks.errors import PermanentError
 from tasks.job import Job
 
+CANCELLED_EVENT = "task-cancelled"  # Flower shows its task as CANCELLED
+
 
 class RunCancelled(PermanentError):
     """The run this task belongs to was cancelled (``framefleet cancel``)."""
@@ -85,7 +87,11 @@ def remove_waiting(broker: redis.Redis, queues: list[str], run_id: str) -> list[
 
 
 def tell_flower(app: Any, removed: list[tuple[str, str]]) -> None:
-    """Send task-revoked for each removed message, so Flower does not show them waiting forever."""
+    """Send task-revoked for each removed message, so Flower does not show them waiting forever.
+
+    The events come from the cancel's own node name, which Flower would keep as a worker for good: a
+    worker-offline event of that name, sent last, takes it off Flower's Workers page again.
+    """
     if not removed:
         return
     with app.connection_for_write() as conn:
@@ -93,6 +99,7 @@ def tell_flower(app: Any, removed: list[tuple[str, str]]) -> None:
         try:
             for _name, task_id in removed:
                 dispatcher.send("task-revoked", uuid=task_id, terminated=False, signum=None, expired=False)
+            dispatcher.send("worker-offline")
         finally:
             dispatcher.close()
 
@@ -126,4 +133,7 @@ def stop(task: Any, stage: str, job: Job) -> None:
             state=states.REVOKED, meta={"cancelled": job.run_id, "stage": stage, "video_id": job.video_id}
         )
         task.send_event("task-revoked", terminated=False, signum=None, expired=False)
+        # A task that sent task-progress stays PROGRESS in Flower whatever revoked says: Celery's event state
+        # ranks a custom state above REVOKED. A custom state of equal rank replaces it.
+        task.send_event(CANCELLED_EVENT, result=f"cancelled with run {job.run_id}", stage=stage)
     raise Ignore()
