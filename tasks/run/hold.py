@@ -4,9 +4,10 @@ run on another Redis sees.
 The rule (docs/operations-runs.md): a run holds OUT from its enqueue until it ends (finished, cancelled or
 lost). While its enqueuer sends, the enqueuer beats (a key with a TTL of BEAT_TTL_S, renewed by a thread);
 once every video is sent the run holds OUT by itself, as long as Redis says it is running. A holder is
-stale when its enqueuer stopped beating while sending (killed: its run never ends by itself), when Redis no
-longer knows its run, or when the run ended; a stale hold is taken over with a compare-and-set, and the run
-of an enqueuer that died while sending is cancelled (what it sent stops at the flag; complete outputs stay).
+stale when its enqueuer is gone while sending (its process no longer exists on this host, or its beat
+lapsed: killed, its run never ends by itself), when Redis no longer knows its run, or when the run ended; a
+stale hold is taken over with a compare-and-set, and the run of an enqueuer that died while sending is
+cancelled (what it sent stops at the flag; complete outputs stay).
 """
 
 from __future__ import annotations
@@ -88,11 +89,26 @@ def why_live(r: redis.Redis, holder: dict[str, Any]) -> str | None:
     """Why ``holder``'s run still holds OUT (its enqueuer beats, or Redis says it runs), or None when stale."""
     run_id = holder["run_id"]
     if holder.get("phase") == "sending":
+        if holder.get("host") == socket.gethostname() and not _alive(int(holder.get("pid") or 0)):
+            return None  # its enqueuer, on this host, is gone: no need to wait for its beat to lapse
         return "its enqueuer is sending it" if r.exists(beat_key(run_id)) else None
     record = runs.lookup(r, run_id)
     if record is None or record.get("status", "running") != "running" or r.exists(keys.CANCELLED_PREFIX + run_id):
         return None
     return "its workers are running it"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host exists (one of another user's counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Hold:
