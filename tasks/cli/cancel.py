@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 
+from tasks import keys
 from tasks.cli import common
 from tasks.observe import stall
 from tasks.redis_client import get_redis
@@ -49,19 +50,23 @@ def cancel_run(
     run_id = record["run_id"]
     cancel.request(r, run_id, conf.result_expires_s)
     unsent = completion.drop_pending(r, run_id)  # first, so no finishing task sends one of them
-    removed = cancel.remove_waiting(broker, stall.queue_names(broker, r, conf), run_id)
     from tasks import app
 
-    cancel.tell_flower(app, removed)
-    running = [w["hostname"] for w in registry.live_workers(r) if (w.get("current") or {}).get("run") == run_id]
+    live, seen = registry.live_workers(r), list(r.hkeys(keys.WORKER_SEEN))
+    removed = 0
+    for queue in stall.queue_names(broker, r, conf):
+        gone = cancel.remove_waiting(broker, [queue], run_id)
+        cancel.tell_flower(app, gone, cancel.revoker(queue, live, seen))
+        removed += len(gone)
+    running = [w["hostname"] for w in live if (w.get("current") or {}).get("run") == run_id]
     ended = {"status": "cancelled", "cancelled": time.time(), **({"cancel_note": note} if note else {})}
-    runs.update(out, run_id, waiting_revoked=len(removed), unsent=unsent, **ended)
+    runs.update(out, run_id, waiting_revoked=removed, unsent=unsent, **ended)
     published = runs.lookup(r, run_id)
     if published is not None:  # `framefleet status RUN` reads Redis: it says cancelled too
         runs.publish(r, {**published, **ended}, conf.result_expires_s)
     hold.release(r, out, run_id)
     _let_go(r, out, run_id, conf.finished_run_keep_s, sums.shards_of(published or record))
-    return len(removed), unsent, running
+    return removed, unsent, running
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:

@@ -86,20 +86,32 @@ def remove_waiting(broker: redis.Redis, queues: list[str], run_id: str) -> list[
     return removed
 
 
-def tell_flower(app: Any, removed: list[tuple[str, str]]) -> None:
+def revoker(queue: str, workers: list[dict[str, Any]], seen: list[str]) -> str | None:
+    """The node name Flower is told revoked a message removed from ``queue``: a live worker consuming that queue,
+    else any live worker, else one Redis saw before (``seen``); None when there is none."""
+    names = sorted(w["hostname"] for w in workers if queue in (w.get("queues") or []))
+    names += sorted(w["hostname"] for w in workers)
+    return (names or sorted(seen) or [None])[0]
+
+
+def tell_flower(app: Any, removed: list[tuple[str, str]], hostname: str | None = None) -> None:
     """Send task-revoked for each removed message, so Flower does not show them waiting forever.
 
-    The events come from the cancel's own node name, which Flower would keep as a worker for good: a
-    worker-offline event of that name, sent last, takes it off Flower's Workers page again.
+    Each event names a node, and Flower lists every node an event names on its Workers page for good: the
+    events name ``hostname`` (a worker that was to take the message, ``revoker``). With none, they come from
+    the cancel's own node name, taken off the page again by a worker-offline event where Flower honours it.
     """
     if not removed:
         return
     with app.connection_for_write() as conn:
-        dispatcher = app.events.Dispatcher(conn, hostname=f"framefleet-cancel@{socket.gethostname()}", enabled=True)
+        own = hostname is None
+        name = hostname or f"framefleet-cancel@{socket.gethostname()}"
+        dispatcher = app.events.Dispatcher(conn, hostname=name, enabled=True)
         try:
             for _name, task_id in removed:
                 dispatcher.send("task-revoked", uuid=task_id, terminated=False, signum=None, expired=False)
-            dispatcher.send("worker-offline")
+            if own:
+                dispatcher.send("worker-offline")
         finally:
             dispatcher.close()
 
