@@ -131,7 +131,9 @@ class Cluster:
     def wait_for_workers(
         self, conf: Settings, names: list[str], timeout_s: float = 120, supervisor: Supervisor | None = None
     ) -> None:
-        """Wait until every worker has loaded its models and registered, or one has exited."""
+        """Wait until every worker has loaded its models and registered, or one has failed to start
+        START_ATTEMPTS times in a row (a supervised worker that exits while starting is restarted, as any other),
+        or an unsupervised process has exited."""
         r = get_redis(conf.redis_url)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -139,8 +141,11 @@ class Cluster:
             if set(names) <= live:
                 return
             for slot in supervisor.slots if supervisor else []:
-                if slot.last_exit and slot.name not in live:
-                    raise DatasetError(f"worker {slot.name} {slot.last_exit}; see {self.logs / (slot.name + '.log')}")
+                if slot.failures >= START_ATTEMPTS and slot.name not in live:
+                    raise DatasetError(
+                        f"worker {slot.name} failed to start {slot.failures} times (last: {slot.last_exit}); "
+                        f"see {self.logs / (slot.name + '.log')}"
+                    )
             for name, proc in self.procs:
                 if proc.poll() is not None:
                     raise DatasetError(
@@ -170,6 +175,9 @@ class Cluster:
             proc.wait()
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+START_ATTEMPTS = 3  # a worker that exits this many times in a row before it is ready ends the run (exit 2)
 
 
 def _keep(supervisor: Supervisor, stopping: threading.Event) -> None:
