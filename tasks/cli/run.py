@@ -31,7 +31,7 @@ import redis
 
 from tasks.autoscaler.supervisor import CPU_GROUP, Supervisor, cpu_worker_count, worker_argv
 from tasks.cli import common as _cli
-from tasks.cli.common import check_redis, parse_gpus
+from tasks.cli.common import parse_gpus
 from tasks.cli.enqueue import add_run_arguments, check_run_arguments, enqueue, follow, resender
 from tasks.gpu import open_probe
 from tasks.observe.metrics import GpuSampler, start_exporter
@@ -39,7 +39,7 @@ from tasks.redis_client import free_port, get_redis, server_argv
 from tasks.run.dataset import DatasetError
 from tasks.run.metadata import MetadataError
 from tasks.workers import registry
-from worker_config.settings import Settings
+from worker_config.settings import Settings, redact_url
 
 
 def visible_gpus() -> int:
@@ -180,6 +180,16 @@ class Cluster:
 START_ATTEMPTS = 3  # a worker that exits this many times in a row before it is ready ends the run (exit 2)
 
 
+def named_redis(conf: Settings) -> str | None:
+    """What names the Redis this run is to use (an environment variable or the settings' redis_url), or None
+    when nothing does and a private redis-server is started."""
+    for variable in ("REDIS_URL", "FRAMEFLEET_REDIS_URL"):
+        if os.environ.get(variable):
+            return variable
+    default = Settings.model_fields["redis_url"].default
+    return "redis_url in the settings" if conf.redis_url != default else None
+
+
 def _keep(supervisor: Supervisor, stopping: threading.Event) -> None:
     """Replace workers that exit (recycled, crashed, past a deadline) until ``stopping`` is set."""
     while not stopping.wait(0.5):
@@ -279,6 +289,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except (DatasetError, MetadataError) as exc:
         return _cli.fail(str(exc))
 
+    if (named := named_redis(conf)) is not None:
+        try:
+            get_redis(conf.redis_url).ping()
+        except redis.RedisError as exc:
+            # A Redis named on purpose that does not answer is an error: a private one would be another cluster.
+            return _cli.fail(
+                f"{named} names {redact_url(conf.redis_url)}, which does not answer ({type(exc).__name__}: {exc}); "
+                f"start that Redis or correct the URL (its password too), or unset {named} for a private "
+                "redis-server"
+            )
     rotate_logs(args.out / "logs")
     cluster = Cluster(args.out / "logs")
     exporter, sampler, supervisor = None, None, None
@@ -286,7 +306,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     previous_sigterm = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         env = dict(os.environ)
-        if not os.environ.get("REDIS_URL") or check_redis(conf) is not None:
+        if named_redis(conf) is None:
             env["REDIS_URL"] = cluster.start_redis()
             env.pop("FRAMEFLEET_REDIS_URL", None)
             os.environ["REDIS_URL"] = env["REDIS_URL"]
