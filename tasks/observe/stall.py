@@ -168,10 +168,17 @@ def _held_by_idle_or_gone(broker: redis.Redis, r: redis.Redis, workers: dict[str
                 "requeues it once it has stayed unowned a lease TTL"
             )
         elif state is None:
+            # Not in the registry is not gone: after a Redis restart a live worker republishes its state at its
+            # next heartbeat, and meanwhile renews its lease. Gone is what the reaper takes for gone.
+            if broker.exists(leases.LEASE_PREFIX + tag) or not leases.settled(broker, r, conf.lease_ttl_s):
+                continue
+            absent_s = registry.absent_for_s(r, hostname)
+            if absent_s <= conf.lease_ttl_s:
+                continue
             problems.append(
-                f"{what}: held in unacked for {held_s:.0f} s by {hostname}, which is gone; the "
-                f"reaper requeues it {conf.lease_ttl_s:.0f} s after its worker left (a live worker "
-                "runs the reaper: start one)"
+                f"{what}: held in unacked for {held_s:.0f} s by {hostname}, which is gone (not heard from for "
+                f"{absent_s:.0f} s, its lease lapsed); the reaper requeues it (a live worker runs the reaper: "
+                "start one)"
             )
         elif tag not in state.get("leases", [tag]):
             idle = "idle" if not state.get("busy") else "busy with another task"
