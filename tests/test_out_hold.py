@@ -159,3 +159,25 @@ def test_a_hold_on_a_redis_that_is_gone_is_stale(redis_url, tmp_path):
     found = hold.held_elsewhere(out, None)
     assert found is not None and found[0]["run_id"] == gone["run_id"]
     assert Path(hold.file_path(out)).exists()
+
+
+def test_a_run_on_another_redis_sees_the_live_run_in_out_and_is_refused(video_factory, pipeline_env, tmp_path):
+    from tests.conftest import start_redis_server
+
+    raw, out = video_factory(1), tmp_path / "out"
+    first = ff("enqueue", str(raw), "--out", str(out), "--no-wait", env=pipeline_env)  # no worker: it stays live
+    assert first.returncode == 0, first.stderr
+    live = run_id_of(out)
+    other_url, stop = start_redis_server()
+    try:
+        other = {**pipeline_env, "REDIS_URL": other_url}
+        refused = ff("enqueue", str(raw), "--out", str(out), "--continue", "--no-wait", env=other)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"is held by run {live}" in refused.stderr and f"Redis {pipeline_env['REDIS_URL']}" in refused.stderr
+        assert f"REDIS_URL={pipeline_env['REDIS_URL']} framefleet cancel {live}" in refused.stderr
+        assert ff("cancel", live, env=pipeline_env).returncode == 0  # on its own Redis
+        taken = ff("enqueue", str(raw), "--out", str(out), "--continue", "--no-wait", env=other)
+        assert taken.returncode == 0, taken.stderr
+        assert hold.read_file(out)["redis"] == other_url
+    finally:
+        stop()
