@@ -51,6 +51,8 @@ RUN_INFO_PREFIX = "ff:runinfo:"  # + run id: where an earlier version kept the r
 LEGACY_STAGE_LOG = "ff:stages"  # an earlier version's global stage log, never expired: deleted at a run's end
 LEGACY_QUARANTINE_PREFIX = "ff:quarantine:"  # + root hash: an earlier version's copy of a root's quarantine
 CANCELLED_PREFIX = "ff:cancelled:"  # + run id: the run was cancelled (framefleet cancel)
+OUT_LOCK_PREFIX = "ff:out:"  # + OUT's real path: the one live run holding that output folder (tasks.run.hold)
+OUT_BEAT_PREFIX = "ff:out-beat:"  # + run id: its enqueuer is still sending it (a TTL of seconds; tasks.run.hold)
 # set of the settings queues routing has sent to (worker_config.settings_match.settings_queue): where a task waits
 # for a worker with its run's settings; read by the stall report, the sweep, the rebalancer and the autoscaler
 SETTINGS_QUEUES = "ff:settings-queues"

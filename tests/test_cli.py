@@ -155,3 +155,17 @@ def test_a_run_s_logs_hold_that_run_only_and_the_previous_run_s_are_kept_aside(t
     assert (logs / "cpu-1.log").read_text() == "second run\n"
     assert (logs / "previous" / "cpu-1.log").read_text() == "first run\n"
     assert (logs / "flower-auth.txt").exists() and not (logs / "previous" / "flower-auth.txt").exists()
+
+
+def test_the_eta_counts_only_the_videos_still_to_do_and_says_how_many_failed():
+    from tasks.cli.watch import Eta, fraction_done, render
+
+    stages = ["preprocess", "depth", "tracks", "hands", "h5"]
+    # 6 videos: 4 failed at once in preprocess, 2 still to do, of which one has done 2 stages in 30 s.
+    counts = {"videos.failed": 4, "preprocess.done": 2, "depth.done": 1, "videos.done": 0}
+    left_s = Eta().update(fraction_done(counts, 6, stages), 30.0, 0.0)
+    # 3 stage tasks took 30 s; 7 are left (2 videos × 5 stages, less the 3 done): about 70 s, not seconds.
+    assert left_s is not None and 60 <= left_s <= 80, left_s
+    line = render(counts, 6, 30.0, left_s, stages)
+    assert "ETA 00:01:10 for 2 left (4 failed, not counted)" in line, line
+    assert fraction_done({"videos.failed": 4, "videos.done": 2}, 6, stages) == 1.0

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import redis
 
 from tasks.cli.sample import make_corrupt_inputs, make_video
 from tasks.records import quarantine
-from tests.conftest import ROOT, run_script
+from tests.conftest import ROOT, run_script, settings_env
 
 
 def test_failures_are_quarantined_and_can_be_retried_after_a_fix(video_factory, cluster, tmp_path):
@@ -46,18 +49,22 @@ def test_failures_are_quarantined_and_can_be_retried_after_a_fix(video_factory, 
     assert sorted(left) == sorted(p.name for k, p in bad.items() if k != "not_video")
 
 
-def test_a_stalled_run_says_which_queue_is_stuck_and_why(video_factory, workers, pipeline_env, tmp_path):
-    workers.start("cpu")  # no GPU worker at all
+def test_a_stalled_run_says_which_queue_is_stuck_and_the_whole_command_that_serves_it(
+    video_factory, workers, pipeline_env, tmp_path
+):
+    settings = settings_env(tmp_path, "stages:\n  depth:\n    params: {seconds_per_frame: 0.01}\n")
+    workers.start("cpu", env=settings)  # no GPU worker at all
     out = tmp_path / "out"
     # The default settings: the cause is named within 60 s of no progress.
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(video_factory(1)), "--out", str(out)],
         cwd=ROOT,
-        env=pipeline_env,
+        env={**pipeline_env, **settings},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
+    started = None
     try:
         deadline, seen = time.monotonic() + 150, ""
         while time.monotonic() < deadline and "no live worker" not in seen:
@@ -65,7 +72,25 @@ def test_a_stalled_run_says_which_queue_is_stuck_and_why(video_factory, workers,
         assert "queue gpu0: 1 tasks waiting and no live worker" in seen, seen
         quiet_s = float(seen.split("no task finished for ")[1].split(" s:")[0])
         assert quiet_s <= 60, seen
-        assert "celery -A tasks worker -Q gpu0" in seen
+        command = seen.split("start one with `")[1].split("`")[0]
+        assert f"FRAMEFLEET_CONFIG={settings['FRAMEFLEET_CONFIG']}" in command, command
+        assert f"REDIS_URL={pipeline_env['REDIS_URL']}" in command and "celery -A tasks worker -Q gpu0" in command
+        # Typed in a fresh shell (no REDIS_URL, no FRAMEFLEET_CONFIG), it starts the worker that finishes the run.
+        fresh = {k: v for k, v in pipeline_env.items() if k not in ("REDIS_URL", "FRAMEFLEET_CONFIG")}
+        fresh["PATH"] = f"{Path(sys.executable).parent}:{fresh.get('PATH', '')}"
+        started = subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=ROOT,
+            env=fresh,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        _, rest = proc.communicate(timeout=240)
+        assert proc.returncode == 0, seen + rest
     finally:
         proc.kill()
         proc.wait()
+        if started is not None and started.poll() is None:
+            os.killpg(started.pid, signal.SIGKILL)
+            started.wait()

@@ -72,6 +72,10 @@ def test_refused_inputs_status_of_a_folder_and_ctrl_c(video_factory, pipeline_en
     stdout, _ = follow.communicate(timeout=60)
     assert follow.returncode == 130
     assert f"framefleet status --watch {first}" in stdout and f"framefleet cancel {first}" in stdout, stdout
+    # The run goes on (no worker here): it holds OUT until it is cancelled.
+    held = ff("enqueue", str(raw), "--out", str(out), "--continue", "--no-wait", env=pipeline_env)
+    assert held.returncode == 2 and f"is held by run {first}" in held.stderr, held.stderr
+    assert ff("cancel", first, env=pipeline_env).returncode == 0
 
     mixed = ff("enqueue", str(other), "--out", str(out), "--continue", "--no-wait", env=pipeline_env)
     assert mixed.returncode == 2 and "--add" in mixed.stderr and str(raw.resolve()) in mixed.stderr, mixed.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import signal
 import socket
 
 import pytest
@@ -115,3 +117,19 @@ def test_the_plain_command_with_prefork_and_two_processes_exits_with_the_fix_and
     from tasks.delivery import queues
 
     assert queues.length(r, "gpu0") == 1 and r.hlen("unacked") == 0  # the task still waits, untouched
+
+
+def test_a_second_worker_of_a_live_workers_node_name_is_refused_naming_n(workers, pipeline_env):
+    first = workers.launch("gpu0", ["-Q", "gpu0"])
+    client = redis.Redis.from_url(pipeline_env["REDIS_URL"])
+    key = f"ff:worker:gpu0@{HOST}"
+    wait_until(lambda: client.exists(key) or first.poll() is not None, 60, f"{key} to register")
+    second = workers.launch("gpu0-again", ["-Q", "gpu0"])  # the same command typed again: the same node name
+    assert second.wait(timeout=60) != 0
+    (line,) = [x for x in workers.log("gpu0-again").splitlines() if x.startswith("framefleet:")]
+    assert f"a live worker is named gpu0@{HOST} already (pid {first.pid} on this host)" in line, line
+    assert "-n gpu0-2@%h" in line, line
+    assert first.poll() is None and json.loads(client.get(key))["pid"] == first.pid  # the first one untouched
+    workers.stop("gpu0", signal.SIGKILL)
+    again = workers.launch("gpu0-restarted", ["-Q", "gpu0"])  # its process gone: the name is free at once
+    wait_until(lambda: json.loads(client.get(key) or "{}").get("pid") == again.pid, 60, "the restarted gpu0")

@@ -116,9 +116,14 @@ def describe(gap: Unserved) -> str:
     return f"{gap.stage}: {label(gap.run, against)} (run) vs {theirs}"
 
 
-def start_command(queue: str, config: str | None, env: Mapping[str, str], name: str) -> str:
-    """The command that starts a worker of ``queue`` with the run's settings (``config``, its file, and ``env``)."""
+def start_command(
+    queue: str, config: str | None, env: Mapping[str, str], name: str, redis_url: str | None = None
+) -> str:
+    """The command that starts a worker of ``queue`` with the run's settings (``config``, its file, and ``env``)
+    on the run's Redis (``redis_url``, written as given: pass it with its password redacted; None: left out)."""
     prefix = [f"{CONFIG_ENV}={config}"] if config else ["-u", CONFIG_ENV]
+    if redis_url:
+        prefix += [f"REDIS_URL={redis_url}"]
     prefix += [f"{k}={v}" for k, v in sorted(env.items())]
     argv = ["celery", "-A", "tasks", "worker", "-Q", queue, "-n", f"{name}@%h"]
     if queue.startswith("gpu"):
@@ -136,7 +141,14 @@ def queue_of(gap: Unserved, cpu_queue: str) -> str:
     return cpu_queue
 
 
-def explain(gaps: list[Unserved], config: str | None, env: Mapping[str, str], cpu_queue: str, tag: str) -> list[str]:
+def explain(
+    gaps: list[Unserved],
+    config: str | None,
+    env: Mapping[str, str],
+    cpu_queue: str,
+    tag: str,
+    redis_url: str | None = None,
+) -> list[str]:
     """One line per stage that differs, then the commands that start workers with the run's settings.
 
     ``config``: the run's settings file (None: none, the defaults); ``env``: the stage-deciding environment
@@ -144,7 +156,7 @@ def explain(gaps: list[Unserved], config: str | None, env: Mapping[str, str], cp
     """
     lines = [describe(gap) for gap in gaps]
     queues = list(dict.fromkeys(queue_of(gap, cpu_queue) for gap in gaps))
-    commands = [start_command(q, config, env, f"{q.replace('.', '-')}-{tag}") for q in queues]
+    commands = [start_command(q, config, env, f"{q.replace('.', '-')}-{tag}", redis_url) for q in queues]
     setting = f"{CONFIG_ENV}={config}" if config else f"no {CONFIG_ENV}"
     lines.append(f"start workers with the run's settings ({setting}): " + "; ".join(f"`{c}`" for c in commands))
     return lines

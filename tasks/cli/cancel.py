@@ -13,15 +13,18 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
+from tasks import keys
 from tasks.cli import common
 from tasks.observe import stall
 from tasks.redis_client import get_redis
-from tasks.run import cancel, completion, runs
+from tasks.run import cancel, completion, hold, runs
 from tasks.statistics import sums
 from tasks.workers import registry
+from worker_config.settings import Settings
 
 
 def _let_go(r: redis.Redis, out: Path, run_id: str, keep_s: int, shards: int) -> None:
@@ -36,6 +39,36 @@ def _let_go(r: redis.Redis, out: Path, run_id: str, keep_s: int, shards: int) ->
         print(f"framefleet: the run's Redis keys were left to expire ({exc})", file=sys.stderr)
 
 
+def cancel_run(
+    conf: Settings, record: dict[str, Any], out: Path, note: str | None = None
+) -> tuple[int, int, list[str]]:
+    """Cancel the run of ``record`` in every view: the flag its tasks stop at, its unsent videos dropped, its
+    waiting messages taken off the queues (REVOKED in Flower), its record in Redis and in OUT/runs/ marked
+    cancelled (with ``note``, why, when given), OUT freed. Return (waiting tasks revoked, videos not sent
+    dropped, the workers running one of its tasks)."""
+    r, broker = get_redis(conf.redis_url), get_redis(conf.broker)
+    run_id = record["run_id"]
+    cancel.request(r, run_id, conf.result_expires_s)
+    unsent = completion.drop_pending(r, run_id)  # first, so no finishing task sends one of them
+    from tasks import app
+
+    live, seen = registry.live_workers(r), list(r.hkeys(keys.WORKER_SEEN))
+    removed = 0
+    for queue in stall.queue_names(broker, r, conf):
+        gone = cancel.remove_waiting(broker, [queue], run_id)
+        cancel.tell_flower(app, gone, cancel.revoker(queue, live, seen))
+        removed += len(gone)
+    running = [w["hostname"] for w in live if (w.get("current") or {}).get("run") == run_id]
+    ended = {"status": "cancelled", "cancelled": time.time(), **({"cancel_note": note} if note else {})}
+    runs.update(out, run_id, waiting_revoked=removed, unsent=unsent, **ended)
+    published = runs.lookup(r, run_id)
+    if published is not None:  # `framefleet status RUN` reads Redis: it says cancelled too
+        runs.publish(r, {**published, **ended}, conf.result_expires_s)
+    hold.release(r, out, run_id)
+    _let_go(r, out, run_id, conf.finished_run_keep_s, sums.shards_of(published or record))
+    return removed, unsent, running
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=common.HelpFormatter)
     parser.add_argument("run", nargs="?", metavar="RUN", help="the run id (printed when the run started)")
@@ -47,7 +80,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     conf = common.settings_from(args)
     if (why := common.check_redis(conf)) is not None:
         return common.fail(why)
-    r, broker = get_redis(conf.redis_url), get_redis(conf.broker)
+    r = get_redis(conf.redis_url)
     try:
         record = runs.find(r, args.run, args.out)
     except runs.RunNotFound as exc:
@@ -56,17 +89,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     out = Path(record.get("output_root") or args.out)
     if record.get("status") == "finished":
         return common.fail(f"run {run_id} has finished already; nothing to cancel", code=1)
-    cancel.request(r, run_id, conf.result_expires_s)
-    unsent = completion.drop_pending(r, run_id)  # first, so no finishing task sends one of them
-    removed = cancel.remove_waiting(broker, stall.queue_names(broker, r, conf), run_id)
-    from tasks import app
-
-    cancel.tell_flower(app, removed)
-    running = [w["hostname"] for w in registry.live_workers(r) if (w.get("current") or {}).get("run") == run_id]
-    runs.update(out, run_id, status="cancelled", cancelled=time.time(), waiting_revoked=len(removed), unsent=unsent)
-    _let_go(r, out, run_id, conf.finished_run_keep_s, sums.shards_of(runs.lookup(r, run_id) or record))
+    removed, unsent, running = cancel_run(conf, record, out)
     print(
-        f"run {run_id} cancelled: {common.plural(len(removed), 'waiting task')} revoked"
+        f"run {run_id} cancelled: {common.plural(removed, 'waiting task')} revoked"
         + (f", {common.plural(unsent, 'video')} not sent yet dropped" if unsent else "")
         + (
             f"; {common.plural(len(running), 'running task')} stop at their next check ({', '.join(running)})"

@@ -41,7 +41,7 @@ from tasks.outputs import intermediates
 from tasks.outputs.storage import write_text_atomic
 from tasks.records import lineage, outcome_files, quarantine
 from tasks.redis_client import get_redis
-from tasks.run import cancel, completion, runs, settings_check
+from tasks.run import cancel, completion, hold, runs, settings_check
 from tasks.run.dataset import (
     Completed,
     DatasetError,
@@ -120,6 +120,9 @@ def enqueue(
             raise DatasetError(f"no quarantined videos in {out_dir / quarantine.FILE}; nothing to retry")
         resume = True
     run_id = new_run_id()
+    out_hold = hold.acquire(
+        r, out_dir, run_id, conf.redis_url, conf.result_expires_s, lambda stale: end_stale(conf, out_dir, stale, run_id)
+    )
     made_with = lineage.current_set(conf, run_id)
     for lost, videos in outcome_files.adopt_lost(out_dir, lambda run: runs.lookup(r, run) is not None):
         print(
@@ -128,7 +131,12 @@ def enqueue(
             file=sys.stderr,
             flush=True,
         )
-    listing = ManifestRun(raw_dir, out_dir, run_id, texts, made_with, redo=force and not limit)
+    sender: RunSender | None = None
+    try:
+        listing = ManifestRun(raw_dir, out_dir, run_id, texts, made_with, redo=force and not limit)
+    except BaseException:
+        out_hold.release()
+        raise
     try:
         if listing.others:  # --add beside other folders: a clash of paths is refused before anything is sent
             for found in first_video(raw_dir):
@@ -175,17 +183,39 @@ def enqueue(
         sender.close()
     except BaseException:
         listing.abort()  # the earlier manifest stays; what was sent runs, and --continue sends the rest
+        # Nothing sent: OUT is free. Else the next enqueue into OUT takes it over at once and cancels this run.
+        if sender is None or not sender.count:
+            out_hold.release()
+        else:
+            out_hold.abandon()
         raise
     listing.commit()
     record.update(videos=sender.count, already_complete=complete)
     if stopped or cancel.is_cancelled(r, run_id):
         completion.drop_pending(r, run_id)
         runs.update(out_dir, run_id, videos=sender.count, already_complete=complete)
+        out_hold.release()
     else:
         runs.write(out_dir, record)
+        out_hold.sent()  # the run holds OUT by itself now, until it ends
         completion.listed(r, record, conf.result_expires_s)  # the run's size: the last video to finish ends it
     release_result_subscriptions()
     return record
+
+
+def end_stale(conf: Settings, out_dir: Path, stale: dict[str, Any], taker: str) -> None:
+    """Cancel the run whose enqueuer died while sending it (``stale``: its hold on OUT), as ``taker`` takes OUT
+    over: what it sent stops at the flag; its complete outputs stay, and --continue skips them."""
+    from tasks.cli.cancel import cancel_run
+
+    run_id = stale["run_id"]
+    record = runs.lookup(get_redis(conf.redis_url), run_id) or runs.read(out_dir, run_id) or {"run_id": run_id}
+    note = (
+        f"its enqueuer (pid {stale.get('pid')} on {stale.get('host')}) stopped while sending it; "
+        f"run {taker} took {out_dir} over"
+    )
+    cancel_run(conf, record, out_dir, note)
+    print(f"framefleet: warning: run {run_id} cancelled: {note}", file=sys.stderr, flush=True)
 
 
 def release_result_subscriptions() -> None:

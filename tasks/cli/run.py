@@ -34,7 +34,7 @@ import redis
 from tasks.autoscaler.supervisor import CPU_GROUP, Supervisor, cpu_worker_count, worker_argv
 from tasks.cli import common as _cli
 from tasks.cli import install_backends
-from tasks.cli.common import check_redis, parse_gpus
+from tasks.cli.common import parse_gpus
 from tasks.cli.enqueue import add_run_arguments, check_run_arguments, enqueue, follow, resender
 from tasks.cli.local_auth import REDIS_FILE, SECRET_FILES, flower_auth, redis_config, redis_url, write_secret
 from tasks.cli.shutdown import Hurry
@@ -45,7 +45,7 @@ from tasks.redis_refusal import write_refused
 from tasks.run.dataset import DatasetError
 from tasks.run.metadata import MetadataError
 from tasks.workers import registry
-from worker_config.settings import Settings
+from worker_config.settings import Settings, redact_url
 
 
 def visible_gpus() -> int:
@@ -136,7 +136,9 @@ class Cluster:
     def wait_for_workers(
         self, conf: Settings, names: list[str], timeout_s: float = 120, supervisor: Supervisor | None = None
     ) -> None:
-        """Wait until every worker has loaded its models and registered, or one has exited."""
+        """Wait until every worker has loaded its models and registered, or one has failed to start
+        START_ATTEMPTS times in a row (a supervised worker that exits while starting is restarted, as any other),
+        or an unsupervised process has exited."""
         r = get_redis(conf.redis_url)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -144,8 +146,11 @@ class Cluster:
             if set(names) <= live:
                 return
             for slot in supervisor.slots if supervisor else []:
-                if slot.last_exit and slot.name not in live:
-                    raise DatasetError(f"worker {slot.name} {slot.last_exit}; see {self.logs / (slot.name + '.log')}")
+                if slot.failures >= START_ATTEMPTS and slot.name not in live:
+                    raise DatasetError(
+                        f"worker {slot.name} failed to start {slot.failures} times (last: {slot.last_exit}); "
+                        f"see {self.logs / (slot.name + '.log')}"
+                    )
             for name, proc in self.procs:
                 if proc.poll() is not None:
                     raise DatasetError(
@@ -174,6 +179,19 @@ class Cluster:
             proc.wait()
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+START_ATTEMPTS = 3  # a worker that exits this many times in a row before it is ready ends the run (exit 2)
+
+
+def named_redis(conf: Settings) -> str | None:
+    """What names the Redis this run is to use (an environment variable or the settings' redis_url), or None
+    when nothing does and a private redis-server is started."""
+    for variable in ("REDIS_URL", "FRAMEFLEET_REDIS_URL"):
+        if os.environ.get(variable):
+            return variable
+    default = Settings.model_fields["redis_url"].default
+    return "redis_url in the settings" if conf.redis_url != default else None
 
 
 def _keep(supervisor: Supervisor, stopping: threading.Event) -> None:
@@ -238,6 +256,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
         first_video(args.raw_dir)  # a missing or empty folder: the folder is walked once, by the enqueue
         check_folders(args.raw_dir, args.out, args.resume, args.force, args.add)
+        from tasks.run import hold
+
+        # A live run of OUT (on its Redis, whichever) is refused before any process starts; the enqueue takes
+        # the lock itself.
+        if (holder := hold.held_elsewhere(args.out, None)) is not None:
+            raise hold.OutHeld(hold.refusal(args.out, *holder))
         if not args.force:  # before any process starts, as the rest of these checks
             from tasks.records import lineage
 
@@ -249,6 +273,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except (DatasetError, MetadataError) as exc:
         return _cli.fail(str(exc))
 
+    if (named := named_redis(conf)) is not None:
+        try:
+            get_redis(conf.redis_url).ping()
+        except redis.RedisError as exc:
+            # A Redis named on purpose that does not answer is an error: a private one would be another cluster.
+            return _cli.fail(
+                f"{named} names {redact_url(conf.redis_url)}, which does not answer ({type(exc).__name__}: {exc}); "
+                f"start that Redis or correct the URL (its password too), or unset {named} for a private "
+                "redis-server"
+            )
     rotate_logs(args.out / "logs")
     cluster = Cluster(args.out / "logs")
     exporter, sampler, supervisor = None, None, None
@@ -256,7 +290,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     previous_sigterm = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         env = dict(os.environ)
-        if not os.environ.get("REDIS_URL") or check_redis(conf) is not None:
+        if named_redis(conf) is None:
             env["REDIS_URL"] = cluster.start_redis()
             env.pop("FRAMEFLEET_REDIS_URL", None)
             os.environ["REDIS_URL"] = env["REDIS_URL"]

@@ -124,6 +124,9 @@ def latest_run(
     run_id = chosen["run_id"] if chosen else known[0]
     counts = progress.read(r, run_id)
     record = chosen or _run_record(out, run_id) or runs.lookup(r, run_id) or {}
+    if record.get("status", "running") == "running" and r.exists(keys.CANCELLED_PREFIX + run_id):
+        record = {**record, "status": "cancelled"}  # a record written before its cancel: the flag is the truth
+    over = record.get("status") not in (None, "running")
     total = record.get("videos")
     started = record.get("started") or time.mktime(time.strptime(run_id[:15], "%Y%m%d-%H%M%S"))
     root = record.get("output_root")
@@ -133,8 +136,8 @@ def latest_run(
         done, failed = counts.get(f"{stage}.done", 0), counts.get(f"{stage}.failed", 0)
         elapsed = (last_end.get(stage) or time.time()) - started
         rate = done / elapsed * 60 if done and elapsed > 0 else 0.0
-        if total is None or not rate:
-            eta = "?" if total is None else ("done" if done + failed >= total else "-")
+        if over or total is None or not rate:
+            eta = "?" if total is None and not over else ("done" if done + failed >= (total or 0) else "-")
         else:
             left = max(0, total - done - failed)
             eta = "done" if not left else time.strftime("%H:%M:%S", time.gmtime(left / rate * 60))

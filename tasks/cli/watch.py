@@ -62,14 +62,23 @@ class Eta:
 
 
 def fraction_done(counts: dict[str, int], total: int | None, stages: list[str]) -> float:
-    """The share of the run's stage tasks that ended (a failed video counts all its stages as ended;
-    0 while the run's size is not known)."""
+    """The share of the run's stage work that is done, counting only videos still to do as work left (0 while
+    the run's size is not known). A failed video leaves no work: it neither shortens nor lengthens the ETA,
+    whereas counting its skipped stages as done would make a quick failure look like fast progress."""
     if total is None:
         return 0.0
     if not total or not stages:
         return 1.0
-    ended = sum(counts.get(f"{s}.done", 0) for s in stages) + counts.get("videos.failed", 0) * len(stages)
-    return min(1.0, ended / (total * len(stages)))
+    per_video = len(stages)
+    done = sum(counts.get(f"{s}.done", 0) for s in stages)
+    finished = counts.get("videos.done", 0)
+    left_videos = max(0, total - finished - counts.get("videos.failed", 0))
+    if not left_videos:
+        return 1.0
+    # Stages done by videos still in flight (a failed video's earlier stages cannot be told apart: capped).
+    in_flight = min(max(0, done - per_video * finished), per_video * left_videos - 1)
+    left = per_video * left_videos - in_flight
+    return done / (done + left) if done else 0.0
 
 
 def clock(seconds: float | None) -> str:
@@ -83,9 +92,12 @@ def render(counts: dict[str, int], total: int | None, elapsed_s: float, eta_s: f
     filled = 0 if total is None else int(width * finished / total) if total else width
     done = " ".join(f"{s} {counts.get(s + '.done', 0)}" for s in stages)
     size = "? videos (the folder is being walked)" if total is None else plural(total, "video")
+    failed = counts.get("videos.failed", 0)
+    left = "" if total is None else f" for {max(0, total - finished)} left"
     return (
         f"[{'#' * filled}{'.' * (width - filled)}] {finished}/{size} | {done} | "
-        f"failed {counts.get('videos.failed', 0)} | {elapsed_s:.0f} s elapsed, ETA {clock(eta_s)}"
+        f"failed {failed} | {elapsed_s:.0f} s elapsed, ETA {clock(eta_s)}{left}"
+        + (f" ({failed} failed, not counted)" if failed else "")
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import time
 from typing import Any
 
@@ -16,8 +17,8 @@ from tasks.delivery.routing import job_of
 from tasks.job import Job
 from tasks.run import runs
 from tasks.workers import registry
-from worker_config.settings import Settings
-from worker_config.settings_match import explain, parse_settings_queue, unserved
+from worker_config.settings import CONFIG_ENV, Settings, redact_url
+from worker_config.settings_match import explain, parse_settings_queue, start_command, unserved
 
 
 class RunLost(RuntimeError):
@@ -66,7 +67,7 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
         if waiting and queue not in consumed:
             problems.append(
                 f"queue {queue}: {waiting} tasks waiting and no live worker; start one with "
-                f"`celery -A tasks worker -Q {queue}`"
+                f"`{worker_command(r, broker, conf, queue)}`"
             )
     problems += _held_by_idle_or_gone(broker, r, {w["hostname"]: w for w in workers}, conf)
     problems += waiting_for_settings(r, broker, workers, conf)
@@ -84,6 +85,17 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
                 f"{running:.0f} s, past its {deadline:.0f} s deadline"
             )
     return problems
+
+
+def worker_command(r: redis.Redis, broker: redis.Redis, conf: Settings, queue: str) -> str:
+    """The whole command that starts a worker of ``queue`` for the run whose task waits first there: its settings
+    file and stage environment (this process's when no run is known) and its Redis, as the mismatch refusal says."""
+    job = settings_queues.first_job(broker, queue)
+    record = (runs.lookup(r, job.run_id) if job is not None else None) or {}
+    config = record.get("config") if record else os.environ.get(CONFIG_ENV)
+    tag = str((record.get("stage_settings") or {}).get("sha256", ""))[:8]
+    name = f"{queue.replace('.', '-')}-{tag}" if tag else queue.replace(".", "-")
+    return start_command(queue, config, record.get("settings_env") or {}, name, redact_url(conf.redis_url))
 
 
 def waiting_for_settings(
@@ -141,10 +153,17 @@ def _held_by_idle_or_gone(broker: redis.Redis, r: redis.Redis, workers: dict[str
                 "requeues it once it has stayed unowned a lease TTL"
             )
         elif state is None:
+            # Not in the registry is not gone: after a Redis restart a live worker republishes its state at its
+            # next heartbeat, and meanwhile renews its lease. Gone is what the reaper takes for gone.
+            if broker.exists(leases.LEASE_PREFIX + tag) or not leases.settled(broker, r, conf.lease_ttl_s):
+                continue
+            absent_s = registry.absent_for_s(r, hostname)
+            if absent_s <= conf.lease_ttl_s:
+                continue
             problems.append(
-                f"{what}: held in unacked for {held_s:.0f} s by {hostname}, which is gone; the "
-                f"reaper requeues it {conf.lease_ttl_s:.0f} s after its worker left (a live worker "
-                "runs the reaper: start one)"
+                f"{what}: held in unacked for {held_s:.0f} s by {hostname}, which is gone (not heard from for "
+                f"{absent_s:.0f} s, its lease lapsed); the reaper requeues it (a live worker runs the reaper: "
+                "start one)"
             )
         elif tag not in state.get("leases", [tag]):
             idle = "idle" if not state.get("busy") else "busy with another task"

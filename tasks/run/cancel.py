@@ -21,6 +21,8 @@ from tasks.delivery.queues import waiting
 from tasks.errors import PermanentError
 from tasks.job import Job
 
+CANCELLED_EVENT = "task-cancelled"  # Flower shows its task as CANCELLED
+
 
 class RunCancelled(PermanentError):
     """The run this task belongs to was cancelled (``framefleet cancel``)."""
@@ -84,15 +86,32 @@ def remove_waiting(broker: redis.Redis, queues: list[str], run_id: str) -> list[
     return removed
 
 
-def tell_flower(app: Any, removed: list[tuple[str, str]]) -> None:
-    """Send task-revoked for each removed message, so Flower does not show them waiting forever."""
+def revoker(queue: str, workers: list[dict[str, Any]], seen: list[str]) -> str | None:
+    """The node name Flower is told revoked a message removed from ``queue``: a live worker consuming that queue,
+    else any live worker, else one Redis saw before (``seen``); None when there is none."""
+    names = sorted(w["hostname"] for w in workers if queue in (w.get("queues") or []))
+    names += sorted(w["hostname"] for w in workers)
+    return (names or sorted(seen) or [None])[0]
+
+
+def tell_flower(app: Any, removed: list[tuple[str, str]], hostname: str | None = None) -> None:
+    """Send task-revoked for each removed message, so Flower does not show them waiting forever.
+
+    Each event names a node, and Flower lists every node an event names on its Workers page for good: the
+    events name ``hostname`` (a worker that was to take the message, ``revoker``). With none, they come from
+    the cancel's own node name, taken off the page again by a worker-offline event where Flower honours it.
+    """
     if not removed:
         return
     with app.connection_for_write() as conn:
-        dispatcher = app.events.Dispatcher(conn, hostname=f"framefleet-cancel@{socket.gethostname()}", enabled=True)
+        own = hostname is None
+        name = hostname or f"framefleet-cancel@{socket.gethostname()}"
+        dispatcher = app.events.Dispatcher(conn, hostname=name, enabled=True)
         try:
             for _name, task_id in removed:
                 dispatcher.send("task-revoked", uuid=task_id, terminated=False, signum=None, expired=False)
+            if own:
+                dispatcher.send("worker-offline")
         finally:
             dispatcher.close()
 
@@ -126,4 +145,7 @@ def stop(task: Any, stage: str, job: Job) -> None:
             state=states.REVOKED, meta={"cancelled": job.run_id, "stage": stage, "video_id": job.video_id}
         )
         task.send_event("task-revoked", terminated=False, signum=None, expired=False)
+        # A task that sent task-progress stays PROGRESS in Flower whatever revoked says: Celery's event state
+        # ranks a custom state above REVOKED. A custom state of equal rank replaces it.
+        task.send_event(CANCELLED_EVENT, result=f"cancelled with run {job.run_id}", stage=stage)
     raise Ignore()

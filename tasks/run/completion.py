@@ -334,6 +334,13 @@ def retire(r: redis.Redis, run_id: str, keep_s: int) -> None:
 
     let_go(pipe, run_id, keep_s, shards=sums.shards_of(record))
     pipe.execute()
+    if record is not None and record.get("output_root"):
+        from tasks.run import hold
+
+        try:
+            hold.release(r, Path(record["output_root"]), run_id)  # OUT is free for the next run
+        except OSError as exc:
+            log.warning("run %s: %s not removed (%s); the next run there finds the run ended", run_id, hold.FILE, exc)
 
 
 def let_go(pipe: Any, run_id: str, keep_s: int, videos: int = 0, shards: int | None = None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections import Counter
@@ -21,6 +22,7 @@ from tasks.gpu import INDEX_ENV, LEDGER_ENV
 from tasks.job import Job
 from tasks.observe import flower_view
 from tasks.stages import CPU_STAGES, GPU_STAGES, ModelStage, build
+from tasks.workers import node_name
 from worker_config.settings import CONFIG_ENV, Settings, stage_entry
 from worker_config.settings_match import settings_queue
 
@@ -131,6 +133,10 @@ def on_celeryd_init(sender: str | None = None, options: dict[str, Any] | None = 
         queues = [q for q in queues.split(",") if q]
     global ROLE
     ROLE = role_for(list(queues), sender or "")
+    conf = settings()
+    from tasks.redis_client import get_redis
+
+    node_name.refuse_if_taken(get_redis(conf.redis_url), sender or "", list(queues), conf.registry_ttl_s, time.time())
     if ROLE.gpu is not None:
         pin_visible_device(ROLE.gpu)
         if os.environ.get(LEDGER_ENV):
@@ -288,6 +294,7 @@ def worker_state() -> dict[str, Any]:
     return {
         "hostname": ROLE.hostname,
         "pid": os.getpid(),
+        "host": socket.gethostname(),  # with pid, whether a worker of the same node name is live (node_name)
         # What it consumes: its queues, or only their settings queues (settings_queues_only).
         "queues": ROLE.settings_queues if conf.settings_queues_only and ROLE.settings_queues else ROLE.queues,
         "gpu_queues": [q for q in ROLE.queues if conf.gpu_index(q) is not None],

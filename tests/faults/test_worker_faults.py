@@ -82,8 +82,10 @@ def test_the_same_dataset_enqueued_twice_at_once_processes_each_video_once(
     second = run_script(
         "enqueue_dataset.py", str(fault_raw), "--out", str(out), "--continue", "--no-wait", env=fault_env
     )
-    assert first.returncode == 0 and second.returncode == 0
-    wait_for_summary(out, run_index=2)
+    # One live run per output folder (docs/operations-runs.md): the second is refused, naming the first.
+    assert first.returncode == 0, first.stderr
+    assert second.returncode == 2 and "is held by run" in second.stderr, second.stderr
+    wait_for_summary(out, run_index=1)
     wait_until(lambda: all(v == 0 for v in _waiting(fault_env)), 120, "the queues to drain")
     runs = stage_runs(fault_workers.logs)
     assert runs and set(runs.values()) == {1}, {k: v for k, v in runs.items() if v != 1}
