@@ -210,6 +210,7 @@ class Autoscaler:
         }
         upstream = {f.key: sum(waiting[g.key] + held[g.key] for g in fams if g.position < f.position) for f in fams}
         served = {q: self.service_s(q) for q in active}
+        loads = {q: self._load_s(active[q], snap) for q in active}
         # Until a family has ended a task, assume it as slow as the slowest that has: the others leave room
         # for it (leave_room) rather than count it as free, and it grows on its own time once known.
         slowest = max((s for s in served.values() if s is not None), default=None)
@@ -245,9 +246,21 @@ class Autoscaler:
                     service_s=served[q] or slowest,
                     service_assumed=served[q] is None and slowest is not None,
                     running=held[q],
+                    load_s=loads[q],
                 )
             )
         return views
+
+    def _load_s(self, slots: list[Slot], snap: Snapshot) -> float | None:
+        """The longest any of ``slots``' workers took from its start to its registration, a worker still loading
+        counting the time it has taken so far; None until one has registered."""
+        now = self.supervisor.clock()
+        for s in slots:
+            if s.loaded_s is None and s.pid in snap.workers:
+                s.loaded_s = now - s.started_at
+        loaded = [s.loaded_s for s in slots if s.loaded_s is not None]
+        loading = [now - s.started_at for s in slots if s.loaded_s is None and s.pid is not None]
+        return max(loaded + loading) if loaded else None
 
     def service_s(self, family: str) -> float | None:
         """Mean seconds per task of ``family``'s workers over every task they have ended (None before the first)."""
