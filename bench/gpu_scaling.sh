@@ -15,19 +15,21 @@
 source "${ACTIVATE:-.device/activate.sh}"  # ACTIVATE: /tmp/ff-bin/activate.sh on a warm machine without .device
 set -u
 export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
-OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/ffout}; R=$OUT/z; mkdir -p "$R"  # R: every file but the figures and the samples, archived at the end
 VIDEOS=${VIDEOS:-48}; MATMULS=${MATMULS:-16}; SIZE=${SIZE:-4096}; PER_GPU=${PER_GPU:-2}; CPUW=${CPUW:-8}
 PHASES=${PHASES:-ab}  # which of (a), (b), (c) to run: a longer (c) fits one call without (a) and (b)
 WARM=${WARM:-1}  # 1: (b) enqueues once the autoscaler's first worker on each GPU is up; 0: at the autoscaler's start
 BK=${BK:-1 2}  # the GPU counts (b) runs the autoscaler on
 PRIME=${PRIME:-1}; PRIME_VIDEOS=${PRIME_VIDEOS:-4}
+# AUTOSCALER_FLAGS: more flags for (b)'s autoscaler; the code before the busy-share work ran as WARM=0 PRIME=0
+# AUTOSCALER_FLAGS="--quick-load-s 0" (an empty learned store, the pool started with the enqueue, two loads at a time)
 CHAIN_S=${CHAIN_S:-420}  # each (b) run's time limit
 PORT=${PORT:-6391}  # the (b) runs' Redis
 KS=${KS:-1 2 4}  # the GPU counts (c) runs, e.g. KS="1 4" for a long 4-GPU figure within one call
 RUN_S=${RUN_S:-300}  # each (c) run's time limit
 # KEEP_RAW=1: reuse /tmp/sc-raw from an earlier call on the same warm machine (e.g. KS=4, then KS=1 next call)
 NGPU=$(nvidia-smi -L | wc -l)
-nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/gpus.csv"
+nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$R/gpus.csv"
 if [ "${KEEP_RAW:-0}" = 1 ] && [ -d /tmp/sc-raw ]; then  # the videos an earlier call wrote (a warm machine keeps /tmp)
   rm -rf /tmp/sc-[abc]*
   echo "videos: kept from an earlier call: $(ls /tmp/sc-raw | wc -l)"
@@ -47,10 +49,12 @@ BOUND_GPU=0; [ "$NGPU" -gt 1 ] && BOUND_GPU=$((NGPU - 1))
 bound=
 if [[ $PHASES == *a* ]]; then
   echo "(a) compute bound on GPU $BOUND_GPU $(date +%T)"
-  timeout 600 python3 bench/gpu_bound.py /tmp/sc-raw --device "cuda:$BOUND_GPU" > "$OUT/a-bound.json" 2> "$OUT/a-bound.err" &
+  timeout 600 python3 bench/gpu_bound.py /tmp/sc-raw --device "cuda:$BOUND_GPU" > "$R/a-bound.json" 2> "$R/a-bound.err" &
   bound=$!
   [ "$BOUND_GPU" = 0 ] && { wait $bound; bound=; }
 fi
+
+rpy() { python3 -c "import redis; r = redis.Redis(port=$PORT); $1"; }  # the machine has no redis-cli
 
 run_b() {  # TAG K RAW: framefleet with the autoscaler on GPUs 0..K-1, a new cluster, enqueue -> statistics
   local tag=$1 k=$2 raw=$3 gpus
@@ -58,35 +62,50 @@ run_b() {  # TAG K RAW: framefleet with the autoscaler on GPUs 0..K-1, a new clu
   echo "($tag) $k GPU(s) with the autoscaler $(date +%T)"
   redis-server --port $PORT --save '' --appendonly no --daemonize yes > /dev/null
   export REDIS_URL=redis://127.0.0.1:$PORT/0
-  for _ in $(seq 50); do redis-cli -p $PORT ping > /dev/null 2>&1 && break; sleep 0.1; done
+  rpy "import time
+for _ in range(100):
+    try:
+        r.ping(); break
+    except redis.ConnectionError:
+        time.sleep(0.1)"
   [ -s /tmp/sc-profiles.json ] && python3 -c "import json, redis; p = json.load(open('/tmp/sc-profiles.json')); \
 p and redis.Redis(port=$PORT).hset('ff:profiles', mapping=p)"
-  python3 -m celery -A tasks worker -Q cpu -c "$CPUW" -n cpu@%h --loglevel WARNING > "$OUT/$tag-cpu.log" 2>&1 &
+  python3 -m celery -A tasks worker -Q cpu -c "$CPUW" -n cpu@%h --loglevel WARNING > "$R/$tag-cpu.log" 2>&1 &
   local cpu=$!
   python3 scripts/autoscaler.py --gpus "$gpus" --max-workers-per-gpu 8 --headroom-mib 2048 --tick-s 1 --cooldown-s 2 \
-    --stop-grace-s 30 --log-dir "/tmp/sc-as-$tag" > "$OUT/$tag-autoscaler.log" 2>&1 &
+    --stop-grace-s 30 --log-dir "/tmp/sc-as-$tag" ${AUTOSCALER_FLAGS:-} > "$R/$tag-autoscaler.log" 2>&1 &
   local scaler=$!
   if [ "$WARM" = 1 ]; then  # the pool starts before the first video: one registered worker per GPU
-    for _ in $(seq 480); do
-      local up=0
-      for g in $(seq 0 $((k - 1))); do [ -n "$(redis-cli -p $PORT --scan --pattern "ff:worker:gpu$g-*" | head -1)" ] && up=$((up + 1)); done
-      [ "$up" = "$k" ] && break
-      sleep 0.25
-    done
+    rpy "import time
+for _ in range(480):
+    if all(next(r.scan_iter('ff:worker:gpu%d-*' % g, count=1000), None) for g in range($k)):
+        break
+    time.sleep(0.25)
+else:
+    print('($tag) no registered worker on each of $k GPU(s) after 120 s: enqueueing anyway')"
   fi
-  timeout "$CHAIN_S" python3 scripts/enqueue_dataset.py "$raw" --out "/tmp/sc-$tag" --gpus "$gpus" > "$OUT/$tag-enqueue.txt" 2>&1
-  echo "enqueue exit $?" >> "$OUT/$tag-enqueue.txt"
+  timeout "$CHAIN_S" python3 scripts/enqueue_dataset.py "$raw" --out "/tmp/sc-$tag" --gpus "$gpus" > "$R/$tag-enqueue.txt" 2>&1
+  echo "enqueue exit $?" >> "$R/$tag-enqueue.txt"
   kill -TERM $scaler; wait $scaler; kill -TERM $cpu; wait $cpu
-  python3 - "$OUT/$tag" "$PORT" <<'PY'
+  python3 - "$R/$tag" "$PORT" <<'PY'
 import json, sys, redis
 r = redis.Redis(port=int(sys.argv[2]), decode_responses=True)
 json.dump(r.hgetall("ff:profiles"), open("/tmp/sc-profiles.json", "w"))  # the learned store the next run remembers
 open(sys.argv[1] + "-autoscale.jsonl", "w").write("\n".join(r.lrange("ff:autoscale", 0, -1)) + "\n")
 open(sys.argv[1] + "-stages.jsonl", "w").write("\n".join(r.lrange("ff:stages", 0, -1)) + "\n")
 PY
-  redis-cli -p $PORT shutdown nosave > /dev/null 2>&1
+  rpy "import time
+try:
+    r.shutdown(nosave=True)
+except redis.ConnectionError:
+    pass
+for _ in range(50):  # gone before the next run's starts on the port
+    try:
+        r.ping(); time.sleep(0.1)
+    except redis.ConnectionError:
+        break"
   unset REDIS_URL
-  cp "/tmp/sc-$tag/run_summary.json" "$OUT/$tag-summary.json"
+  cp "/tmp/sc-$tag/run_summary.json" "$R/$tag-summary.json"
 }
 
 if [[ $PHASES == *b* ]]; then
@@ -108,14 +127,14 @@ for k in $KS; do
   [[ $PHASES == *c* && "$k" -le "$NGPU" ]] || continue
   echo "(c) $k GPU(s) $(date +%T)"
   timeout "$RUN_S" python3 scripts/run_local.py /tmp/sc-raw --out "/tmp/sc-c$k" --gpus "$(seq -s, 0 $((k - 1)))" \
-    --gpu-workers "$PER_GPU" --cpu-workers "$CPUW" > "$OUT/c$k-run_local.txt" 2>&1
-  echo "run_local exit $?" >> "$OUT/c$k-run_local.txt"
-  cp "/tmp/sc-c$k/run_summary.json" "$OUT/c$k-summary.json"
+    --gpu-workers "$PER_GPU" --cpu-workers "$CPUW" > "$R/c$k-run_local.txt" 2>&1
+  echo "run_local exit $?" >> "$R/c$k-run_local.txt"
+  cp "/tmp/sc-c$k/run_summary.json" "$R/c$k-summary.json"
 done
 
 kill $smp; wait $smp
 
-python3 - "$OUT" <<'PY' | tee "$OUT/scaling.txt"
+python3 - "$R" "$OUT/samples.csv" <<'PY' | tee "$OUT/scaling.txt"
 import json, sys
 from pathlib import Path
 sys.path.insert(0, ".")
@@ -126,7 +145,7 @@ def load(name):
     return json.loads(p.read_text().strip().splitlines()[-1] if name.endswith("bound.json") else p.read_text()) if p.exists() else None
 def shares(summary, gpus):
     """The strict measure of each GPU over the run's window, from the samples of the whole call."""
-    return [busy(read_samples(out / "samples.csv", g), summary["started"], summary["finished"], g) for g in gpus]
+    return [busy(read_samples(Path(sys.argv[2]), g), summary["started"], summary["finished"], g) for g in gpus]
 figures = {}
 a = load("a-bound.json")
 if a:
@@ -164,9 +183,7 @@ for kind in ("b", "c"):
         more = figures.get(f"{kind}{k}")
         if one and more:
             print(f"({kind}) 1 -> {k} GPUs: efficiency T1/({k}*T{k}) = {one['wall_s'] / (k * more['wall_s']):.3f}")
-(out / "busy.json").write_text(json.dumps({"bound": a, "runs": figures}, indent=2))
+(out.parent / "busy.json").write_text(json.dumps({"bound": a, "runs": figures}, indent=2))
 PY
 # what comes back is at most 8 files: the figures, the samples, and the rest in one archive
-tar -czf /tmp/sc-results.tgz -C "$OUT" . 2>/dev/null
-find "$OUT" -mindepth 1 -maxdepth 1 ! -name scaling.txt ! -name busy.json ! -name samples.csv -exec rm -rf {} +
-mv /tmp/sc-results.tgz "$OUT/results.tgz"
+tar -czf "$OUT/results.tgz" -C "$R" . 2>/dev/null && rm -rf "$R"
