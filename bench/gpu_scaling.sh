@@ -18,10 +18,13 @@ export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound mode
 OUT=${OUT:-/tmp/ffout}; R=$OUT/z; mkdir -p "$R"  # R: every file but the figures and the samples, archived at the end
 VIDEOS=${VIDEOS:-48}; MATMULS=${MATMULS:-16}; SIZE=${SIZE:-4096}; PER_GPU=${PER_GPU:-2}; CPUW=${CPUW:-8}
 PHASES=${PHASES:-ab}  # which of (a), (b), (c) to run: a longer (c) fits one call without (a) and (b)
-WARM=${WARM:-1}  # 1: (b) enqueues once the autoscaler's first worker on each GPU is up; 0: at the autoscaler's start
+WARM=${WARM:-1}  # 1: (b) enqueues once the autoscaler's POOL workers on each GPU are up; 0: at the autoscaler's start
+# POOL: the workers each GPU keeps before the first video (the autoscaler's --min-workers-per-gpu): with two, one
+# computes while the other hands off between tasks during the seconds the rest take to load
+POOL=${POOL:-2}
 BK=${BK:-1 2}  # the GPU counts (b) runs the autoscaler on
 PRIME=${PRIME:-1}; PRIME_VIDEOS=${PRIME_VIDEOS:-4}
-# AUTOSCALER_FLAGS: more flags for (b)'s autoscaler; the code before the busy-share work ran as WARM=0 PRIME=0
+# AUTOSCALER_FLAGS: more flags for (b)'s autoscaler; the code before the busy-share work ran as WARM=0 PRIME=0 POOL=1
 # AUTOSCALER_FLAGS="--quick-load-s 0" (an empty learned store, the pool started with the enqueue, two loads at a time)
 CHAIN_S=${CHAIN_S:-420}  # each (b) run's time limit
 PORT=${PORT:-6391}  # the (b) runs' Redis
@@ -73,16 +76,16 @@ p and redis.Redis(port=$PORT).hset('ff:profiles', mapping=p)"
   python3 -m celery -A tasks worker -Q cpu -c "$CPUW" -n cpu@%h --loglevel WARNING > "$R/$tag-cpu.log" 2>&1 &
   local cpu=$!
   python3 scripts/autoscaler.py --gpus "$gpus" --max-workers-per-gpu 8 --headroom-mib 2048 --tick-s 1 --cooldown-s 2 \
-    --stop-grace-s 30 --log-dir "/tmp/sc-as-$tag" ${AUTOSCALER_FLAGS:-} > "$R/$tag-autoscaler.log" 2>&1 &
+    --stop-grace-s 30 --min-workers-per-gpu "$POOL" --log-dir "/tmp/sc-as-$tag" ${AUTOSCALER_FLAGS:-} > "$R/$tag-autoscaler.log" 2>&1 &
   local scaler=$!
   if [ "$WARM" = 1 ]; then  # the pool starts before the first video: one registered worker per GPU
     rpy "import time
 for _ in range(480):
-    if all(next(r.scan_iter('ff:worker:gpu%d-*' % g, count=1000), None) for g in range($k)):
+    if all(len(list(r.scan_iter('ff:worker:gpu%d-*' % g, count=1000))) >= $POOL for g in range($k)):
         break
     time.sleep(0.25)
 else:
-    print('($tag) no registered worker on each of $k GPU(s) after 120 s: enqueueing anyway')"
+    print('($tag) not $POOL registered workers on each of $k GPU(s) after 120 s: enqueueing anyway')"
   fi
   timeout "$CHAIN_S" python3 scripts/enqueue_dataset.py "$raw" --out "/tmp/sc-$tag" --gpus "$gpus" > "$R/$tag-enqueue.txt" 2>&1
   echo "enqueue exit $?" >> "$R/$tag-enqueue.txt"
