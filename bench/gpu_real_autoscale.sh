@@ -16,7 +16,7 @@
 #     the compute bound on GPU 1 (bench/real_chain.py bound: one stage process at a time)
 #  B. the autoscaler on GPUs 0 and 1, the same videos
 #  C. the predecessor's pool on GPU 0 (bench/spawn_until_failure.py --stages-config), on A's intermediates
-# Knobs: VIDEOS (6), CLIP_S (2-2.5 s), MAXW (--max-workers-per-gpu, 4), CPUW (CPU workers, 6), PHASES (ABC).
+# Knobs: VIDEOS (6), CLIP_S (2-2.5 s), MAXW (--max-workers-per-gpu, 4), CPUW (CPU workers, 6), PHASES (ABC), AUTOSCALER_FLAGS (more autoscaler flags, e.g. "--max-starting-per-gpu 8" for every load at once).
 # The whole chain (bench/gpu_full_chain.sh): REAL=masks,depth,tracks,hands MASKS=sam3 VIPE_WORK=DIR (gpu_vipe.sh's
 # WORK) SITES=DIR[:DIR] (more package folders: pointops2, decord) NO_TRACKS2D=1 (configs/real-gpu.yaml as it
 # ships) RAW=DIR (these videos, not sample ones) MAX_FLAT_PCT (quality.max_flat_frame_pct; 100: random-weight
@@ -104,8 +104,10 @@ p and redis.Redis.from_url('$REDIS_URL').hset('ff:profiles', mapping=p)"
   nvidia-smi -i "$gpus" --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 500 \
     > "$R/$tag-smi.csv" 2>/dev/null &
   smi=$!
+  python3 bench/busy_share.py sample "$R/$tag-samples.csv" --period-s 0.25 &  # the strict busy share, 4 Hz
+  local busy=$!
   python3 -m tasks.autoscaler --gpus "$gpus" --tick-s 1 --cooldown-s 2 --max-workers-per-gpu "${MAXW:-4}" \
-    --stop-grace-s 20 --log-dir "$B/$tag-logs" > "$R/$tag-autoscaler.log" 2>&1 &
+    --stop-grace-s 20 --log-dir "$B/$tag-logs" ${AUTOSCALER_FLAGS:-} > "$R/$tag-autoscaler.log" 2>&1 &
   local scaler=$! want=$(( FAMILIES * $(echo "$gpus" | tr ',' '\n' | wc -l) ))
   for _ in $(seq 240); do  # every family's first worker up (models loaded), as on a running cluster
     [ "$(python3 -c "import redis; print(len(list(redis.Redis.from_url('$REDIS_URL').scan_iter('ff:worker:gpu*'))))")" -ge "$want" ] && break
@@ -123,9 +125,11 @@ with open(sys.argv[2] + "-redis.json", "w") as f:
     json.dump({"decisions": [json.loads(x) for x in r.lrange("ff:autoscale", 0, -1)],
                "oom": r.lrange("ff:oom", 0, -1), "profiles": r.hgetall("ff:profiles")}, f)
 PYEOF
-  kill -TERM $scaler; wait $scaler; kill $smi "${cpus[@]}" 2>/dev/null; wait "${cpus[@]}" 2>/dev/null
+  kill -TERM $scaler; wait $scaler; kill $smi $busy "${cpus[@]}" 2>/dev/null; wait $busy "${cpus[@]}" 2>/dev/null
   python3 scripts/verify_dataset.py "$B/out-$tag" > "$R/$tag-verify.txt" 2>&1; echo "verify exit $?" >> "$R/$tag-verify.txt"
   cp "$B/out-$tag/run_summary.json" "$R/$tag-summary.json" 2>/dev/null
+  python3 bench/busy_share.py report "$R/$tag-samples.csv" "$R/$tag-summary.json" --gpus "$gpus" \
+    --json "$R/$tag-busy.json" > "$R/$tag-busy.txt" 2>&1
   grep -l "OutOfMemory\|out of memory" "$B/$tag-logs"/*.log > "$R/$tag-oom-logs.txt" 2>/dev/null
   tail -n 30 "$B/$tag-logs"/*.log > "$R/$tag-worker-tails.txt" 2>/dev/null
   save "$tag done"

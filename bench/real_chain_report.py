@@ -68,6 +68,8 @@ def phase_lines(res: Path, tag: str) -> tuple[list[str], float | None]:
         f"OOM {len(oom_logs)}; verify: {' / '.join(verify[-2:])}",
         f"{tag}: GPU memory used, peak MiB per GPU: {smi_peaks(res / f'{tag}-smi.csv')}",
     ]
+    if (res / f"{tag}-busy.txt").is_file():  # bench/busy_share.py: NVML sampled at 4 Hz over enqueue -> statistics
+        lines += [f"{tag}: sampled {line}" for line in (res / f"{tag}-busy.txt").read_text().splitlines()]
     for queue, row in families(red.get("decisions", [])).items():
         lines.append(
             f"{tag}:   {queue}: at most {row['max_workers']} worker(s); packed by a peak of {row['peak_mib']} MiB "

@@ -47,6 +47,11 @@ POLICY_FLAGS = {  # AutoscalePolicy field: (type, help)
     "idle_scale_down_s": (float, "seconds without work before a GPU goes down to its minimum"),
     "host_margin_mib": (float, "host RAM to leave free beyond another worker's RSS"),
     "max_starting_per_gpu": (int, "at most this many workers of one queue loading at once on one GPU"),
+    "quick_load_s": (
+        float,
+        "a queue whose workers each loaded within this many seconds starts every worker that fits at once "
+        "(0: always --max-starting-per-gpu at a time)",
+    ),
     "chain_horizon_s": (
         float,
         "a family grows on the work upstream of it on its GPU while each worker would get this many seconds of it",

@@ -32,7 +32,10 @@ class AutoscalePolicy:
     before its input reaches it, a cheap one does not. ``max_starting_per_gpu``: at most this many workers of one
     family load at once on a GPU; a scale-up past it waits for them to come up (loads share the host: on a 32-core
     host five ViPE workers loading together took 242 s each against 73 s alone, and starved the one already
-    working). Raises ValueError naming a bad value.
+    working). ``quick_load_s``: a family whose workers have each loaded (start to registration) within this long is
+    not held to ``max_starting_per_gpu`` once its peak is known: every worker that fits starts at once (a
+    compute-bound model loading in seconds otherwise reaches its count two by two); 0 holds every family to it.
+    Raises ValueError naming a bad value.
     """
 
     headroom_mib: float = 1024.0
@@ -45,6 +48,7 @@ class AutoscalePolicy:
     oom_recent_s: float = 120.0
     chain_horizon_s: float = 60.0
     max_starting_per_gpu: int = 2
+    quick_load_s: float = 15.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -85,7 +89,8 @@ class GpuView:
     queues or running in their workers); 0 for a GPU with one family. ``service_s``: seconds one of its tasks
     takes, the mean over its workers' tasks so far; until one has ended, the slowest of the GPU's other
     families' (``service_assumed``), or None while no family of the GPU has ended a task. ``running``: tasks
-    its workers hold now.
+    its workers hold now. ``load_s``: the longest any of its workers took from its start to its registration
+    (None until one registered).
     """
 
     index: int
@@ -108,6 +113,7 @@ class GpuView:
     service_s: float | None = None
     service_assumed: bool = False
     running: int = 0
+    load_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,11 @@ def wanted(view: GpuView, policy: AutoscalePolicy) -> int:
     time only; ``leave_room`` also keeps room for one whose time is assumed: it may be the slowest.)"""
     chain = math.floor(demand_s(view) / policy.chain_horizon_s) if view.upstream and view.service_s else 0
     return max(view.backlog, chain)
+
+
+def quick_loads(view: GpuView, policy: AutoscalePolicy) -> bool:
+    """Whether every worker of ``view``'s family so far loaded within ``policy.quick_load_s`` (False before one has)."""
+    return view.load_s is not None and view.load_s < policy.quick_load_s
 
 
 def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -> Decision:
@@ -203,7 +214,8 @@ def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -
         return verdict("up", f"backlog {view.backlog} and no worker{_chain_note(view, policy, 1)}")
     if have >= policy.max_workers_per_gpu:
         return verdict("hold", f"at the maximum of {policy.max_workers_per_gpu} workers")
-    if view.starting >= policy.max_starting_per_gpu:
+    capped = not quick_loads(view, policy)
+    if capped and view.starting >= policy.max_starting_per_gpu:
         return verdict(
             "hold",
             f"{view.starting} worker(s) still loading, the most at once ({policy.max_starting_per_gpu}): the next "
@@ -229,12 +241,12 @@ def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -
     # With the peak known, go to what fits at once rather than one worker per cooldown: a short run
     # otherwise spends its first part below capacity. Each of the new workers must fit the capacity, the
     # live reading (what is free now, less what the workers still starting will take) and the host's RAM,
-    # and no more than max_starting_per_gpu load at once.
+    # and no more than max_starting_per_gpu load at once unless the family's loads are quick.
     assert fits is not None
     live = math.floor((view.free_mib - view.starting * view.peak_mib - policy.headroom_mib) / view.peak_mib)
     host_room = view.host_free_mib - view.starting * view.worker_rss_mib - policy.host_margin_mib
     host = math.floor(host_room / view.worker_rss_mib) if view.worker_rss_mib > 0 else policy.max_workers_per_gpu
-    loading = policy.max_starting_per_gpu - view.starting
+    loading = policy.max_starting_per_gpu - view.starting if capped else policy.max_workers_per_gpu
     count = max(1, min(want - have, policy.max_workers_per_gpu - have, fits - have, live, host, loading))
     why = (
         f"backlog {view.backlog} > {have} worker(s)"

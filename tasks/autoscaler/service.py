@@ -13,7 +13,7 @@ import logging
 import re
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,6 +210,7 @@ class Autoscaler:
         }
         upstream = {f.key: sum(waiting[g.key] + held[g.key] for g in fams if g.position < f.position) for f in fams}
         served = {q: self.service_s(q) for q in active}
+        loads = {q: load_s(active[q], snap.workers, self.supervisor.clock()) for q in active}
         # Until a family has ended a task, assume it as slow as the slowest that has: the others leave room
         # for it (leave_room) rather than count it as free, and it grows on its own time once known.
         slowest = max((s for s in served.values() if s is not None), default=None)
@@ -245,6 +246,7 @@ class Autoscaler:
                     service_s=served[q] or slowest,
                     service_assumed=served[q] is None and slowest is not None,
                     running=held[q],
+                    load_s=loads[q],
                 )
             )
         return views
@@ -405,6 +407,18 @@ class Autoscaler:
         except Exception as exc:
             log.warning("autoscale-%s event not sent: %s", action, exc)
             self._dispatcher = None
+
+
+def load_s(slots: list[Slot], registered: Container[int], now: float) -> float | None:
+    """The longest any of ``slots``' workers took from its start to its registration (its pid in ``registered``),
+    a worker still loading counting the time it has taken by ``now``; None until one has registered. Notes each
+    slot's time once it registers (a restart forgets it: tasks.autoscaler.supervisor)."""
+    for s in slots:
+        if s.loaded_s is None and s.pid in registered:
+            s.loaded_s = now - s.started_at
+    loaded = [s.loaded_s for s in slots if s.loaded_s is not None]
+    loading = [now - s.started_at for s in slots if s.loaded_s is None and s.pid is not None]
+    return max(loaded + loading) if loaded else None
 
 
 def host_available_mib() -> float:

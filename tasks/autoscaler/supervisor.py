@@ -75,6 +75,7 @@ class Slot:
     stopping_since: float | None = None
     last_exit: str = ""
     seen_peak_mib: float = 0.0
+    loaded_s: float | None = None  # start to registration of its current process, once it registered
     learned_mib: float = 0.0
     env: dict[str, str] | None = None  # set over ``env_for``'s for this worker (a family's settings file)
 
@@ -204,7 +205,7 @@ class Supervisor:
         finally:
             if out is not None:
                 out.close()
-        slot.started_at, slot.restart_at, slot.seen_peak_mib = self.clock(), None, 0.0
+        slot.started_at, slot.restart_at, slot.seen_peak_mib, slot.loaded_s = self.clock(), None, 0.0, None
         self.started_pids.add(slot.proc.pid)
 
 

@@ -254,6 +254,37 @@ def test_at_most_two_workers_of_a_family_load_at_once_and_the_next_step_waits_fo
     assert decide(replace(depth, workers=0, starting=2), two, math.inf).action == "up"
 
 
+def test_a_family_that_loads_quickly_starts_every_worker_that_fits_at_once():
+    # the synthetic compute-bound model on an H100: 3.9 GB a worker, a few seconds to load
+    view = GpuView(
+        index=0,
+        name="NVIDIA H100 80GB HBM3",
+        total_mib=81_559,
+        used_mib=4_400,
+        free_mib=77_159,
+        other_used_mib=0,
+        workers=1,
+        starting=0,
+        backlog=30,
+        peak_mib=3_918,
+        host_free_mib=240_000,
+        worker_rss_mib=1_500,
+        load_s=3.2,
+    )
+    default = AutoscalePolicy(cooldown_s=2, max_workers_per_gpu=8)
+    quick = decide(view, default, math.inf)
+    assert (quick.action, quick.count) == ("up", 7)
+    # a slow load (ViPE's 73 s alone), or none seen yet: two at a time
+    assert decide(replace(view, load_s=73.0), default, math.inf).count == 2
+    assert decide(replace(view, load_s=None), default, math.inf).count == 2
+    # quick: workers still loading do not hold the next step back
+    assert decide(replace(view, starting=3, free_mib=65_405), default, math.inf).count == 4
+    slow = decide(replace(view, starting=3, free_mib=65_405, load_s=20.0), default, math.inf)
+    assert slow.action == "hold" and "still loading" in slow.reason
+    # quick_load_s 0: every family keeps to the cap
+    assert decide(view, replace(default, quick_load_s=0), math.inf).count == 2
+
+
 def test_one_loading_at_a_time_still_reaches_capacity():
     gpu = SimGpu(80_000, 10_000, backlog=1000)
     counts = gpu.run(replace(POLICY, max_starting_per_gpu=1, cooldown_s=0), 20)
