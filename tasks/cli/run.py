@@ -313,6 +313,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         # OpenCV's thread pool (preprocess, h5) the same share.
         threads = str(max(1, host_cores() // max(1, model_workers)))
         env.setdefault("FRAMEFLEET_TORCH_THREADS", threads)
+        # The workers serve this run's folders and no other, whatever a message names (tasks.workers.confinement).
+        env.update(FRAMEFLEET_DATASET_ROOT=str(args.raw_dir.resolve()), FRAMEFLEET_OUTPUT_ROOT=str(args.out.resolve()))
         if model_workers and all(group != CPU_GROUP for group, _ in groups):
             env.setdefault("OPENCV_FOR_THREADS_NUM", threads)
         supervisor = Supervisor(
