@@ -38,7 +38,7 @@ from tasks.observe.metrics import GpuSampler, start_exporter
 from tasks.redis_client import free_port, get_redis, server_argv
 from tasks.run.dataset import DatasetError
 from tasks.run.metadata import MetadataError
-from tasks.workers import registry
+from tasks.workers import confinement, registry
 from worker_config.settings import Settings
 
 
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         threads = str(max(1, host_cores() // max(1, model_workers)))
         env.setdefault("FRAMEFLEET_TORCH_THREADS", threads)
         # The workers serve this run's folders and no other, whatever a message names (tasks.workers.confinement).
-        env.update(FRAMEFLEET_DATASET_ROOT=str(args.raw_dir.resolve()), FRAMEFLEET_OUTPUT_ROOT=str(args.out.resolve()))
+        env.update(confinement.run_env(args.raw_dir, args.out))
         if model_workers and all(group != CPU_GROUP for group, _ in groups):
             env.setdefault("OPENCV_FOR_THREADS_NUM", threads)
         supervisor = Supervisor(

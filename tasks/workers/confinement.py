@@ -38,6 +38,14 @@ FIX = (
 STATE = {"worker": False, "unconfined": False}
 
 
+def run_env(dataset_root: Path, output_root: Path) -> dict[str, str]:
+    """The environment that confines a worker to one run's RAW and OUT (``framefleet run``'s workers)."""
+    return {
+        "FRAMEFLEET_DATASET_ROOT": str(Path(dataset_root).resolve()),
+        "FRAMEFLEET_OUTPUT_ROOT": str(Path(output_root).resolve()),
+    }
+
+
 def roots_file(conf: Settings) -> Path:
     """This host's list of allowed roots: ``allowed_roots_file`` or $XDG_STATE_HOME/framefleet/allowed-roots.jsonl."""
     if conf.allowed_roots_file is not None:
