@@ -37,15 +37,19 @@ def refused(url: str, task_id: str) -> str:
     return str(message[0] if isinstance(message, list) else message)
 
 
-@pytest.fixture
-def made(video_factory, cluster, tmp_path) -> Path:
-    """A finished run's OUT (markers, manifest, statistics) of three videos, made by the shared workers."""
-    raw = tmp_path / "raw"
-    shutil.copytree(video_factory(3), raw)
-    out = tmp_path / "out"
-    done = run_script("enqueue_dataset.py", str(raw), "--out", str(out), env=cluster.env)
+@pytest.fixture(scope="module")
+def finished(video_factory, cluster, tmp_path_factory) -> Path:
+    """A finished run's OUT (markers, manifest, statistics) of three short videos, made by the shared workers."""
+    out = tmp_path_factory.mktemp("finished") / "out"
+    done = run_script("enqueue_dataset.py", str(video_factory(3, 0.8)), "--out", str(out), env=cluster.env)
     assert done.returncode == 0, done.stdout + done.stderr
     return out
+
+
+@pytest.fixture
+def made(finished, tmp_path) -> Path:
+    """A copy of ``finished`` of this test's own, to damage."""
+    return Path(shutil.copytree(finished, tmp_path / "out", symlinks=True))
 
 
 def test_verify_fails_on_an_edited_a_truncated_and_a_missing_file(made, tmp_path, capsys):

@@ -18,6 +18,8 @@ from tests.conftest import CONFINED_ENV, send_task, task_result, wait_until
 from tests.test_security import snapshot
 from worker_config.settings import Settings
 
+# Slow (about a minute a worker): make test-faults runs it; tests/test_security.py has the fast representative.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 RUN_ID, VIDEO_ID = "20261127-101010-abcdef", "clip-0123456789"
 HOSTILE_IDS = ["..", ".", "", "a/../../b", "../x", "/abs", "x\x00y", "v\nforged\tline", ".hidden", "a/b", "x" * 200]
 
