@@ -161,3 +161,21 @@ def test_a_refused_video_of_a_real_run_is_counted_failed_and_the_run_ends(video_
     failure = summary["failed"][0]
     assert failure["error_class"] == "JobRefused" and "job refused: video " in failure["reason"], failure
     assert not (out / "work" / failure["video_id"]).exists()
+
+
+def test_an_unconfined_worker_is_an_explicit_choice_said_loudly(video_factory, workers, tmp_path):
+    """`--unconfined` serves roots no setting allows, says so at start and on each job; the schema still holds."""
+    workers.env = {k: v for k, v in workers.env.items() if k not in CONFINED_ENV}
+    workers.launch("loose", ["-Q", "cpu", "-n", "loose@test", "--unconfined"])
+    wait_until(lambda: workers.state("loose"), 60, "the unconfined worker to register")
+    assert "WARNING: this worker is UNCONFINED (--unconfined)" in workers.log("loose")
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    shutil.copytree(video_factory(1), raw)
+    job = {"run_id": "r1", "video_id": "v1", "video": next(p.name for p in raw.iterdir())}
+    job.update(dataset_root=str(raw), output_root=str(out), gpus=None, gpu=None)
+    url = workers.env["REDIS_URL"]
+    served = send_task(url, "framefleet.preprocess", (job,), "cpu", ignore_result=False)
+    assert wait_until(lambda: task_result(url, served), 120, "the job")["status"] == "SUCCESS"
+    assert "UNCONFINED worker: serving 'v1' of run 'r1'" in workers.log("loose")
+    forged = send_task(url, "framefleet.preprocess", ({**job, "video_id": ".."},), "cpu", ignore_result=False)
+    assert "job refused: video_id '..'" in refused(url, forged)
