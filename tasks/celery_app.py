@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 
+import click
 from celery import Celery
 
 from tasks import redis_urls
@@ -28,6 +29,16 @@ class App(Celery):
 
 
 app = App("framefleet")
+# `celery -A tasks worker --unconfined`: a worker that reads and writes wherever a message says
+# (tasks.workers.confinement); an explicit choice, said loudly at start and on every job.
+app.user_options["worker"].add(
+    click.Option(
+        ["--unconfined"],
+        is_flag=True,
+        default=False,
+        help="framefleet: serve jobs whatever roots they name (default: confined; see docs/security.md)",
+    )
+)
 _settings: Settings | None = None
 
 

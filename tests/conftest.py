@@ -23,6 +23,12 @@ import redis
 os.environ["FRAMEFLEET_DEFAULT_BACKENDS"] = "synthetic"
 
 ROOT = Path(__file__).resolve().parent.parent
+# This session's own host state (the roots `framefleet enqueue` allows, tasks.workers.confinement): never
+# the user's home, never another session's.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="framefleet-state-")
+# The workers the tests start are confined, as every worker is: they read videos wherever the tests keep
+# them (shared clips included) and write only under the temp folder. A test of the other modes drops these.
+CONFINED_ENV = {"FRAMEFLEET_DATASET_ROOT": "/", "FRAMEFLEET_OUTPUT_ROOT": str(Path(tempfile.gettempdir()).resolve())}
 sys.path.insert(0, str(ROOT))
 
 from tasks.cli.sample import make_video  # noqa: E402
@@ -157,6 +163,7 @@ def process_env(url: str) -> dict[str, str]:
         FRAMEFLEET_HEARTBEAT_INTERVAL_S="0.5",
         FRAMEFLEET_REGISTRY_TTL_S="3",
         PYTHONUNBUFFERED="1",
+        **CONFINED_ENV,
     )
     return env
 

@@ -186,3 +186,12 @@ def test_a_looser_threshold_and_continue_bring_the_quarantined_video_back_withou
     assert (out / f"{ids['shapes.mp4']}.hdf5").is_file()
     assert "#   2 videos: depth=synthetic" in (out / "normalization_stats.yaml").read_text()
     shutil.rmtree(out / "work", ignore_errors=True)
+
+
+def test_framefleet_run_confines_its_workers_to_its_folders(made):
+    """`framefleet run`'s workers serve its RAW and OUT only (tasks.workers.confinement), and say so at start."""
+    logs = {p.name: p.read_text(errors="replace") for p in (made["out"] / "logs").glob("*.log")}
+    said = f"worker confined to dataset_root {made['raw'].resolve()} and output_root {made['out'].resolve()}"
+    workers = [name for name, text in logs.items() if " ready." in text]  # Celery's "<worker> ready." line
+    assert workers and all(said in logs[name] for name in workers), {n: t[-2000:] for n, t in logs.items()}
+    assert not any("UNCONFINED" in text for text in logs.values())

@@ -93,3 +93,13 @@ def test_run_local_refuses_a_bad_metadata_file_before_starting_anything(raw: Pat
     done = run_script("run_local.py", str(raw), "--out", str(tmp_path / "out"), "--metadata", str(bad), env=env)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "no column 'clip_id', 'noun'" in done.stderr and not (tmp_path / "out" / "logs").exists()
+
+
+def test_text_with_a_nul_or_a_control_character_is_refused_at_enqueue_naming_the_row(raw: Path) -> None:
+    for bad, column in (("open\x00 the lid", "text"), ('"two\nlines"', "text"), ("lid\x1b[2J", "noun")):
+        text, noun = (bad, "lid") if column == "text" else ("open the lid", bad)
+        write_csv(raw / "metadata.csv", f"clip_id,noun,text\na,cup,lift the cup\nb,{noun},{text}\n")
+        with pytest.raises(MetadataError, match=rf"line 3 \('b'\): its {column} .* control character"):
+            texts_for(raw, videos(raw))
+    write_csv(raw / "metadata.csv", "clip_id,noun,text\nb,lid,open\tthe lid\n")  # a tab is text
+    assert texts_for(raw, videos(raw))["b"].text == "open\tthe lid"

@@ -152,8 +152,13 @@ class Settings(BaseSettings):
     )
     broker_url: str | None = None
     result_backend: str | None = None
+    # The roots a worker serves (tasks.workers.confinement); without them, the roots allowed on its host
+    # (allowed_roots_file, default $XDG_STATE_HOME/framefleet/allowed-roots.jsonl, written by enqueue there).
     dataset_root: Path | None = None
     output_root: Path | None = None
+    allowed_roots_file: Path | None = None
+    # A worker that reads and writes wherever a message says (--unconfined): an explicit choice, said loudly.
+    unconfined: bool = False
     cpu_queue: str = "cpu"
     gpu_queue_prefix: str = "gpu"
     visibility_timeout_s: int = Field(default=12 * 3600, ge=1)

@@ -55,7 +55,7 @@ from tasks.run.dataset import (
 from tasks.run.metadata import DEFAULT_NAME, MetadataError, texts_for
 from tasks.run.send import RunSender
 from tasks.statistics import sums
-from tasks.workers import registry
+from tasks.workers import confinement, registry
 from worker_config.settings import Settings, resolved_dict
 
 CANCEL_CHECK_EVERY = 4096  # videos walked between two looks at the run's cancel flag
@@ -97,6 +97,8 @@ def enqueue(
     """
     stream = first_video(raw_dir)  # a missing or empty folder is refused before anything else
     check_folders(raw_dir, out_dir, resume or retry_quarantined, force, add)
+    # Enqueuing from this host allows its roots to this host's workers without roots of their own.
+    confinement.allow(conf, raw_dir, out_dir)
     if not force:
         for line in lineage.check_same(out_dir, conf, mixed):
             print(f"framefleet: warning: {line}", file=sys.stderr, flush=True)

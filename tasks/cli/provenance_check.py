@@ -41,7 +41,11 @@ def check(out_dir: Path, files: list[Path]) -> tuple[list[str], list[str]]:
     """Return (lines to print, problems): each file's provenance, and a source hash that differs from its video."""
     lines, problems = [f"provenance of {len(files)} file(s):"], []
     for i, path in enumerate(files):
-        meta = provenance.read_attrs(path)
+        try:
+            meta = provenance.read_attrs(path)
+        except (OSError, ValueError) as exc:  # cut short or not HDF5: the contract checks name it too
+            problems.append(f"{path.name}: unreadable, its provenance not read ({type(exc).__name__}: {exc})")
+            continue
         if meta is None:
             line = f"  {path.name}: no provenance (written by a framefleet before provenance was recorded)"
         else:

@@ -44,7 +44,7 @@ from tasks.redis_client import free_port, get_redis, server_argv
 from tasks.redis_refusal import write_refused
 from tasks.run.dataset import DatasetError
 from tasks.run.metadata import MetadataError
-from tasks.workers import registry
+from tasks.workers import confinement, registry
 from worker_config.settings import Settings, redact_url
 
 
@@ -335,6 +335,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         # OpenCV's thread pool (preprocess, h5) the same share.
         threads = str(max(1, host_cores() // max(1, model_workers)))
         env.setdefault("FRAMEFLEET_TORCH_THREADS", threads)
+        # The workers serve this run's folders and no other, whatever a message names (tasks.workers.confinement).
+        env.update(confinement.run_env(args.raw_dir, args.out))
         if model_workers and all(group != CPU_GROUP for group, _ in groups):
             env.setdefault("OPENCV_FOR_THREADS_NUM", threads)
         supervisor = Supervisor(

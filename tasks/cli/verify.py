@@ -11,7 +11,9 @@ adds the rules by which y2r's own writer is stricter than a loose reading of the
 (see tasks/cli/y2r_strict.py).
 
 It also prints what made each file (its provenance attributes) and checks the source video's
-hash recorded there against the video, when the video is still in its folder.
+hash recorded there against the video, when the video is still in its folder; and checks each file
+against the sha256 its completion marker recorded, and the manifest's done videos against the
+files, both ways (tasks/cli/verify_files.py). A file cut short or unreadable is a problem line.
 
 Usage: framefleet verify OUT [--stats FILE] [--y2r-strict]; exit status 0 when everything holds,
 1 otherwise.
@@ -319,10 +321,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     summary: list[str] = []
     problems = verify(args.out, args.stats, args.depth_min, args.depth_max, summary, args.y2r_strict)
+    from tasks.cli import verify_files
     from tasks.cli.provenance_check import check
 
-    lines, differ = check(Path(args.out), sorted(Path(args.out).glob("*.hdf5")))
+    files = sorted(Path(args.out).glob("*.hdf5"))
+    lines, differ = check(Path(args.out), files)
     problems += differ
+    file_lines, altered = verify_files.check(Path(args.out), files)
+    problems += altered
+    lines = file_lines + lines
     for p in problems:
         print(p)
     if problems:

@@ -12,8 +12,9 @@ import logging
 import shutil
 from pathlib import Path
 
+from tasks.errors import PathOutsideRoot
 from tasks.outputs.stage_io import marker_of, read_done, work_dir
-from tasks.outputs.storage import write_text_atomic
+from tasks.outputs.storage import inside, write_text_atomic
 from tasks.stages import dataset_stage
 
 log = logging.getLogger("framefleet.intermediates")
@@ -42,6 +43,10 @@ def drop(out_root: Path, video_id: str) -> int:
     if legacy.exists() and not marker.exists():
         marker.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(marker, legacy.read_text())
+    work = Path(out_root).resolve() / "work"
+    if folder.parent != work or not inside(folder, work) or folder.is_symlink():
+        # work_dir confines the id already; this is the last word before a recursive delete.
+        raise PathOutsideRoot(f"intermediates of {video_id!r}: {folder} is not a folder strictly inside {work}; kept")
     freed = folder_bytes(folder)
     shutil.rmtree(folder, ignore_errors=True)
     return freed

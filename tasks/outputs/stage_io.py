@@ -35,14 +35,25 @@ def check_roots(job: Job, conf: Settings) -> None:
             )
 
 
+def own_file(out_root: Path, folder: str | Path, name: str) -> Path:
+    """``OUT/<folder>/<name>`` resolved, asserted to be a name of its own strictly inside that folder (a video
+    id such as ``..``, ``.`` or ``a/b`` would name the folder itself, its parent or another's); raises
+    PathOutsideRoot."""
+    path = confine(out_root, Path(folder) / name)
+    parent = Path(out_root, folder).resolve()
+    if path.parent != parent:
+        raise PathOutsideRoot(f"{name!r} is not a name of its own in {parent}; refused without writing it")
+    return path
+
+
 def work_dir(out_root: Path, video_id: str) -> Path:
-    return confine(out_root, Path("work") / video_id)
+    return own_file(out_root, "work", video_id)
 
 
 def output_path(out_root: Path, video_id: str, stage: str) -> Path:
     """The final output of ``stage`` for a video: an npz intermediate, or the dataset's .hdf5."""
     if stage_class(stage).writes == "hdf5":
-        return confine(out_root, f"{video_id}.hdf5")
+        return own_file(out_root, "", f"{video_id}.hdf5")
     return work_dir(out_root, video_id) / f"{stage}.npz"
 
 
@@ -62,7 +73,7 @@ def marker_of(out_root: Path, video_id: str, stage: str) -> Path:
     """The completion marker: beside npz files; for the .hdf5 in OUT/markers/<shard>/, since it holds the
     video's partial statistics and must outlive OUT/work/ (``--intermediates drop``)."""
     if stage_class(stage).writes == "hdf5":
-        return confine(out_root, Path(MARKERS_DIR) / marker_shard(video_id) / f"{video_id}{MARKER_SUFFIX}")
+        return own_file(out_root, Path(MARKERS_DIR) / marker_shard(video_id), f"{video_id}{MARKER_SUFFIX}")
     return work_dir(out_root, video_id) / f"{stage}.done.json"
 
 

@@ -124,12 +124,26 @@ def read_marker(output: Path, marker: Path | None = None, check_hash: bool | str
 
 
 def confine(root: Path, relative: str | os.PathLike[str]) -> Path:
-    """Resolve ``relative`` under ``root``; raise PathOutsideRoot if it (or a link in it) leaves root."""
+    """Resolve ``relative`` under ``root``; raise PathOutsideRoot unless it lies strictly inside root.
+
+    The root itself is refused as well as anything beyond it (or a link leading there): a path a
+    message names is something to read, write or delete below its root, never the root.
+    """
     base = Path(root).resolve()
+    if "\x00" in os.fspath(relative):
+        raise PathOutsideRoot(
+            f"{os.fspath(relative)!r} holds a NUL byte; messages carry plain paths relative to {base}"
+        )
     candidate = Path(relative)
     if candidate.is_absolute():
         raise PathOutsideRoot(f"{relative!s} is an absolute path; messages carry paths relative to {base}")
     resolved = (base / candidate).resolve()
-    if resolved != base and base not in resolved.parents:
-        raise PathOutsideRoot(f"{relative!s} leaves the root {base}; refused without reading it")
+    if base not in resolved.parents:
+        what = "is the root itself" if resolved == base else "leaves the root"
+        raise PathOutsideRoot(f"{os.fspath(relative)!r} {what} {base}; refused without reading it")
     return resolved
+
+
+def inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` lies strictly inside ``folder`` (both resolved: a link counts where it leads)."""
+    return Path(folder).resolve() in Path(path).resolve().parents

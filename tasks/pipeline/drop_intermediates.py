@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from tasks.errors import PathOutsideRoot
 from tasks.outputs import intermediates
 from tasks.pipeline.hooks import StageCall, StageHook
 from tasks.stages import stage_class
@@ -22,5 +23,5 @@ class DropIntermediates(StageHook):
         try:
             freed = intermediates.drop(Path(job.output_root), job.video_id)
             log.info("dropped the intermediates of %s (%d bytes)", job.video_id, freed)
-        except OSError as exc:  # the dataset file is complete; leftovers are for `framefleet clean`
+        except (OSError, PathOutsideRoot) as exc:  # the dataset file is complete; leftovers are for `framefleet clean`
             log.warning("intermediates of %s not dropped: %s", job.video_id, exc)

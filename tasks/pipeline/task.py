@@ -13,7 +13,7 @@ from tasks.celery_app import TASK_PREFIX, app
 from tasks.errors import as_framefleet_error, error_class
 from tasks.job import Failure, Job, StageTiming
 from tasks.observe.flower_view import VideoTask
-from tasks.pipeline import hooks
+from tasks.pipeline import gate, hooks
 from tasks.pipeline.cancellation import Cancellation
 from tasks.pipeline.claim import Attempts, Claim
 from tasks.pipeline.drop_intermediates import DropIntermediates
@@ -53,9 +53,11 @@ def run_stage(task: Task, stage_name: str, payload: dict[str, Any]) -> dict[str,
     A Redis error anywhere here becomes a retry of this task, or, when not even the retry can
     be sent, a failure record for this one video: never an exception that ends the video's chain.
     A video that failed earlier passes through untouched to its chain's last task, which counts it.
-    A message lacking a key it needs raises BadJobMessage.
+    A message lacking a key it needs raises BadJobMessage; one the gate refuses (tasks.pipeline.gate)
+    raises its refusal, having written nothing.
     """
     job = Job.from_dict(payload)
+    gate.admit(task, stage_name, job)
     call = StageCall(task, stage_name, given=job, job=job)
     call.attempts = call.failed_tries + 1
     if not job.failed:
@@ -139,6 +141,7 @@ def _stage_task(stage_name: str) -> Task:
         base=VideoTask,
         ignore_result=True,
         store_errors_even_if_ignored=True,
+        throws=gate.REFUSALS,  # a refused message is logged on one line, without a traceback
     )(body)
 
 

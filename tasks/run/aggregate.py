@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from tasks.backends.defaults import describe
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.delivery import requeues
+from tasks.job_check import check_id, check_root
 from tasks.observe import progress
 from tasks.observe.flower_view import VideoTask
 from tasks.outputs.storage import write_text_atomic
@@ -33,6 +34,7 @@ from tasks.run.tally import Tally
 from tasks.stages import STAGE_NAMES, dataset_stage, model_backends
 from tasks.statistics import partials, sums
 from tasks.statistics.stats_file import Ended, write_statistics_from
+from tasks.workers import confinement
 
 log = logging.getLogger("framefleet.aggregate")
 REPORT_TIMEOUT_S = 120
@@ -133,8 +135,10 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         )
     else:
         results = first
-    out_root = Path(run["output_root"])
-    run_id = run["run_id"]
+    # The callback's own gate (tasks.pipeline.gate for stage tasks): its run id names files in OUT/runs/.
+    run_id = check_id("run_id", run.get("run_id"))
+    out_root = Path(check_root("output_root", run.get("output_root")))
+    confinement.check_roots({"output_root": str(out_root)}, settings())
     track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
     tally = Tally(run_id, settings().enabled_stages())
     extra = []

@@ -42,7 +42,10 @@ import redis
 
 from tasks import keys
 from tasks.celery_app import TASK_PREFIX, app
-from tasks.job import Job
+from tasks.errors import PathOutsideRoot
+from tasks.job import Failure, Job
+from tasks.job_check import check_id
+from tasks.records import manifest
 from tasks.run import pending, runs
 from tasks.run.dataset import video_chain
 
@@ -186,22 +189,48 @@ def video_ended(r: redis.Redis, job: Job, ttl_s: int, sender: str | None = None)
     written before the count: a video counted always has its line (tasks.records.outcome_files).
 
     Raises OSError when the line cannot be written, redis.RedisError or the broker's error when a message
-    cannot be sent (the caller retries the task: every step here may be repeated).
+    cannot be sent (the caller retries the task: every step here may be repeated), JobRefused or
+    PathOutsideRoot when the job's ids would put a line anywhere but its own in a file of OUT/runs/ (the
+    gate, tasks.pipeline.gate, refuses such jobs before this).
     """
-    from tasks.celery_app import settings
     from tasks.records import outcome_files
     from tasks.run import tally
-    from tasks.statistics import sums
 
     run_id = job.run_id
     message = job.to_dict()
     outcome = {k: message[k] for k in OUTCOME_KEYS if k in message}
     vid, status, found = tally.classify(run_id, outcome)
+    check_id("run_id", run_id), check_id("video_id", vid)  # a line, and a file name, of their own
+    folder = outcome_files.live_dir(Path(job.output_root), run_id)
+    runs_dir = Path(job.output_root, manifest.PARTS).resolve()
+    if folder.resolve().parent != runs_dir:
+        raise PathOutsideRoot(f"run {run_id!r}: its outcomes folder {folder} would leave {runs_dir}; not recorded")
     outcome_files.append(Path(job.output_root), run_id, vid, status, found, outcome.get("notes"))
+    _count(r, run_id, outcome, ttl_s, sender)
+
+
+def video_refused(r: redis.Redis, job: Job, failure: Failure, ttl_s: int, sender: str | None = None) -> bool:
+    """Count a video whose job the gate refused as failed in its run, in Redis only (nothing is written
+    to OUT: the run's end writes its line, tasks.records.outcome_files.close); return whether it was counted.
+
+    Only a video the run sent and has not counted is (a forged id would end the run early): the run's
+    record must exist and the video be in flight in it. Raises redis.RedisError.
+    """
+    if runs.lookup(r, job.run_id) is None or not r.hexists(sent_key(job.run_id), job.video_id):
+        return False
+    outcome = {"video_id": job.video_id, "video": job.video, "failed": failure.to_dict()}
+    _count(r, job.run_id, outcome, ttl_s, sender)
+    return True
+
+
+def _count(r: redis.Redis, run_id: str, outcome: dict[str, Any], ttl_s: int, sender: str | None) -> None:
+    from tasks.celery_app import settings
+    from tasks.statistics import sums
+
     names, args = record_call(run_id, outcome, settings().enabled_stages(), sums.run_shards(r, run_id), ttl_s)
     k, count = r.eval(_RECORD, len(names), *names, *args)
     if not int(k):
-        log.warning("run %s has ended: %s delivered again after its end is not counted", run_id, job.video_id)
+        log.warning("run %s has ended: %s delivered again after its end is not counted", run_id, outcome["video_id"])
         return
     send_pending(r, run_id, int(k) - 1, ttl_s)
     found_record = runs.lookup(r, run_id)

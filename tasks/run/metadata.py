@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.errors import FramefleetError
+from tasks.job_check import CONTROL
 
 COLUMNS = ("clip_id", "noun", "text")
 DEFAULT_NAME = "metadata.csv"
@@ -86,6 +87,12 @@ def read_metadata(path: Path, raw_dir: Path, videos: list[Path]) -> dict[str, Cl
             continue
         if key in found:
             raise MetadataError(f"{path}: lines {row_of[key]} and {line} both describe {key!r}; keep one row per video")
+        for column in ("text", "noun"):
+            if CONTROL.search(row[column].replace("\t", " ")):
+                raise MetadataError(
+                    f"{path}: line {line} ({key!r}): its {column} {row[column]!r:.120} holds a control character "
+                    "(a NUL, a newline, an escape); the HDF5 file cannot hold it as text: remove it from that row"
+                )
         found[key], row_of[key] = ClipText(text=row["text"], noun=row["noun"]), line
     if unmatched:
         log.warning(

@@ -20,9 +20,10 @@ from tasks.delivery import leases
 from tasks.errors import EXIT_CANNOT_START, ModelLoadError
 from tasks.gpu import INDEX_ENV, LEDGER_ENV
 from tasks.job import Job
+from tasks.job_check import shown
 from tasks.observe import flower_view
 from tasks.stages import CPU_STAGES, GPU_STAGES, ModelStage, build
-from tasks.workers import node_name
+from tasks.workers import confinement, node_name
 from worker_config.settings import CONFIG_ENV, Settings, stage_entry
 from worker_config.settings_match import settings_queue
 
@@ -137,6 +138,8 @@ def on_celeryd_init(sender: str | None = None, options: dict[str, Any] | None = 
     from tasks.redis_client import get_redis
 
     node_name.refuse_if_taken(get_redis(conf.redis_url), sender or "", list(queues), conf.registry_ttl_s, time.time())
+    confinement.STATE.update(worker=True, unconfined=bool(options.get("unconfined")))
+    confinement.announce(settings())
     if ROLE.gpu is not None:
         pin_visible_device(ROLE.gpu)
         if os.environ.get(LEDGER_ENV):
@@ -334,12 +337,12 @@ def on_task_start(task_id: str | None = None, task: Any = None, args: Any = None
         current={
             "task": task.name if task else None,
             "task_id": task_id,
-            "video": job.video_id if job else None,
-            "run": job.run_id if job else None,
+            "video": shown(job.video_id) if job else None,  # as logs and the registry show it: one line
+            "run": shown(job.run_id) if job else None,
             "started": time.time(),
         },
     )
-    log.info("start %s of %s (task %s)", _stage_of(task), job.video_id if job else "?", task_id)
+    log.info("start %s of %s (task %s)", _stage_of(task), shown(job.video_id) if job else "?", task_id)
 
 
 def _stage_of(task: Any) -> str:

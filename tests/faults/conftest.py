@@ -16,7 +16,7 @@ import redis
 import yaml
 
 from tasks.redis_client import server_argv
-from tests.conftest import PIPELINE_ENV, ROOT, Workers, free_port, run_script, wait_until
+from tests.conftest import CONFINED_ENV, PIPELINE_ENV, ROOT, Workers, free_port, run_script, wait_until
 
 VIDEOS = 4
 
@@ -143,7 +143,7 @@ def env_for(url: str, **extra: str) -> dict[str, str]:
         FRAMEFLEET_REGISTRY_TTL_S="3",
         FRAMEFLEET_LEASE_TTL_S="6",
         PYTHONUNBUFFERED="1",
-        **extra,
+        **{**CONFINED_ENV, **extra},
     )
     return env
 

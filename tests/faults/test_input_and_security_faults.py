@@ -104,11 +104,15 @@ def test_paths_outside_the_roots_are_refused_without_reading(fault_raw, fault_wo
         # A stage before the last stores no result unless asked: this test reads each refusal from it.
         results[rel] = send_task(fault_env["REDIS_URL"], "framefleet.preprocess", (job,), "cpu", ignore_result=False)
     for rel, why in jobs.items():
-        value = wait_until(
+        meta = wait_until(
             lambda rel=rel: task_result(fault_env["REDIS_URL"], results[rel]), 60, f"the result for {rel}"
-        )["result"]
-        assert value["failed"]["error_class"] == "PathOutsideRoot" and why in value["failed"]["reason"], value
-    assert not list(out.rglob("*.npz"))
+        )
+        # The gate refuses it (tasks.pipeline.gate): the task fails with the refusal, naming the field.
+        assert meta["status"] == "FAILURE", meta
+        refusal = meta["result"]
+        assert refusal["exc_type"] in ("PathRefused", "PathOutsideRoot"), refusal
+        assert why in str(refusal["exc_message"]) and "job refused: " in str(refusal["exc_message"]), refusal
+    assert not out.exists()  # refused jobs write nothing: no file, no folder
 
 
 def test_a_redis_password_works_and_never_shows(fault_raw, tmp_path):
