@@ -14,7 +14,7 @@ from tasks.delivery import leases, queues
 from tasks.job import Job
 from tasks.run import cancel, completion, sweep
 from tasks.workers import registry
-from tests.conftest import run_script, settings_env, wait_until
+from tests.conftest import run_script, settings_env, start_redis_server, wait_until
 
 
 def _job(tmp_path, vid: str, run_id: str = "r1") -> Job:
@@ -100,6 +100,29 @@ def test_a_held_message_or_a_running_task_accounts_for_its_video(swept, tmp_path
     r.hset("unacked", message["properties"]["delivery_tag"], json.dumps([message, "", conf.cpu_queue]))
     registry.publish(r, {"hostname": "w@test", "current": {"run": "r1", "video": "b"}}, ttl_s=60)
     assert sweep.located(r, r, conf) >= {("r1", "a"), ("r1", "b")}
+
+
+def test_nothing_is_swept_while_either_redis_is_younger_than_a_lease_ttl(swept, tmp_path):
+    """After a restart, a message a live worker holds is seen only once the worker re-registers (within a lease
+    TTL): a sweep before then would resend videos that are running."""
+    conf, r = swept
+    completion.note_sent(r, [_job(tmp_path, "b")], 3600)  # b's message is nowhere: a sweep would miss it
+    young = conf.model_copy(update={"lease_ttl_s": leases.redis_uptime_s(r) + 3600})
+    assert sweep.sweep(r, r, young, force=True) == [] and sweep.sweep(r, r, young, force=True) == []
+    assert not r.hkeys("ff:sweep:r1")  # not even a first miss kept
+    # The broker alone young (a fresh server), the results Redis older than the TTL.
+    wait_until(lambda: leases.redis_uptime_s(r) >= 10, 15, "the test Redis 10 s old")
+    url, stop = start_redis_server()
+    try:
+        broker = redis.Redis.from_url(url)
+        broker_young = conf.model_copy(update={"lease_ttl_s": leases.redis_uptime_s(r)})
+        assert sweep.sweep(r, broker, broker_young, force=True) == []
+        assert sweep.sweep(r, broker, broker_young, force=True) == [] and not r.hkeys("ff:sweep:r1")
+        assert leases.redis_uptime_s(broker) < broker_young.lease_ttl_s  # it was young throughout
+    finally:
+        stop()
+    assert sweep.sweep(r, r, conf, force=True) == []  # both old: b's first miss, then its resend
+    assert [e["video_id"] for e in sweep.sweep(r, r, conf, force=True)] == ["b"]
 
 
 VIDEO_TIMEOUT_S = 240

@@ -40,6 +40,7 @@ def test_a_cpu_worker_is_solo_unless_it_asks_for_processes():
 @pytest.mark.parametrize(
     ("options", "asked"),
     [
+        ({"pool": "prefork"}, "-P prefork"),  # without -c: Celery's default, one process per core
         ({"pool": "prefork", "concurrency": 2}, "-P prefork -c 2"),
         ({"concurrency": 2}, "-c 2"),
         ({"pool": "threads"}, "-P threads"),
@@ -103,14 +104,13 @@ def test_the_plain_command_runs_a_video_with_one_solo_process_and_logs_its_stage
     assert " ready." not in cpu  # Celery's INFO line: -l WARNING is honoured for Celery's own logger
 
 
-def test_the_plain_command_with_prefork_and_two_processes_exits_with_the_fix_and_consumes_nothing(
-    workers, pipeline_env
-):
+def test_the_plain_command_with_the_prefork_pool_exits_with_the_fix_and_consumes_nothing(workers, pipeline_env):
+    """``-P prefork`` alone (no ``-c``, which is refused on its own): Celery would start a process per core."""
     send_task(pipeline_env["REDIS_URL"], "framefleet.depth", ({"run_id": "r", "video_id": "v"},), "gpu0")
-    proc = workers.launch("gpu0", ["-P", "prefork", "-c", "2", "-Q", "gpu0"])
-    assert proc.wait(timeout=60) != 0
+    proc = workers.launch("gpu0", ["-P", "prefork", "-Q", "gpu0"])
+    assert proc.wait(timeout=60) != 0, workers.log("gpu0")
     (line,) = [line for line in workers.log("gpu0").splitlines() if line.startswith("framefleet:")]
-    assert "-P prefork -c 2" in line and "`celery -A tasks worker -Q gpu0`" in line, line
+    assert "asks for -P prefork." in line and "`celery -A tasks worker -Q gpu0`" in line, line
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
     from tasks.delivery import queues
 
