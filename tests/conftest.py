@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -217,11 +217,13 @@ class Workers:
         env: dict[str, str] | None = None,
         wait: bool = True,
         python: str | None = None,
+        extra: Sequence[str] = (),
     ) -> subprocess.Popen[bytes]:
-        """Start a worker on ``queue``; ``python`` names another environment's interpreter (default: this one)."""
+        """Start a worker on ``queue``; ``python`` names another environment's interpreter (default: this one);
+        ``extra``: more worker options (``-I MODULE`` loads a fault point)."""
         name = name or queue
         args = ["-Q", queue, "-P", pool, "-c", str(concurrency), "-n", f"{name}@test", "-E", "--without-gossip"]
-        args += ["--without-mingle", "--loglevel", "INFO"]
+        args += ["--without-mingle", "--loglevel", "INFO", *extra]
         proc = self.launch(name, args, env, python)
         if wait:
             wait_until(lambda: self.state(name) or proc.poll() is not None, 60, f"worker {name} to register")
