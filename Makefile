@@ -46,10 +46,10 @@ need-redis:
 		$(MAKE) --no-print-directory system-packages PACKAGES=redis-server || \
 		{ echo 'framefleet: $(REDIS_HINT)' >&2; exit 2; }
 
-# What the tests need beyond Python: redis-server, chromium (the Flower page test) and openssl (the
-# TLS tests). On Debian/Ubuntu they are installed here when that needs no password (root, or
-# `sudo -n`); otherwise the target stops with the one command to run.
-TEST_COMMANDS := redis-server:redis-server chromium:chromium openssl:openssl
+# What the tests need beyond Python: redis-server, chromium (the Flower page test), openssl (the
+# TLS tests) and systemd-analyze (the units' check). On Debian/Ubuntu they are installed here when that
+# needs no password (root, or `sudo -n`); otherwise the target stops with the one command to run.
+TEST_COMMANDS := redis-server:redis-server chromium:chromium openssl:openssl systemd-analyze:systemd
 need-test-tools:
 	@missing=""; for pair in $(TEST_COMMANDS); do \
 		cmd=$${pair%%:*}; pkg=$${pair#*:}; \
