@@ -108,6 +108,24 @@ def wait_until(condition: Callable[[], object], timeout_s: float, what: str, pol
     pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def wait_for_run_end(out: Path, timeout_s: float, run_id: str | None = None) -> dict:
+    """Wait until the run's end has written everything it writes (its record "finished": the end's last write,
+    tasks.run.runs.ended), not just one of its files; return its run_summary.json. ``run_id``: the run (default:
+    the one whose summary OUT holds)."""
+    from tasks.run import runs
+
+    def summary() -> dict | None:
+        try:
+            found = json.loads((out / "run_summary.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if run_id is not None and found.get("run_id") != run_id:
+            return None
+        return found if runs.ended(out, found["run_id"]) else None
+
+    return wait_until(summary, timeout_s, f"the end of the run in {out}", poll_s=0.2)  # type: ignore[return-value]
+
+
 # run_local's worker counts for a test that needs no more than one of each (its default, a CPU worker and a
 # stand-in for gpu0 per core, is test_pipeline_e2e's): fewer processes to start on a small, busy machine.
 ONE_WORKER_EACH = ("--cpu-workers", "1", "--gpu-workers", "1")

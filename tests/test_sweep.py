@@ -14,7 +14,7 @@ from tasks.delivery import leases, queues
 from tasks.job import Job
 from tasks.run import cancel, completion, sweep
 from tasks.workers import registry
-from tests.conftest import run_script, settings_env, start_redis_server, wait_until
+from tests.conftest import run_script, settings_env, start_redis_server, wait_for_run_end, wait_until
 
 
 def _job(tmp_path, vid: str, run_id: str = "r1") -> Job:
@@ -141,8 +141,7 @@ def test_a_run_whose_message_is_deleted_by_hand_finishes_on_its_own(video_factor
     key, message = wait_until(lambda: (queues.waiting(broker, "gpu0") or [None])[0], 120, "the depth message")
     assert broker.lrem(key, 0, message) == 1  # gone: a hand, a Redis from an older save, a send that failed
     workers.start("gpu0", env=env)
-    wait_until((out / "run_summary.json").exists, VIDEO_TIMEOUT_S, "the run to finish without its depth message")
-    summary = json.loads((out / "run_summary.json").read_text())
+    summary = wait_for_run_end(out, VIDEO_TIMEOUT_S)  # without its depth message
     assert summary["done"] == 1 and summary["failed"] == []
     assert [e["stage"] for e in summary["resent"]] == ["depth"]
     assert summary["resent"][0]["video_id"] == summary["done_videos"][0]
@@ -173,8 +172,7 @@ def test_a_resend_of_a_stage_running_elsewhere_waits_for_its_claim_and_never_run
     [job] = sweep.in_flight(r, run_id).values()
     entry = sweep.resend(r, dataclasses.replace(job, gpus=(1,)), 3600)  # to the idle GPU, while gpu0 runs it
     assert entry["stage"] == "depth"
-    wait_until((out / "run_summary.json").exists, VIDEO_TIMEOUT_S, "the run to finish")
-    summary = json.loads((out / "run_summary.json").read_text())
+    summary = wait_for_run_end(out, VIDEO_TIMEOUT_S)
     assert summary["done"] == 1 and summary["failed"] == []
     logs = {name: workers.log(name) for name in ("gpu0", "gpu1")}
     assert "is being made by gpu0@test" in logs["gpu1"]  # the second delivery met the claim and waited
