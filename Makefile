@@ -101,9 +101,10 @@ test-gpu: install
 	$(PY) -m pytest -q -m gpu tests
 
 # Mutation testing ([tool.mutmut] in pyproject.toml): claims, leases, routing, storage and markers, windows,
-# geometry, statistics and completion, each mutant against the fast tests that cover it. CPU-heavy: one core,
-# niced; MUTANTS='tasks.delivery.claims*' narrows it to one module. Results persist in mutants/ (a rerun
-# checks only what changed); survivors and why each is equivalent or which test kills it: bench/RESULTS.md.
+# geometry, statistics, completion, transport, launch, manifest, sweep and rebalance, each mutant against the
+# fast tests that cover it. CPU-heavy: one core, niced; MUTANTS='tasks.delivery.claims*' narrows it to one
+# module. Results persist in mutants/ (a rerun checks only what changed); survivors and why each is
+# equivalent or which test kills it: bench/RESULTS.md.
 MUTANTS ?=
 mutants: need-test-tools install
 	$(PY) -m pip install -q -e ".[mutants]"
