@@ -7,7 +7,7 @@ import socket
 import pytest
 import redis
 
-from tasks.workers.launch import WorkerDesignError, design_options
+from tasks.workers.launch import WorkerDesignError, design_options, pool_name
 from tests.conftest import run_script, send_task, wait_until
 from worker_config.settings import Settings
 
@@ -53,6 +53,30 @@ def test_a_gpu_worker_with_another_pool_or_more_processes_refuses_naming_the_fix
     message = str(refused.value)
     assert "\n" not in message and asked in message
     assert "`celery -A tasks worker -Q gpu0`" in message and "FRAMEFLEET_ALLOW_ANY_GPU_WORKER=1" in message
+
+
+def test_only_the_options_given_count_whether_named_or_as_the_pool_class_and_queues_as_one_string():
+    """Celery fills what the command line did not give (a prefork pool, a process per core): those are replaced;
+    ``-Q`` may arrive as one comma-separated string, ``-P`` as the pool class."""
+    from celery.concurrency.solo import TaskPool as SoloPool
+
+    conf = Settings()
+    defaults = {"queues": "gpu0,cpu", "pool": "prefork", "concurrency": 16}  # only -Q typed
+    changes = design_options(conf, defaults, {"queues"})
+    assert (changes["pool"], changes["concurrency"], changes["hostname"]) == ("solo", 1, "gpu0+cpu@%h")
+    assert (pool_name(SoloPool), pool_name(dict), pool_name("threads"), pool_name(None)) == (
+        "solo",
+        "builtins:dict",
+        "threads",
+        None,
+    )
+    typed = design_options(
+        conf, {"queues": ["gpu0"], "pool": SoloPool, "concurrency": 1}, {"queues", "pool", "concurrency"}
+    )
+    assert "pool" not in typed and "concurrency" not in typed  # -P solo -c 1: as given
+    assert "concurrency" not in design_options(conf, {"queues": ["cpu"], "pool": "prefork"}, {"queues", "pool"})
+    with pytest.raises(WorkerDesignError):
+        design_options(conf, {"queues": "gpu0,gpu0.hands"}, {"queues"})
 
 
 def test_a_worker_of_two_queues_of_one_gpu_refuses_naming_each_queues_command():
