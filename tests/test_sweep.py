@@ -102,6 +102,16 @@ def test_a_held_message_or_a_running_task_accounts_for_its_video(swept, tmp_path
     assert sweep.located(r, r, conf) >= {("r1", "a"), ("r1", "b")}
 
 
+def test_one_sweep_at_a_time_over_every_host_and_not_again_within_sweep_every_s(swept, tmp_path):
+    conf, r = swept
+    completion.note_sent(r, [_job(tmp_path, "b")], 3600)  # b's message is nowhere
+    assert sweep.sweep(r, r, conf) == [] and set(r.hkeys("ff:sweep:r1")) == {"b"}  # a sweep: b's first miss
+    assert sweep.sweep(r, r, conf) == []  # another host's, within SWEEP_EVERY_S: nothing, though CONFIRM_S is 0
+    assert 0 < r.pttl(sweep.LOCK) <= sweep.SWEEP_EVERY_S * 1000
+    r.delete(sweep.LOCK)  # SWEEP_EVERY_S later
+    assert [e["video_id"] for e in sweep.sweep(r, r, conf)] == ["b"]
+
+
 def test_nothing_is_swept_while_either_redis_is_younger_than_a_lease_ttl(swept, tmp_path):
     """After a restart, a message a live worker holds is seen only once the worker re-registers (within a lease
     TTL): a sweep before then would resend videos that are running."""
