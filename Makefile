@@ -46,10 +46,10 @@ need-redis:
 		$(MAKE) --no-print-directory system-packages PACKAGES=redis-server || \
 		{ echo 'framefleet: $(REDIS_HINT)' >&2; exit 2; }
 
-# What the tests need beyond Python: redis-server, chromium (the Flower page test) and openssl (the
-# TLS tests). On Debian/Ubuntu they are installed here when that needs no password (root, or
-# `sudo -n`); otherwise the target stops with the one command to run.
-TEST_COMMANDS := redis-server:redis-server chromium:chromium openssl:openssl
+# What the tests need beyond Python: redis-server, chromium (the Flower page test), openssl (the
+# TLS tests) and systemd-analyze (the units' check). On Debian/Ubuntu they are installed here when that
+# needs no password (root, or `sudo -n`); otherwise the target stops with the one command to run.
+TEST_COMMANDS := redis-server:redis-server chromium:chromium openssl:openssl systemd-analyze:systemd
 need-test-tools:
 	@missing=""; for pair in $(TEST_COMMANDS); do \
 		cmd=$${pair%%:*}; pkg=$${pair#*:}; \
@@ -103,9 +103,10 @@ test-gpu: install
 	$(PY) -m pytest -q -m gpu tests
 
 # Mutation testing ([tool.mutmut] in pyproject.toml): claims, leases, routing, storage and markers, windows,
-# geometry, statistics and completion, each mutant against the fast tests that cover it. CPU-heavy: one core,
-# niced; MUTANTS='tasks.delivery.claims*' narrows it to one module. Results persist in mutants/ (a rerun
-# checks only what changed); survivors and why each is equivalent or which test kills it: bench/NOTEBOOK.md.
+# geometry, statistics, completion, transport, launch, manifest, sweep and rebalance, each mutant against the
+# fast tests that cover it. CPU-heavy: one core, niced; MUTANTS='tasks.delivery.claims*' narrows it to one
+# module. Results persist in mutants/ (a rerun checks only what changed); survivors and why each is
+# equivalent or which test kills it: bench/NOTEBOOK.md.
 MUTANTS ?=
 mutants: need-test-tools install
 	$(PY) -m pip install -q -e ".[mutants]"

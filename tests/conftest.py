@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -112,6 +112,24 @@ def wait_until(condition: Callable[[], object], timeout_s: float, what: str, pol
             return value
         time.sleep(poll_s)
     pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def wait_for_run_end(out: Path, timeout_s: float, run_id: str | None = None) -> dict:
+    """Wait until the run's end has written everything it writes (its record "finished": the end's last write,
+    tasks.run.runs.ended), not just one of its files; return its run_summary.json. ``run_id``: the run (default:
+    the one whose summary OUT holds)."""
+    from tasks.run import runs
+
+    def summary() -> dict | None:
+        try:
+            found = json.loads((out / "run_summary.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if run_id is not None and found.get("run_id") != run_id:
+            return None
+        return found if runs.ended(out, found["run_id"]) else None
+
+    return wait_until(summary, timeout_s, f"the end of the run in {out}", poll_s=0.2)  # type: ignore[return-value]
 
 
 # run_local's worker counts for a test that needs no more than one of each (its default, a CPU worker and a
@@ -224,11 +242,13 @@ class Workers:
         env: dict[str, str] | None = None,
         wait: bool = True,
         python: str | None = None,
+        extra: Sequence[str] = (),
     ) -> subprocess.Popen[bytes]:
-        """Start a worker on ``queue``; ``python`` names another environment's interpreter (default: this one)."""
+        """Start a worker on ``queue``; ``python`` names another environment's interpreter (default: this one);
+        ``extra``: more worker options (``-I MODULE`` loads a fault point)."""
         name = name or queue
         args = ["-Q", queue, "-P", pool, "-c", str(concurrency), "-n", f"{name}@test", "-E", "--without-gossip"]
-        args += ["--without-mingle", "--loglevel", "INFO"]
+        args += ["--without-mingle", "--loglevel", "INFO", *extra]
         proc = self.launch(name, args, env, python)
         if wait:
             wait_until(lambda: self.state(name) or proc.poll() is not None, 60, f"worker {name} to register")

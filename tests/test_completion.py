@@ -131,6 +131,26 @@ def _enqueue_background(raw: Path, out: Path, env: dict[str, str], *extra: str) 
     )
 
 
+def test_a_worker_killed_between_sending_a_held_video_and_marking_it_sent_loses_no_video(
+    video_factory, workers, pipeline_env, tmp_path
+):
+    """A held video is sent first, then marked sent: the task whose worker died between the two sends it again
+    when it is delivered again. Marked first, it would never be sent: only the sweep, long after, resends it."""
+    env = settings_env(tmp_path, "", FRAMEFLEET_LEASE_TTL_S="3")
+    killed = workers.start("cpu", env=env, extra=["-I", "tests.killed_between_send_and_mark"])
+    workers.start("gpu0", env=env)
+    out = tmp_path / "out"
+    enqueuer = _enqueue_background(video_factory(2), out, {**pipeline_env, **env}, "--window", "1")
+    assert killed.wait(timeout=240) == -signal.SIGKILL, workers.log("cpu")  # as the first video ended
+    assert "fault point: killed before the " in workers.log("cpu"), workers.log("cpu")
+    workers.start("cpu", name="cpu-2", env=env)  # takes the killed worker's task once its lease has lapsed
+    stdout, stderr = enqueuer.communicate(timeout=300)
+    assert enqueuer.returncode == 0, stdout + stderr
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert (summary["done"], summary["failed"], summary["resent"]) == (2, [], []), summary
+    assert len(summary["requeued"]) >= 1, summary  # the killed worker's task, delivered again
+
+
 def test_a_window_of_one_finishes_every_video_without_its_enqueuer_and_counts_failures(
     video_factory, workers, pipeline_env, tmp_path, monkeypatch
 ):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import skip_unless_ci
 from tests.test_compose import effective_worker, load_compose
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,9 +94,16 @@ def test_flower_unit_runs_the_compose_flower_and_insists_on_auth():
 
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
-needs_systemd_analyze = pytest.mark.skipif(
-    SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed here (apt install systemd); units not verified"
-)
+
+
+@pytest.fixture
+def systemd_analyze() -> str:
+    """systemd-analyze (Debian's systemd; make need-test-tools installs it); a skip off CI, a failure on it."""
+    if SYSTEMD_ANALYZE is None:
+        skip_unless_ci("systemd-analyze is not installed here (apt install systemd); units not verified")
+    return str(SYSTEMD_ANALYZE)
+
+
 UNIT_NAMES = [
     "framefleet-worker@0.service",
     "framefleet-cpu-worker@1.service",
@@ -104,7 +112,7 @@ UNIT_NAMES = [
 ]
 
 
-def verify_units(folder: Path, texts: dict[str, str]) -> list[str]:
+def verify_units(folder: Path, texts: dict[str, str], systemd_analyze: str) -> list[str]:
     """Write ``texts`` (unit name: text) to ``folder`` and return systemd-analyze verify's complaints about them."""
     # Point ExecStart at a celery that exists here, so that only the units' own mistakes are reported.
     celery, python = shutil.which("celery") or "/bin/true", shutil.which("python3") or "/bin/true"
@@ -115,7 +123,7 @@ def verify_units(folder: Path, texts: dict[str, str]) -> list[str]:
     (folder / "framefleet-worker@0.service").symlink_to(folder / "framefleet-worker@.service")
     (folder / "framefleet-cpu-worker@1.service").symlink_to(folder / "framefleet-cpu-worker@.service")
     result = subprocess.run(
-        [SYSTEMD_ANALYZE, "verify", *(str(folder / n) for n in UNIT_NAMES)],
+        [systemd_analyze, "verify", *(str(folder / n) for n in UNIT_NAMES)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -123,15 +131,13 @@ def verify_units(folder: Path, texts: dict[str, str]) -> list[str]:
     return [line for line in (result.stdout + result.stderr).splitlines() if "framefleet" in line]
 
 
-@needs_systemd_analyze
-def test_systemd_accepts_the_units(tmp_path):
+def test_systemd_accepts_the_units(tmp_path, systemd_analyze):
     units = {unit.name: unit.read_text() for unit in SYSTEMD.glob("*.service")}
-    complaints = verify_units(tmp_path, units)
+    complaints = verify_units(tmp_path, units, systemd_analyze)
     assert not complaints, complaints
 
 
-@needs_systemd_analyze
-def test_systemd_verify_reports_a_broken_unit(tmp_path):
+def test_systemd_verify_reports_a_broken_unit(tmp_path, systemd_analyze):
     # The check above can fail: a misspelt key and a bad value in the GPU unit are reported.
     units = {unit.name: unit.read_text() for unit in SYSTEMD.glob("*.service")}
     units["framefleet-worker@.service"] = (
@@ -139,7 +145,7 @@ def test_systemd_verify_reports_a_broken_unit(tmp_path):
         .replace("KillMode=mixed", "KillMode=gently")
         .replace("TimeoutStopSec=", "TimeoutStopSecs=")
     )
-    complaints = "\n".join(verify_units(tmp_path, units))
+    complaints = "\n".join(verify_units(tmp_path, units, systemd_analyze))
     assert "kill mode" in complaints and "TimeoutStopSecs" in complaints, complaints
 
 
@@ -153,6 +159,11 @@ def test_sbatch_starts_the_compose_gpu_worker_per_gpu():
     assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0
 
 
+# The job's poll: its `sleep POLL_S`, counted, so that a test waits for polls rather than for time.
+FAKE_SLEEP = """#!/usr/bin/env bash
+[[ $1 == "$FRAMEFLEET_POLL_S" ]] && echo >> "$FAKE_LOG/polls"
+exec {sleep} "$@"
+"""
 FAKE_CELERY = """#!/usr/bin/env bash
 # Records its arguments, folder and environment; the first run per queue exits 0 (a recycled worker),
 # later ones wait for SIGTERM.
@@ -173,6 +184,8 @@ def run_sbatch(tmp_path: Path, drop: tuple[str, ...] = (), **env: str) -> subpro
     bin_dir.mkdir()
     (bin_dir / "celery").write_text(FAKE_CELERY)
     (bin_dir / "celery").chmod(0o755)
+    (bin_dir / "sleep").write_text(FAKE_SLEEP.format(sleep=shutil.which("sleep")))
+    (bin_dir / "sleep").chmod(0o755)
     full_env = {
         **os.environ,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
@@ -199,6 +212,12 @@ def wait_for(condition, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def polls(tmp_path: Path) -> int:
+    """How many polls of its workers the job has begun."""
+    log = tmp_path / "polls"
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
 def starts(tmp_path: Path) -> list[str]:
     log = tmp_path / "starts"
     return [line.split()[0] for line in log.read_text().splitlines()] if log.exists() else []
@@ -210,7 +229,9 @@ def test_sbatch_runs_one_worker_per_gpu_restarts_recycled_ones_and_stops_warm(tm
     try:
         # Each queue: a first run that recycles (exit 0), then a second that stays up.
         wait_for(lambda: sorted(starts(tmp_path)) == ["gpu0", "gpu0", "gpu1", "gpu1"], 20, "two starts per GPU")
-        time.sleep(0.3)  # a few polls: nothing else may be started
+        begun = polls(tmp_path)
+        # Two more polls begun: the pass after the one in progress has checked every worker and started none.
+        wait_for(lambda: polls(tmp_path) >= begun + 2, 20, "two more polls of the workers")
         assert sorted(starts(tmp_path)) == ["gpu0", "gpu0", "gpu1", "gpu1"]
         job.send_signal(signal.SIGTERM)
         output, _ = job.communicate(timeout=20)

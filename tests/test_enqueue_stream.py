@@ -266,6 +266,38 @@ def test_a_runs_outcomes_are_read_with_the_manifest_and_folded_into_it_by_the_ne
     assert status(manifest.read(out)["videos"]) == {**want, ids[3]: "failed"}
 
 
+def test_a_status_a_later_run_changes_is_the_later_runs_in_both_readers_and_in_the_folded_file(tmp_path):
+    """A video failed in run 1 (folded into manifest.json by run 2's enqueue) and done in run 2: the manifest's
+    older line never wins over the newer run's outcome, whether read whole, as lines, or folded by run 3."""
+    from tasks.records import manifest, outcome_files
+    from tasks.run.dataset import write_manifest
+    from tasks.run.listing import walk_videos
+
+    raw, out = names(tmp_path), tmp_path / "out"
+    videos = [raw / f.path for f in walk_videos(raw)]
+    write_manifest(raw, out, videos, "run-1")
+    vid, other = (e["video_id"] for e in json.loads((out / "manifest.json").read_text())["videos"][:2])
+    outcome_files.append(out, "run-1", vid, "failed", {})
+    outcome_files.append(out, "run-1", other, "done", {"quality": {"q": 1}})
+    outcome_files.close(out, "run-1", [{"video_id": vid}])
+    write_manifest(raw, out, videos, "run-2")  # folds run 1: the file itself says "failed" now
+
+    def file_status() -> dict[str, str | None]:
+        return {e["video_id"]: e.get("status") for e in json.loads((out / "manifest.json").read_text())["videos"]}
+
+    assert (file_status()[vid], manifest.head(out)["folded"]) == ("failed", ["run-1"])
+    outcome_files.append(out, "run-2", vid, "done", {"quality": {"q": 2}})
+    outcome_files.close(out, "run-2", [])
+    whole = {e["video_id"]: e for e in manifest.read(out)["videos"]}
+    streamed = {e["video_id"]: e for e in map(json.loads, manifest.lines(out))}
+    for seen in (whole, streamed):
+        assert (seen[vid]["status"], seen[vid]["quality"]) == ("done", {"q": 2}), seen[vid]
+        assert (seen[other]["status"], seen[other]["quality"]) == ("done", {"q": 1}), seen[other]
+    write_manifest(raw, out, videos, "run-3")  # folds run 2 over run 1's line
+    assert (file_status()[vid], file_status()[other]) == ("done", "done")
+    assert manifest.read(out)["videos"] == json.loads((out / "manifest.json").read_text())["videos"]
+
+
 KILLED_MID_WALK = """
 import os, signal, sys
 sys.argv = ["framefleet", *sys.argv[1:]]

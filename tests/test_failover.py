@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
 import time
 
 from tasks.outputs.stage_io import marker_shard
-from tests.conftest import ROOT, run_script, settings_env, wait_until
+from tasks.run import runs
+from tests.conftest import ROOT, run_script, settings_env, wait_for_run_end, wait_until
 
 LEASE_TTL_S = 6
 # Soon: a few lease TTLs, however loaded the machine (the requeue waits a TTL, the reaper and the surviving
@@ -69,12 +69,15 @@ def test_sigkilled_worker_task_completes_on_another_within_the_lease_ttl(
     marker = out / "work" / victim / "depth.done.json"
     wait_until(marker.exists, 120, f"{victim}'s depth on the surviving worker")
     recovered_s = time.monotonic() - killed_at
-    wait_until((out / "run_summary.json").exists, 180, "the run to finish")
-    summary = json.loads((out / "run_summary.json").read_text())
+    summary = wait_for_run_end(out, 180)  # every file of the end written, the record's too
     assert summary["done"] == 1 and summary["failed"] == []
     assert summary["stages"]["depth"]["workers"].get("gpu0@test") >= 1
     # Exactly one output per stage and video, no temporary file left behind.
     assert sorted(p.name for p in out.rglob("*.tmp")) == []
+    # The run's record is the end's last write (what wait_for_run_end waits for): nothing in OUT is newer.
+    written_ns = runs.path(out, summary["run_id"]).stat().st_mtime_ns
+    newer = [str(p) for p in out.rglob("*") if p.is_file() and p.stat().st_mtime_ns > written_ns]
+    assert not newer and (out / "report.html").is_file(), newer
     for vid in summary["done_videos"]:
         names = sorted(p.name for p in (out / "work" / vid).iterdir())
         expected = [f"{s}{ext}" for s in ("preprocess", "depth", "tracks", "hands") for ext in (".npz", ".done.json")]

@@ -130,6 +130,58 @@ def test_rebalancer_evens_out_live_queues_respecting_gpu_restrictions(app_on_tes
     assert rebalance(r, conf) == 0  # balanced: nothing moves back and forth
 
 
+def test_the_rebalancer_never_moves_a_task_to_workers_with_other_settings_than_its_runs(app_on_test_redis):
+    """Routing sends a task only where the workers run its run's settings; the rebalancer keeps to the same rule,
+    both when it evens out live queues and when it empties a queue whose workers are gone."""
+    conf, r = app_on_test_redis
+    depth = STAGE_TASKS["depth"]
+    from tasks.delivery.rebalance import _decode
+
+    register(r, "gpu0@a", 0, busy=True, settings={"depth": {"sha256": SHA["aaa"]}})
+    register(r, "gpu1@a", 1, settings={"depth": {"sha256": SHA["bbb"]}})
+    for i in range(4):  # gpu1 is idle, but its worker would only send them on to a settings queue
+        depth.apply_async(args=(job(video_id=f"a{i}", settings={"depth": SHA["aaa"]}),), queue="gpu0")
+    depth.apply_async(args=(job(video_id="b0", settings={"depth": SHA["bbb"]}),), queue="gpu0")
+    assert rebalance(r, conf) == 1  # b0 only: its run's settings are gpu1's
+    assert [_decode(raw)[1].video_id for _, raw in queues.waiting(r, "gpu1")] == ["b0"]
+    register(r, "gpu2@a", 2, settings={"depth": {"sha256": SHA["aaa"]}})
+    depth.apply_async(args=(job(video_id="c0", settings={"depth": SHA["ccc"]}),), queue="gpu2")
+    depth.apply_async(args=(job(video_id="b1", settings={"depth": SHA["bbb"]}),), queue="gpu2")
+    depth.apply_async(args=(job(video_id="a4", settings={"depth": SHA["aaa"]}),), queue="gpu2")
+    registry.remove(r, "gpu2@a")  # gpu2's worker is gone: each task goes where its settings run, if anywhere
+    r.delete("ff:rebalance-lock")
+    assert rebalance(r, conf) == 2
+    assert sorted(_decode(raw)[1].video_id for _, raw in queues.waiting(r, "gpu1")) == ["b0", "b1"]
+    assert "a4" in [_decode(raw)[1].video_id for _, raw in queues.waiting(r, "gpu0")]
+    assert [_decode(raw)[1].video_id for _, raw in queues.waiting(r, "gpu2")] == ["c0"]  # no live worker has them
+
+
+def test_tasks_on_a_settings_queue_no_worker_consumes_move_to_their_settings_beside_a_queue_one_does(
+    app_on_test_redis,
+):
+    """A worker with the run's settings came up on another GPU than the one its tasks waited on: they go to it,
+    but for a task restricted to the GPU it waited on, and none goes to other settings."""
+    conf, r = app_on_test_redis
+    depth = STAGE_TASKS["depth"]
+    from tasks.delivery.rebalance import _decode
+
+    lost, found = settings_queue("gpu1", "depth", SHA["aaa"]), settings_queue("gpu0", "depth", SHA["aaa"])
+    stray = settings_queue("gpu1", "depth", SHA["ccc"])
+    register(r, "gpu0@a", 0, settings={"depth": {"sha256": SHA["aaa"]}}, settings_queues=[found])
+    r.sadd(keys.SETTINGS_QUEUES, lost, stray)  # as routing lists them when it sends there
+    for vid, gpus in (("a", None), ("b", [1]), ("c", None)):
+        depth.apply_async(args=(job(video_id=vid, gpus=gpus, settings={"depth": SHA["aaa"]}),), queue=lost)
+    depth.apply_async(args=(job(video_id="x", settings={"depth": SHA["ccc"]}),), queue=stray)
+
+    def ids(queue: str) -> list[str]:
+        return sorted(_decode(raw)[1].video_id for _, raw in queues.waiting(r, queue))
+
+    assert rebalance(r, conf) == 2
+    assert (ids(found), ids(lost), ids(stray)) == (["a", "c"], ["b"], ["x"])
+    r.delete("ff:rebalance-lock")
+    assert rebalance(r, conf) == 0
+
+
 def test_routing_and_the_rebalancer_read_queue_lengths_on_the_broker_when_it_is_another_redis(redis_url, monkeypatch):
     """broker_url names another database: the queues are there, the registry on redis_url."""
     broker_url = redis_url.rsplit("/", 1)[0] + f"/{TEST_DB + 1}"

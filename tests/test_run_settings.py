@@ -13,7 +13,7 @@ import redis
 
 from tasks.delivery import queues
 from tasks.job import Job
-from tests.conftest import ROOT, run_script, settings_env, wait_until
+from tests.conftest import ROOT, run_script, settings_env, wait_for_run_end, wait_until
 from worker_config.settings import load_settings, run_stage_settings, stage_entry
 from worker_config.settings_match import explain, unserved
 
@@ -184,7 +184,7 @@ def test_two_runs_with_different_settings_at_once_each_run_under_their_own(
     assert enqueue(raw, plain, pipeline_env, "--no-wait").returncode == 0
     assert enqueue(raw, other, {**pipeline_env, **classical}, "--no-wait").returncode == 0
     for out in (plain, other):
-        wait_until(lambda out=out: (out / "run_summary.json").exists(), 240, f"the run in {out.name} to finish")
+        wait_for_run_end(out, 240)
     advertised = {name: workers.state(name)["settings"]["depth"]["sha256"] for name in ("gpu0", "gpu1")}
     assert advertised["gpu0"] != advertised["gpu1"]
     for out, worker, backend in ((plain, "gpu0", None), (other, "gpu1", "classical")):
@@ -239,8 +239,7 @@ def test_cpu_tasks_other_workers_cannot_serve_go_straight_to_the_one_that_can(
     workers.start("cpu", name="cpub", wait=False)
     wait_until(lambda: not queues.length(r, "cpu"), 120, "the cpu queue taken")  # by the two without the run's settings
     workers.start("cpu", name="cpuhalf", env=half)
-    wait_until(lambda: (out / "run_summary.json").exists(), 240, "the run to finish")
-    summary = json.loads((out / "run_summary.json").read_text())
+    summary = wait_for_run_end(out, 240)
     assert len(summary["done_videos"]) == 3, summary
     others = workers.log("cpua") + workers.log("cpub")
     for vid in summary["done_videos"]:

@@ -14,7 +14,7 @@ from tasks.delivery import leases, queues
 from tasks.job import Job
 from tasks.run import cancel, completion, sweep
 from tasks.workers import registry
-from tests.conftest import run_script, settings_env, wait_until
+from tests.conftest import run_script, settings_env, start_redis_server, wait_for_run_end, wait_until
 
 
 def _job(tmp_path, vid: str, run_id: str = "r1") -> Job:
@@ -102,6 +102,39 @@ def test_a_held_message_or_a_running_task_accounts_for_its_video(swept, tmp_path
     assert sweep.located(r, r, conf) >= {("r1", "a"), ("r1", "b")}
 
 
+def test_one_sweep_at_a_time_over_every_host_and_not_again_within_sweep_every_s(swept, tmp_path):
+    conf, r = swept
+    completion.note_sent(r, [_job(tmp_path, "b")], 3600)  # b's message is nowhere
+    assert sweep.sweep(r, r, conf) == [] and set(r.hkeys("ff:sweep:r1")) == {"b"}  # a sweep: b's first miss
+    assert sweep.sweep(r, r, conf) == []  # another host's, within SWEEP_EVERY_S: nothing, though CONFIRM_S is 0
+    assert 0 < r.pttl(sweep.LOCK) <= sweep.SWEEP_EVERY_S * 1000
+    r.delete(sweep.LOCK)  # SWEEP_EVERY_S later
+    assert [e["video_id"] for e in sweep.sweep(r, r, conf)] == ["b"]
+
+
+def test_nothing_is_swept_while_either_redis_is_younger_than_a_lease_ttl(swept, tmp_path):
+    """After a restart, a message a live worker holds is seen only once the worker re-registers (within a lease
+    TTL): a sweep before then would resend videos that are running."""
+    conf, r = swept
+    completion.note_sent(r, [_job(tmp_path, "b")], 3600)  # b's message is nowhere: a sweep would miss it
+    young = conf.model_copy(update={"lease_ttl_s": leases.redis_uptime_s(r) + 3600})
+    assert sweep.sweep(r, r, young, force=True) == [] and sweep.sweep(r, r, young, force=True) == []
+    assert not r.hkeys("ff:sweep:r1")  # not even a first miss kept
+    # The broker alone young (a fresh server), the results Redis older than the TTL.
+    wait_until(lambda: leases.redis_uptime_s(r) >= 10, 15, "the test Redis 10 s old")
+    url, stop = start_redis_server()
+    try:
+        broker = redis.Redis.from_url(url)
+        broker_young = conf.model_copy(update={"lease_ttl_s": leases.redis_uptime_s(r)})
+        assert sweep.sweep(r, broker, broker_young, force=True) == []
+        assert sweep.sweep(r, broker, broker_young, force=True) == [] and not r.hkeys("ff:sweep:r1")
+        assert leases.redis_uptime_s(broker) < broker_young.lease_ttl_s  # it was young throughout
+    finally:
+        stop()
+    assert sweep.sweep(r, r, conf, force=True) == []  # both old: b's first miss, then its resend
+    assert [e["video_id"] for e in sweep.sweep(r, r, conf, force=True)] == ["b"]
+
+
 VIDEO_TIMEOUT_S = 240
 # Depth waits (no CPU taken) 2 s a frame, 32 s a video: long enough to resend it while it runs.
 SLOW_DEPTH = "stages:\n  depth:\n    params: {seconds_per_frame: 2.0}\n"
@@ -118,8 +151,7 @@ def test_a_run_whose_message_is_deleted_by_hand_finishes_on_its_own(video_factor
     key, message = wait_until(lambda: (queues.waiting(broker, "gpu0") or [None])[0], 120, "the depth message")
     assert broker.lrem(key, 0, message) == 1  # gone: a hand, a Redis from an older save, a send that failed
     workers.start("gpu0", env=env)
-    wait_until((out / "run_summary.json").exists, VIDEO_TIMEOUT_S, "the run to finish without its depth message")
-    summary = json.loads((out / "run_summary.json").read_text())
+    summary = wait_for_run_end(out, VIDEO_TIMEOUT_S)  # without its depth message
     assert summary["done"] == 1 and summary["failed"] == []
     assert [e["stage"] for e in summary["resent"]] == ["depth"]
     assert summary["resent"][0]["video_id"] == summary["done_videos"][0]
@@ -150,8 +182,7 @@ def test_a_resend_of_a_stage_running_elsewhere_waits_for_its_claim_and_never_run
     [job] = sweep.in_flight(r, run_id).values()
     entry = sweep.resend(r, dataclasses.replace(job, gpus=(1,)), 3600)  # to the idle GPU, while gpu0 runs it
     assert entry["stage"] == "depth"
-    wait_until((out / "run_summary.json").exists, VIDEO_TIMEOUT_S, "the run to finish")
-    summary = json.loads((out / "run_summary.json").read_text())
+    summary = wait_for_run_end(out, VIDEO_TIMEOUT_S)
     assert summary["done"] == 1 and summary["failed"] == []
     logs = {name: workers.log(name) for name in ("gpu0", "gpu1")}
     assert "is being made by gpu0@test" in logs["gpu1"]  # the second delivery met the claim and waited

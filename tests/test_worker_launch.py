@@ -9,7 +9,7 @@ import socket
 import pytest
 import redis
 
-from tasks.workers.launch import WorkerDesignError, design_options
+from tasks.workers.launch import WorkerDesignError, design_options, pool_name
 from tests.conftest import run_script, send_task, wait_until
 from worker_config.settings import Settings
 
@@ -42,6 +42,7 @@ def test_a_cpu_worker_is_solo_unless_it_asks_for_processes():
 @pytest.mark.parametrize(
     ("options", "asked"),
     [
+        ({"pool": "prefork"}, "-P prefork"),  # without -c: Celery's default, one process per core
         ({"pool": "prefork", "concurrency": 2}, "-P prefork -c 2"),
         ({"concurrency": 2}, "-c 2"),
         ({"pool": "threads"}, "-P threads"),
@@ -54,6 +55,30 @@ def test_a_gpu_worker_with_another_pool_or_more_processes_refuses_naming_the_fix
     message = str(refused.value)
     assert "\n" not in message and asked in message
     assert "`celery -A tasks worker -Q gpu0`" in message and "FRAMEFLEET_ALLOW_ANY_GPU_WORKER=1" in message
+
+
+def test_only_the_options_given_count_whether_named_or_as_the_pool_class_and_queues_as_one_string():
+    """Celery fills what the command line did not give (a prefork pool, a process per core): those are replaced;
+    ``-Q`` may arrive as one comma-separated string, ``-P`` as the pool class."""
+    from celery.concurrency.solo import TaskPool as SoloPool
+
+    conf = Settings()
+    defaults = {"queues": "gpu0,cpu", "pool": "prefork", "concurrency": 16}  # only -Q typed
+    changes = design_options(conf, defaults, {"queues"})
+    assert (changes["pool"], changes["concurrency"], changes["hostname"]) == ("solo", 1, "gpu0+cpu@%h")
+    assert (pool_name(SoloPool), pool_name(dict), pool_name("threads"), pool_name(None)) == (
+        "solo",
+        "builtins:dict",
+        "threads",
+        None,
+    )
+    typed = design_options(
+        conf, {"queues": ["gpu0"], "pool": SoloPool, "concurrency": 1}, {"queues", "pool", "concurrency"}
+    )
+    assert "pool" not in typed and "concurrency" not in typed  # -P solo -c 1: as given
+    assert "concurrency" not in design_options(conf, {"queues": ["cpu"], "pool": "prefork"}, {"queues", "pool"})
+    with pytest.raises(WorkerDesignError):
+        design_options(conf, {"queues": "gpu0,gpu0.hands"}, {"queues"})
 
 
 def test_a_worker_of_two_queues_of_one_gpu_refuses_naming_each_queues_command():
@@ -105,14 +130,13 @@ def test_the_plain_command_runs_a_video_with_one_solo_process_and_logs_its_stage
     assert " ready." not in cpu  # Celery's INFO line: -l WARNING is honoured for Celery's own logger
 
 
-def test_the_plain_command_with_prefork_and_two_processes_exits_with_the_fix_and_consumes_nothing(
-    workers, pipeline_env
-):
+def test_the_plain_command_with_the_prefork_pool_exits_with_the_fix_and_consumes_nothing(workers, pipeline_env):
+    """``-P prefork`` alone (no ``-c``, which is refused on its own): Celery would start a process per core."""
     send_task(pipeline_env["REDIS_URL"], "framefleet.depth", ({"run_id": "r", "video_id": "v"},), "gpu0")
-    proc = workers.launch("gpu0", ["-P", "prefork", "-c", "2", "-Q", "gpu0"])
-    assert proc.wait(timeout=60) != 0
+    proc = workers.launch("gpu0", ["-P", "prefork", "-Q", "gpu0"])
+    assert proc.wait(timeout=60) != 0, workers.log("gpu0")
     (line,) = [line for line in workers.log("gpu0").splitlines() if line.startswith("framefleet:")]
-    assert "-P prefork -c 2" in line and "`celery -A tasks worker -Q gpu0`" in line, line
+    assert "asks for -P prefork." in line and "`celery -A tasks worker -Q gpu0`" in line, line
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
     from tasks.delivery import queues
 

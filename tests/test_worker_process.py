@@ -7,7 +7,7 @@ import sys
 
 import redis
 
-from tests.conftest import CLUSTER_GPU_ENV, ROOT, send_task, wait_until
+from tests.conftest import CLUSTER_GPU_ENV, ROOT, send_task, wait_for_run_end, wait_until
 
 
 def test_importing_tasks_touches_no_cuda_and_loads_no_model(pipeline_env):
@@ -72,7 +72,7 @@ def test_a_worker_recycles_itself_after_n_tasks(workers, video_factory, pipeline
 
     assert queues.length(r, "gpu0") == 1  # the third GPU stage waits for the fresh worker
     workers.start("gpu0", name="gpu0-fresh")
-    wait_until(lambda: (out / "run_summary.json").exists(), 120, "the run to finish")
+    wait_for_run_end(out, 120)
 
 
 def test_a_model_worker_gives_torch_the_threads_its_settings_say(cluster):

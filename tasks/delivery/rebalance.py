@@ -1,4 +1,9 @@
-"""Move tasks waiting on a GPU queue with no live worker to a live one that may run them."""
+"""Move tasks waiting on a GPU queue with no live worker to a live one that may run them.
+
+A task moves only to a queue whose live workers run its stage under its run's settings (or that has no worker
+hosting the stage), the rule routing applies when it sends (worker_config.settings_match.settings_route): a
+worker with other settings would only send it on to a settings queue (tasks.pipeline.same_settings).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from tasks.job import Job
 from tasks.workers import registry
 from worker_config.routing import QueueLoad, choose_gpu_queue
 from worker_config.settings import Settings
-from worker_config.settings_match import parse_settings_queue
+from worker_config.settings_match import parse_settings_queue, settings_route
 
 log = logging.getLogger(__name__)
 LOCK_KEY = keys.REBALANCE_LOCK
@@ -63,8 +68,15 @@ def rebalance(r: redis.Redis, conf: Settings, max_moves: int = 100, broker: redi
         moved += _drain(r, broker, queue, workers, max_moves - moved)
     moved += _unpark(r, broker, conf, workers, max_moves - moved)
     for stage in _queue_families(conf):
-        moved += _balance(broker, registry.queue_loads(r, stage, workers, broker), max_moves - moved)
+        moved += _balance(broker, registry.queue_loads(r, stage, workers, broker), workers, max_moves - moved)
     return moved
+
+
+def _runs_settings(workers: list[dict[str, Any]], queue: str, stage: str, job: Job | None) -> bool:
+    """Whether ``queue``'s live workers run ``stage`` under the settings ``job``'s run asks for (any settings
+    for a job without them, as routing)."""
+    sha256 = job.settings.get(stage) if job is not None else None
+    return settings_route(queue, stage, sha256, workers) == queue
 
 
 def _unpark(r: redis.Redis, broker: redis.Redis, conf: Settings, workers: list[dict[str, Any]], max_moves: int) -> int:
@@ -114,7 +126,11 @@ def _drain(r: redis.Redis, broker: redis.Redis, queue: str, workers: list[dict[s
                 index -= 1
                 continue
             stage = name[len(TASK_PREFIX) :]
-            loads = registry.queue_loads(r, stage, workers, broker)
+            loads = [
+                q
+                for q in registry.queue_loads(r, stage, workers, broker)
+                if _runs_settings(workers, q.queue, stage, job)
+            ]
             target = choose_gpu_queue(loads, job.gpus if job else None)
             if target is not None and broker.eval(
                 _MOVE_IF_SAME, 2, source, queues.key_for(target.queue, priority), raw, index
@@ -126,7 +142,7 @@ def _drain(r: redis.Redis, broker: redis.Redis, queue: str, workers: list[dict[s
     return moved
 
 
-def _balance(broker: redis.Redis, queue_loads: list[QueueLoad], max_moves: int) -> int:
+def _balance(broker: redis.Redis, queue_loads: list[QueueLoad], workers: list[dict[str, Any]], max_moves: int) -> int:
     """Move tasks from the busiest live queue of a family to the least busy while that lowers the imbalance."""
     loads = {q.queue: q for q in queue_loads}
     work = {name: q.waiting + q.busy for name, q in loads.items()}
@@ -136,7 +152,7 @@ def _balance(broker: redis.Redis, queue_loads: list[QueueLoad], max_moves: int) 
         dst = min(loads, key=lambda n: (work[n] / loads[n].workers, n))
         if src == dst or (work[dst] + 1) / loads[dst].workers >= work[src] / loads[src].workers:
             break
-        if not _move_one(broker, src, loads[dst]):
+        if not _move_one(broker, src, loads[dst], workers):
             break
         work[src] -= 1
         work[dst] += 1
@@ -146,19 +162,23 @@ def _balance(broker: redis.Redis, queue_loads: list[QueueLoad], max_moves: int) 
     return moved
 
 
-def _move_one(r: redis.Redis, src: str, dst: QueueLoad) -> bool:
-    """Move the next task of ``src`` that may run on ``dst``'s GPU, keeping its priority; False when none may."""
+def _move_one(r: redis.Redis, src: str, dst: QueueLoad, workers: list[dict[str, Any]]) -> bool:
+    """Move the next task of ``src`` that may run on ``dst``'s GPU under its run's settings, keeping its priority;
+    False when none may."""
     for priority in queues.PRIORITY_STEPS:
         source, target = queues.key_for(src, priority), queues.key_for(dst.queue, priority)
         index = -1
         while (raw := r.lindex(source, index)) is not None:
             try:
-                _, job = _decode(raw)
+                name, job = _decode(raw)
             except (ValueError, KeyError, TypeError):
                 index -= 1
                 continue
             allowed = job.gpus if job else None
-            if (allowed is None or dst.gpu in allowed) and r.eval(_MOVE_IF_SAME, 2, source, target, raw, index):
+            may = (allowed is None or dst.gpu in allowed) and _runs_settings(
+                workers, dst.queue, name[len(TASK_PREFIX) :], job
+            )
+            if may and r.eval(_MOVE_IF_SAME, 2, source, target, raw, index):
                 transport.ring(r, dst.queue)  # wake its worker now, not at its next poll (at most 1 s)
                 return True
             index -= 1

@@ -148,6 +148,8 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     if not tally.videos and not fields and run.get("videos") and (earlier := _summary(out_root, run_id)) is not None:
         # Delivered again after the run was retired (its counters gone): the summary written then stands.
         log.warning("run %s: its summary was written already and its counters are gone; keeping it", run_id)
+        if (runs.read(out_root, run_id) or {}).get("status") != "finished":  # its worker died before the record
+            runs.finished(out_root, run_id, earlier)
         return _short(earlier)
     report = start_report(out_root)  # its start-up beside the end's work
     try:
@@ -207,11 +209,11 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         if r is not None:
             _adopt_lost(r, out_root)
         write_text_atomic(out_root / "run_summary.json", summary_text(summary))
-        runs.finished(out_root, run["run_id"], summary)
         log.info("run %s: %d done, %d failed; statistics over %d videos", run["run_id"], len(done), len(failed), merged)
         if r is not None:
             _retire(r, out_root, run["run_id"])
         write_report(out_root, _quality_table(out_root, run_id, lines), report)
+        runs.finished(out_root, run_id, summary)  # last: the record's "finished" says every file of the end is whole
         return _short(summary)
     finally:
         stop_report(report)

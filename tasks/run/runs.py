@@ -103,7 +103,8 @@ def update(out_dir: Path, run_id: str, **fields: Any) -> dict[str, Any]:
 
 
 def finished(out_dir: Path, run_id: str, summary: dict[str, Any]) -> dict[str, Any]:
-    """Record that the run's statistics callback ran: its finish time and counts."""
+    """Record that the run's statistics callback ran: its finish time and counts. The callback's last write
+    (tasks.run.aggregate): once the record says "finished", every file of the run's end is in place (``ended``)."""
     return update(
         out_dir,
         run_id,
@@ -112,6 +113,13 @@ def finished(out_dir: Path, run_id: str, summary: dict[str, Any]) -> dict[str, A
         done=summary.get("done"),
         failed=len(summary.get("failed", [])),
     )
+
+
+def ended(out_dir: Path, run_id: str) -> bool:
+    """Whether the run's end has written all it writes (its record "finished", the end's last write); a
+    cancelled run whose callback finished afterwards counts too (its record stays "cancelled", with ``finished``)."""
+    record = read(out_dir, run_id) or {}
+    return record.get("status") == "finished" or (record.get("status") == "cancelled" and "finished" in record)
 
 
 RUNS_KEPT = 1000  # runs listed in ff:runs (the newest; an older run is still found by its id or its OUT)

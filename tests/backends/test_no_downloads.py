@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.backends.standin_env import ROOT, lay_out_upstream, standin_python
+from tests.conftest import skip_unless_ci
 
 LOAD = r"""
 import json, sys
@@ -30,7 +31,8 @@ except ModelLoadError as exc:
 
 def offline_load(stage: str, name: str, params: dict) -> str | None:
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-n", "true"]).returncode != 0:
-        pytest.skip("needs `unshare -n` (a network namespace) to cut the network")
+        # A network namespace needs root (CI runs as root).
+        skip_unless_ci("needs `unshare -n` (a network namespace, as root) to cut the network")
     run = subprocess.run(
         ["unshare", "-n", str(standin_python()), "-c", LOAD, stage, name, json.dumps(params)],
         cwd=ROOT,

@@ -16,7 +16,16 @@ import redis
 import yaml
 
 from tasks.redis_client import server_argv
-from tests.conftest import CONFINED_ENV, PIPELINE_ENV, ROOT, Workers, free_port, run_script, wait_until
+from tests.conftest import (
+    CONFINED_ENV,
+    PIPELINE_ENV,
+    ROOT,
+    Workers,
+    free_port,
+    run_script,
+    wait_for_run_end,
+    wait_until,
+)
 
 VIDEOS = 4
 
@@ -175,16 +184,19 @@ def reference_stats(fault_raw: Path, cluster: Workers, tmp_path_factory: pytest.
 
 
 def wait_for_summary(out: Path, run_index: int = 1, timeout_s: float = 300) -> dict:
-    """Wait until ``run_index`` runs have written their summaries; return the newest."""
+    """Wait until ``run_index`` runs have ended (tasks.run.runs.ended: the end whole); return the newest's summary."""
+    from tasks.run import runs
 
     def written() -> dict | None:
         path = out / "run_summary.json"
         if not path.exists():
             return None
         summary = json.loads(path.read_text())
-        return summary if len(list((out / "runs").glob("*.json"))) >= run_index else None
+        if len(list((out / "runs").glob("*.json"))) < run_index or not runs.ended(out, summary["run_id"]):
+            return None
+        return summary
 
-    return wait_until(written, timeout_s, "the run summary", poll_s=0.5)
+    return wait_until(written, timeout_s, "the run's end", poll_s=0.5)
 
 
 def record(
@@ -250,10 +262,9 @@ def assert_nothing_lost(out: Path, reference: dict | None = None) -> dict:
         quarantined = {json.loads(x)["video_id"] for x in (out / "quarantine.jsonl").read_text().splitlines()}
     assert manifest == complete | quarantined, manifest - complete - quarantined
     assert not complete & quarantined
-    # run_summary.json is written before the callback's last writes (the stage log, the report), each
-    # through a temporary renamed into place: one may be mid-write when a test that waited for the summary
-    # looks. A temporary that stays is a torn write.
-    wait_until(lambda: not list(out.rglob("*.tmp")), 30, f"no temporary left in {out}")
+    # Once the run's end is whole (its record's last write), a temporary left is a torn write.
+    wait_for_run_end(out, 60)
+    assert not list(out.rglob("*.tmp")), list(out.rglob("*.tmp"))
     if complete:
         check = run_script("verify_dataset.py", str(out), env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
         assert check.returncode == 0, check.stdout + check.stderr

@@ -92,8 +92,10 @@ def test_a_message_taken_by_a_stopped_workers_pending_pop_survives_redis_going_a
         else:
             pytest.fail("the worker never had a pop in flight when stopped (20 tries)")
         server.stop()
+        seen = len(worker.text())
         worker.proc.send_signal(signal.SIGCONT)
-        time.sleep(4)  # it reads the reply, finds Redis gone, restarts its consumer
+        # It reads the reply, finds Redis gone and restarts its consumer, whose first connection is refused.
+        wait_until(lambda: "Cannot connect to redis" in worker.text()[seen:], 60, "the worker to find Redis gone")
         server.start()
         wait_until(lambda: worker.ran(f"M{attempt}"), 60, f"M{attempt}, taken as Redis went away, to run")
     finally:

@@ -18,6 +18,7 @@ import pytest
 
 from tasks.gpu import FakeGpuLedger
 from tasks.outputs.storage import read_marker
+from tasks.run import runs
 from tests.conftest import PIPELINE_ENV, ROOT, run_script, skip_unless_ci, wait_until
 from tests.faults.conftest import assert_nothing_lost, record
 from tests.faults.hosts import Cluster, Host, why_no_namespaces
@@ -204,9 +205,10 @@ class TwoHosts:
         """The run's summary once written (a video whose chain stopped never lets it be: the test then fails)."""
 
         def summary() -> dict | None:
-            if (self.out / "run_summary.json").exists() and list((self.out / "runs").glob("*.json")):
-                return json.loads((self.out / "run_summary.json").read_text())
-            return None
+            if not (self.out / "run_summary.json").exists():
+                return None
+            found = json.loads((self.out / "run_summary.json").read_text())
+            return found if runs.ended(self.out, found["run_id"]) else None
 
         return wait_until(summary, timeout_s, f"the run summary (hostB held {sorted(held)})", poll_s=0.5)
 
