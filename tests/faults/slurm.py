@@ -168,10 +168,10 @@ class SlurmCluster:
             raise SlurmError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()} (logs: {self.folder})")
         return done.stdout
 
-    def sbatch(self, script: Path, *options: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
-        """Submit ``script`` with ``options`` as a user does, from ``cwd`` with ``env``; the job id."""
+    def sbatch(self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
+        """``sbatch ARGS`` (options, then the script) as a user types it, from ``cwd`` with ``env``; the job id."""
         done = subprocess.run(
-            ["sbatch", "--parsable", *options, str(script)],
+            ["sbatch", "--parsable", *args],
             env={**(env or os.environ), "SLURM_CONF": str(self.conf)},
             cwd=cwd or self.folder,
             capture_output=True,
@@ -179,7 +179,7 @@ class SlurmCluster:
             timeout=60,
         )
         if done.returncode != 0:
-            raise SlurmError(f"sbatch {script.name} exited {done.returncode}: {done.stderr.strip()}")
+            raise SlurmError(f"sbatch {' '.join(args)} exited {done.returncode}: {done.stderr.strip()}")
         return done.stdout.strip().split(";")[0]
 
     def job(self, job_id: str) -> dict[str, str]:
