@@ -154,7 +154,8 @@ def test_a_gpu_job_and_a_cpu_job_serve_a_dataset_to_the_end(slurm, fault_raw, re
     deploy.wait_for_workers(cpu, 1)
     # Slurm gave the job its two GPUs through CUDA_VISIBLE_DEVICES; one worker per GPU, named for the job.
     assert "2 GPU(s) (CUDA_VISIBLE_DEVICES=0,1)" in deploy.log(gpu)
-    assert sorted(w["hostname"].split("@")[0] for w in deploy.workers(gpu)) == [f"gpu0.{gpu}", f"gpu1.{gpu}"]
+    named = {w["hostname"].split("@")[0]: w["gpu_queues"] for w in deploy.workers(gpu)}
+    assert named == {f"gpu0.{gpu}": ["gpu0"], f"gpu1.{gpu}": ["gpu1"]}
     out = tmp_path / "out"
     started = time.time()
     deploy.enqueue(fault_raw, out)
@@ -162,6 +163,7 @@ def test_a_gpu_job_and_a_cpu_job_serve_a_dataset_to_the_end(slurm, fault_raw, re
     assert summary["done"] == 4 and summary["failed"] == []
     assert_nothing_lost(out, reference_stats)
     assert not twice(deploy.jobs)
+    assert all(w["tasks_done"] > 0 for w in deploy.workers(gpu))  # both GPUs served the run
     slurm.run("scancel", "--batch", "--signal=TERM", gpu, cpu)
     for job in (gpu, cpu):
         assert deploy.wait_for_end(job) == "COMPLETED", deploy.log(job)
