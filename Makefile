@@ -21,7 +21,7 @@ TORCH_INDEX ?=
 REDIS_HINT := redis-server not found: install it with `sudo apt-get install -y redis-server` (Debian, Ubuntu; \
   macOS: `brew install redis`), or set REDIS_URL (make demo) / FRAMEFLEET_TEST_REDIS (make test) to a Redis you have
 
-.PHONY: install install-upstream need-egl test test-upstream test-faults test-ci-faults test-gpu lint mutants demo demo-real clean need-redis need-test-tools system-packages
+.PHONY: install install-upstream need-egl test test-upstream test-faults test-ci-faults test-gpu lint mutants demo demo-real clean need-redis need-test-tools need-slurm system-packages
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,11 @@ need-test-tools:
 	done; \
 	[ -z "$$missing" ] || $(MAKE) --no-print-directory system-packages PACKAGES="$$missing"
 
+# The Slurm scenarios (tests/faults/test_slurm.py) start a private Slurm: Debian's slurm-wlm and munge.
+need-slurm:
+	@command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 || \
+		$(MAKE) --no-print-directory system-packages PACKAGES="slurm-wlm munge"
+
 # Install Debian packages $(PACKAGES) as root or through a password-less sudo, else say the command.
 system-packages:
 	@if [ "$$(id -u)" = 0 ]; then sudo=""; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; else sudo=none; fi; \
@@ -88,15 +93,16 @@ test-upstream: need-test-tools need-egl install-upstream
 	$(GUARD) $(PY) -m pytest -q -m upstream tests/upstream
 
 # The whole fault-injection suite.
-test-faults: need-test-tools install
+test-faults: need-test-tools need-slurm install
 	$(GUARD) $(PY) -m pytest -q -m "not gpu" tests/faults
 
 # One slow fault scenario of each kind (Redis down 30 s, a restart without persistence, Redis errors as tasks
 # run and end, a task past the visibility timeout, a CPU stage longer than the TTL enqueued twice, recycling
-# above the RSS limit) and the two-host host-killed and fence tests: what CI runs after `make test` (which
+# above the RSS limit), the two-host host-killed and fence tests and the sbatch scripts serving a dataset under a
+# private Slurm (tests/faults/test_slurm.py): what CI runs after `make test` (which
 # already runs Redis away past the lease TTL with two GPU workers once). They need root (network namespaces);
 # FRAMEFLEET_CI=1 makes a missing privilege fail them instead of skipping.
-test-ci-faults: need-test-tools install
+test-ci-faults: need-test-tools need-slurm install
 	$(GUARD) $(PY) -m pytest -q -m "ci_fault and not gpu" tests/faults
 
 test-gpu: install
