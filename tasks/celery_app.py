@@ -75,6 +75,12 @@ def configure(new: Settings) -> Celery:
     }
     broker_url, broker_options = redis_urls.for_celery(new.broker)
     results_url, results_options = redis_urls.for_celery(new.results)
+    if (app.conf.get("result_backend"), app.conf.get("broker_url")) not in ((None, None), (results_url, broker_url)):
+        # Another Redis (or another kind: a Sentinel's): the backend and the producers made for the old one go,
+        # else they would keep talking to it (Celery builds each once, on first use, and keeps it).
+        app._backend_cache = None
+        app._local.__dict__.pop("backend", None)
+        app._after_fork()
     app.conf.update(
         broker_url=broker_url,
         result_backend=results_url,

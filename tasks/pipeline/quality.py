@@ -81,13 +81,14 @@ def check_length(video: str, frames: int, chain: Sequence[str], conf: Settings) 
 
 
 def caught(
-    low_quality: Mapping[str, Sequence[Mapping[str, Any]]], failed: Sequence[Mapping[str, Any]]
+    low_quality: Mapping[str, Sequence[Mapping[str, Any] | str]], failed: Sequence[Mapping[str, Any]]
 ) -> dict[str, int]:
     """How many videos each gate kept out: ``quality.<setting>`` -> videos below it (``low_quality``: video id ->
     its shortfalls), and "too short" -> the videos refused by ``check_length`` (``failed``: the summary's)."""
     counts: dict[str, int] = {}
     for shortfalls in low_quality.values():
-        for setting in sorted({str(s.get("setting")) for s in shortfalls}):
+        # A shortfall is a Shortfall's dict; a bare name stands for its setting (as hand-written records give it).
+        for setting in sorted({str(s.get("setting") if isinstance(s, Mapping) else s) for s in shortfalls}):
             counts[f"quality.{setting}"] = counts.get(f"quality.{setting}", 0) + 1
     short = sum(1 for f in failed if f.get("error_class") == "BadInput" and TOO_SHORT in str(f.get("reason", "")))
     if short:
