@@ -7,6 +7,7 @@ Usage: PYTHONPATH=. python bench/quality_measures.py CLIP [CLIP ...]
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -45,7 +46,11 @@ def synthetic(folder: Path) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    clips = synthetic(Path(argv[1])) + [Path(a) for a in argv[2:]] if argv[:1] == ["--synthetic"] else map(Path, argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage=__doc__.split("Usage: ")[1])
+    parser.add_argument("--synthetic", type=Path, metavar="DIR", help="write DIR/wall.mp4 and DIR/one.mp4 first")
+    parser.add_argument("clips", type=Path, nargs="*", metavar="CLIP")
+    args = parser.parse_args(argv)
+    clips = (synthetic(args.synthetic) if args.synthetic else []) + list(args.clips)
     conf = Settings()
     stages = {}
     for name in conf.enabled_stages():

@@ -231,7 +231,8 @@ def test_cpu_tasks_other_workers_cannot_serve_go_straight_to_the_one_that_can(
     preprocess settings hand each they take to its settings queue at once, where only the matching one takes it."""
     half = settings_env(tmp_path, "stages:\n  preprocess: {params: {target_fps: 5}}\n")
     workers.start("gpu0")
-    raw, out = video_factory(3), tmp_path / "out"
+    # 2.4 s clips: 12 frames at 5 fps, one track window and more (shorter ones are bad_input before any model).
+    raw, out = video_factory(3, 2.4), tmp_path / "out"
     assert enqueue(raw, out, {**pipeline_env, **half}, "--no-wait").returncode == 0
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
     assert queues.length(r, "cpu") == 3

@@ -41,7 +41,7 @@ def refused(url: str, task_id: str) -> str:
 def finished(video_factory, cluster, tmp_path_factory) -> Path:
     """A finished run's OUT (markers, manifest, statistics) of three short videos, made by the shared workers."""
     out = tmp_path_factory.mktemp("finished") / "out"
-    done = run_script("enqueue_dataset.py", str(video_factory(3, 0.8)), "--out", str(out), env=cluster.env)
+    done = run_script("enqueue_dataset.py", str(video_factory(3, 1.2)), "--out", str(out), env=cluster.env)
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 

@@ -13,7 +13,7 @@ from tasks.redis_refusal import EXIT_STATUS
 from tests.conftest import Workers, process_env, run_script, start_redis_server
 from tests.test_redis_full import fill
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture

@@ -53,6 +53,10 @@ def slurm(tmp_path: Path) -> Iterator[SlurmCluster]:
         cluster.stop()
 
 
+# Every scenario runs a private Slurm for minutes: make test-faults runs them, make test-ci-faults the first.
+pytestmark = pytest.mark.slow
+
+
 @pytest.mark.ci_fault
 @pytest.mark.timeout(600)
 def test_a_gpu_job_and_a_cpu_job_serve_a_dataset_to_the_end(slurm, fault_raw, redis_server, reference_stats, tmp_path):
