@@ -96,13 +96,15 @@ def enqueue(
     Raises DatasetError (SettingsChanged and WorkersDiffer among them) or MetadataError.
     """
     stream = first_video(raw_dir)  # a missing or empty folder is refused before anything else
+    r = get_redis(conf.redis_url)
+    # A live run's folder is refused naming that run, before its manifest would be refused as an earlier run's.
+    hold.refuse_if_live(r, out_dir, conf.redis_url)
     check_folders(raw_dir, out_dir, resume or retry_quarantined, force, add)
     # Enqueuing from this host allows its roots to this host's workers without roots of their own.
     confinement.allow(conf, raw_dir, out_dir)
     if not force:
         for line in lineage.check_same(out_dir, conf, mixed):
             print(f"framefleet: warning: {line}", file=sys.stderr, flush=True)
-    r = get_redis(conf.redis_url)
     ran_with = settings_check.run_settings(conf)
     differ = settings_check.check(r, conf, ran_with, wait_for_workers)
     texts: dict[str, Any] = {}

@@ -215,6 +215,18 @@ def held_elsewhere(out_dir: Path, ours: str | None) -> tuple[dict[str, Any], str
     return (holder, why, shown) if why else None
 
 
+def refuse_if_live(r: redis.Redis, out_dir: Path, redis_url: str) -> None:
+    """Raise OutHeld, as ``acquire`` would, when a live run holds ``out_dir`` (in ``r``'s lock or, for a run on
+    another Redis, in OUT's hold file); nothing when the folder is free or its holder is stale."""
+    holder = _decode(r.get(lock_key(out_dir)))
+    why = why_live(r, holder) if holder is not None else ""
+    if holder is not None and why:
+        raise OutHeld(refusal(out_dir, holder, why, redact_url(redis_url), runs.lookup(r, holder["run_id"])))
+    other = held_elsewhere(out_dir, redis_url)
+    if other is not None:
+        raise OutHeld(refusal(out_dir, *other))
+
+
 def acquire(
     r: redis.Redis,
     out_dir: Path,
