@@ -147,8 +147,9 @@ def test_a_worker_killed_between_sending_a_held_video_and_marking_it_sent_loses_
     stdout, stderr = enqueuer.communicate(timeout=300)
     assert enqueuer.returncode == 0, stdout + stderr
     summary = json.loads((out / "run_summary.json").read_text())
+    # Both videos done, and none by the sweep: the killed worker's task, delivered again (by the lease reaper, or
+    # restored from unacked when the next worker starts: either way), sent the held video itself.
     assert (summary["done"], summary["failed"], summary["resent"]) == (2, [], []), summary
-    assert len(summary["requeued"]) >= 1, summary  # the killed worker's task, delivered again
 
 
 def test_a_window_of_one_finishes_every_video_without_its_enqueuer_and_counts_failures(
