@@ -129,7 +129,9 @@ def test_the_hold_of_an_enqueuer_killed_while_sending_is_taken_over_and_its_run_
     assert json.loads(r.hget(runs.redis_key(dead["run_id"]), "record"))["status"] == "cancelled"
     assert r.exists(f"ff:cancelled:{dead['run_id']}")  # what it sent stops at the flag
     now = hold.read_file(out)
-    assert now is not None and now["run_id"] == run_id_of(out) != dead["run_id"]
+    # The new run's id from its own first line ("run <id>: …"): two runs started in one second do not sort by time.
+    taken_id = taken.stdout.split(":", 1)[0].removeprefix("run ").strip()
+    assert now is not None and now["run_id"] == taken_id != dead["run_id"], (now, taken.stdout[:200])
     assert json.loads(r.get(hold.lock_key(out)))["run_id"] == now["run_id"]
 
 

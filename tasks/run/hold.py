@@ -28,6 +28,7 @@ from tasks import keys
 from tasks.errors import DatasetError
 from tasks.outputs.storage import write_text_atomic
 from tasks.run import runs
+from tasks.workers.node_name import pid_alive
 from worker_config.settings import redact_url
 from worker_config.settings_match import start_command
 
@@ -89,26 +90,13 @@ def why_live(r: redis.Redis, holder: dict[str, Any]) -> str | None:
     """Why ``holder``'s run still holds OUT (its enqueuer beats, or Redis says it runs), or None when stale."""
     run_id = holder["run_id"]
     if holder.get("phase") == "sending":
-        if holder.get("host") == socket.gethostname() and not _alive(int(holder.get("pid") or 0)):
+        if holder.get("host") == socket.gethostname() and not pid_alive(int(holder.get("pid") or 0)):
             return None  # its enqueuer, on this host, is gone: no need to wait for its beat to lapse
         return "its enqueuer is sending it" if r.exists(beat_key(run_id)) else None
     record = runs.lookup(r, run_id)
     if record is None or record.get("status", "running") != "running" or r.exists(keys.CANCELLED_PREFIX + run_id):
         return None
     return "its workers are running it"
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host exists (one of another user's counts)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Hold:

@@ -20,7 +20,10 @@ class NodeNameTaken(SystemExit):
     """A live worker already has this node name; the message names it and the ``-n`` that gives another."""
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host exists (one of another user's counts)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -37,7 +40,7 @@ def holder(state: dict[str, Any] | None, now: float, ttl_s: float) -> str | None
         return None
     pid = int(state.get("pid") or 0)
     if state.get("host") == socket.gethostname():
-        return f"pid {pid} on this host" if pid > 0 and _alive(pid) else None
+        return f"pid {pid} on this host" if pid_alive(pid) else None
     updated = float(state.get("updated") or 0)
     if state.get("host") and now - updated < ttl_s:
         return f"pid {pid} on host {state['host']}, heard from {now - updated:.0f} s ago"
