@@ -4,7 +4,7 @@
 #   bash deploy/envs/build.sh [vipe|tapip3d|cotracker|wilor|grounded_sam|sam3|all]
 #
 # Per model: a venv from PYTHON; every package of deploy/envs/<model>.lock, exactly (--no-deps: the
-# lock is the whole set, framefleet's needs included); the upstream sources at the commits below,
+# lock is the whole set, framefleet's needs included); the upstream sources at deploy/envs/pins.sh's commits,
 # --no-deps (those with CUDA code without build isolation, so they compile against the env's torch);
 # framefleet itself, --no-deps, so it cannot move a pinned package. Then `pip check`, an import of
 # the model and of framefleet's backend, and <env>/framefleet-env.json: the lock's hash, the commits
@@ -13,6 +13,7 @@
 # ENVS_DIR (default /opt/framefleet/envs): where the venvs go (<model>/bin/python).
 # MODELS_DIR (default /opt/framefleet/models): where the checkouts go (configs/real-gpu.yaml's layout).
 # PYTHON (default python3.11): the locks are for CPython 3.11 on Linux x86_64 (deploy/envs/lock.sh).
+# UPSTREAM_GIT_BASE (default https://github.com): where the pinned repositories are cloned from (pins.sh).
 # Needs git, network access (PyPI, GitHub), and for vipe, tapip3d and grounded_sam a CUDA toolkit
 # whose nvcc matches the lock's torch (12.x); vipe also Eigen 3.4 (apt install libeigen3-dev, or
 # setup.py downloads it), wilor libEGL and libOpenGL (apt install libegl1 libopengl0: pyrender,
@@ -26,18 +27,8 @@ ENVS_DIR="${ENVS_DIR:-/opt/framefleet/envs}"
 MODELS_DIR="${MODELS_DIR:-/opt/framefleet/models}"
 PYTHON="${PYTHON:-python3.11}"
 
-# The upstream commits the adapters were written against.
-VIPE_COMMIT=1249a0cf2b147d1cf6e17cff019e9e0b2a51fb09      # hgupt3/vipe
-MOGE_COMMIT=07444410f1e33f402353b99d6ccd26bd31e469e8      # microsoft/MoGe (ViPE's lyra pipeline)
-UTILS3D_COMMIT=3fab839f0be9931dac7c8488eb0e1600c236e183   # EasternJournalist/utils3d (MoGe's pin)
-PIPELINE_COMMIT=866f059d2a05cde05e4a52211ec5051fd5f276d6  # EasternJournalist/pipeline (MoGe's pin)
-TAPIP3D_COMMIT=9359ae236f16a58a103dc1c55ad1919360dc6f8b   # zbw001/TAPIP3D
-COTRACKER_COMMIT=82e02e8029753ad4ef13cf06be7f4fc5facdda4d # facebookresearch/co-tracker
-WILOR_COMMIT=819369a764905a26a4e80aae04bbfa9c7e4f6512     # rolpotamias/WiLoR (y2r's submodule commit)
-SAM2_COMMIT=2b90b9f5ceec907a1c18123530e92e794ad901a4      # facebookresearch/sam2
-# facebookresearch/sam3; y2r's submodule is 5eb25fb5, whose code is the same (their syntax trees differ only
-# in one unused loop variable of the training data code; the rest is formatting).
-SAM3_COMMIT=99d02f28c8d34610ab35559b72642b01f10fdb1e
+# The upstream repositories and the commits the adapters were written against (VIPE_REPO, VIPE_COMMIT, ...).
+source "$HERE/pins.sh"
 
 fail() { echo "build.sh: $*" >&2; exit 1; }
 
@@ -81,23 +72,23 @@ PY
 
 build_vipe() {
   local src="$MODELS_DIR/vipe" moge="$MODELS_DIR/MoGe"
-  checkout https://github.com/hgupt3/vipe "$VIPE_COMMIT" "$src"
-  checkout https://github.com/microsoft/MoGe "$MOGE_COMMIT" "$moge"
+  checkout "$UPSTREAM_GIT_BASE/$VIPE_REPO" "$VIPE_COMMIT" "$src"
+  checkout "$UPSTREAM_GIT_BASE/$MOGE_REPO" "$MOGE_COMMIT" "$moge"
   venv vipe
   # setup.py downloads Eigen into csrc/include/eigen3 unless it is there: take the system's when installed.
   if [ -d /usr/include/eigen3/Eigen ] && [ ! -e "$src/csrc/include/eigen3/Eigen" ]; then
     mkdir -p "$src/csrc/include/eigen3" && cp -r /usr/include/eigen3/Eigen "$src/csrc/include/eigen3/"
   fi
   (cd "$src" && pip_in vipe --no-build-isolation -e .)
-  pip_in vipe "git+https://github.com/EasternJournalist/utils3d.git@$UTILS3D_COMMIT" \
-    "git+https://github.com/EasternJournalist/pipeline.git@$PIPELINE_COMMIT" -e "$moge"
+  pip_in vipe "git+$UPSTREAM_GIT_BASE/$UTILS3D_REPO.git@$UTILS3D_COMMIT" \
+    "git+$UPSTREAM_GIT_BASE/$PIPELINE_REPO.git@$PIPELINE_COMMIT" -e "$moge"
   finish vipe "import torch, vipe_ext, vipe; from moge.model.v1 import MoGeModel; import tasks.backends.vipe" \
     "vipe=$VIPE_COMMIT" "moge=$MOGE_COMMIT" "utils3d=$UTILS3D_COMMIT" "pipeline=$PIPELINE_COMMIT"
 }
 
 build_tapip3d() {
   local src="$MODELS_DIR/TAPIP3D"
-  checkout https://github.com/zbw001/TAPIP3D "$TAPIP3D_COMMIT" "$src"
+  checkout "$UPSTREAM_GIT_BASE/$TAPIP3D_REPO" "$TAPIP3D_COMMIT" "$src"
   venv tapip3d
   pip_in tapip3d --no-build-isolation "$src/third_party/pointops2"
   # TAPIP3D runs from its checkout (the backend imports utils/inference_utils.py by path).
@@ -107,7 +98,7 @@ build_tapip3d() {
 
 build_cotracker() {
   local src="$MODELS_DIR/co-tracker"
-  checkout https://github.com/facebookresearch/co-tracker "$COTRACKER_COMMIT" "$src"
+  checkout "$UPSTREAM_GIT_BASE/$COTRACKER_REPO" "$COTRACKER_COMMIT" "$src"
   venv cotracker
   pip_in cotracker "$src"
   finish cotracker "import cotracker.predictor; import tasks.backends.cotracker" "co-tracker=$COTRACKER_COMMIT"
@@ -119,7 +110,7 @@ build_wilor() {
     ldconfig -p | grep -q "$lib" ||
       fail "$lib is missing: WiLoR imports pyrender, whose PyOpenGL loads it (headless EGL, no display). Install it: sudo apt-get install -y libegl1 libopengl0"
   done
-  checkout https://github.com/rolpotamias/WiLoR "$WILOR_COMMIT" "$src"
+  checkout "$UPSTREAM_GIT_BASE/$WILOR_REPO" "$WILOR_COMMIT" "$src"
   venv wilor
   # WiLoR runs from its checkout (the backend puts it on sys.path); it sets PYOPENGL_PLATFORM=egl itself.
   finish wilor "import sys; sys.path.insert(0, '$src'); import chumpy, ultralytics, wilor.models; import tasks.backends.wilor" \
@@ -128,7 +119,7 @@ build_wilor() {
 
 build_grounded_sam() {
   local src="$MODELS_DIR/sam2"
-  checkout https://github.com/facebookresearch/sam2 "$SAM2_COMMIT" "$src"
+  checkout "$UPSTREAM_GIT_BASE/$SAM2_REPO" "$SAM2_COMMIT" "$src"
   venv grounded_sam
   # SAM 2's _C extension compiles against the env's torch (build isolation would fetch the newest torch).
   (cd "$src" && SAM2_BUILD_CUDA=1 pip_in grounded_sam --no-build-isolation -e .)
@@ -137,7 +128,7 @@ build_grounded_sam() {
 
 build_sam3() {
   local src="$MODELS_DIR/sam3"
-  checkout https://github.com/facebookresearch/sam3 "$SAM3_COMMIT" "$src"
+  checkout "$UPSTREAM_GIT_BASE/$SAM3_REPO" "$SAM3_COMMIT" "$src"
   venv sam3
   # A regular install: the tokenizer's vocabulary (sam3/assets/*.txt.gz) is package data.
   pip_in sam3 "$src"
