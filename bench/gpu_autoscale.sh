@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# On the GPU machine (after `source .device/activate.sh`): the spawn-until-failure baseline, then
-# the autoscaler on GPU 0 alone and on every GPU, with a synthetic depth model that holds
-# HOLD_MIB after loading and ACT_MIB more at peak; one worker is SIGKILLed mid-task. -> $OUT
+# On a GPU host: the spawn-until-failure baseline, then the autoscaler on GPU 0 alone and on every GPU,
+# with a synthetic depth model that holds HOLD_MIB after loading and ACT_MIB more at peak; one worker is
+# SIGKILLed mid-task. -> $OUT
+#   bash bench/gpu_autoscale.sh        (the environment: bench/gpu_lib.sh's gpu_env)
+source "$(dirname "$0")/gpu_lib.sh"; gpu_env || exit 1  # .venv (make install), .device or $ACTIVATE; a Redis
 set -u
 export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"

@@ -1,8 +1,9 @@
-source .device/activate.sh
-# On the GPU machine: the per-stage-environment layout (configs/real-gpu.yaml, every model stage
+#!/usr/bin/env bash
+# On a GPU host: the per-stage-environment layout (configs/real-gpu.yaml, every model stage
 # on its own queue gpuN.<stage>, its worker started from that stage's interpreter) with the
 # upstream stand-ins (tests/standins) on real CUDA, on 1 GPU and on 2 GPUs. -> $OUT
-#   bash bench/gpu_envs.sh            (VIDEOS=12 by default)
+#   bash bench/gpu_envs.sh            (VIDEOS=12 by default; the environment: bench/gpu_lib.sh's gpu_env)
+source "$(dirname "$0")/gpu_lib.sh"; gpu_env || exit 1  # .venv (make install), .device or $ACTIVATE; a Redis
 # Records: the dataset verifies; which GPU ran each stage of each video (locality.json: a video
 # is local when all its GPU stages ran on one GPU); per-process GPU memory every second.
 set -u

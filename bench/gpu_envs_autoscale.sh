@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# On the GPU machine: the autoscaler with every model stage in its own environment (the stand-ins of
+# On a GPU host: the autoscaler with every model stage in its own environment (the stand-ins of
 # tests/standins, configs/real-gpu.yaml's layout), one GPU: it starts a family per queue (gpu0.<stage>),
 # learns each family's peak and scales each by its own backlog. -> $OUT/envs_autoscale.txt
-#   bash bench/gpu_envs_autoscale.sh          (VIDEOS=16 by default)
-source .device/activate.sh
+#   bash bench/gpu_envs_autoscale.sh          (VIDEOS=16 by default; the environment: bench/gpu_lib.sh's gpu_env)
+source "$(dirname "$0")/gpu_lib.sh"; gpu_env || exit 1  # .venv (make install), .device or $ACTIVATE; a Redis
 set -u
 export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Per-video latency and peak intermediates on one GPU, stage priorities off (first in, first out) and on,
-# in one call on the GPU machine (about 6 minutes):
-#   bash bench/gpu_latency.sh          (it sources .device/activate.sh itself; results go to $OUT)
+# in one call on a GPU host (about 6 minutes):
+#   bash bench/gpu_latency.sh          (the environment: bench/gpu_lib.sh's gpu_env; results go to $OUT)
 # bench/latency.py runs scripts/run_local.py --gpus 0 --gpu-workers PER_GPU --cpu-workers CPUW on VIDEOS
 # sample videos with --intermediates drop, ROUNDS rounds alternating the order; the baseline is the
 # same tree with FRAMEFLEET_STAGE_PRIORITIES=false. Latency = a video's HDF5 written minus the run's
 # start; peak intermediates = the most OUT/work held, read every 0.5 s. The synthetic depth model
 # does MATMULS float32 matmuls of SIZE x SIZE per frame, so the GPU queue is the bottleneck.
-source .device/activate.sh
+source "$(dirname "$0")/gpu_lib.sh"; gpu_env || exit 1  # .venv (make install), .device or $ACTIVATE; a Redis
 set -u
 export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# On the GPU machine (after `source .device/activate.sh`): the GPU readings of `inspect gpu`,
-# scripts/status.py and the Prometheus exporter, idle and during a task. Results in $OUT.
+# On a GPU host: the GPU readings of `inspect gpu`, scripts/status.py and the Prometheus exporter,
+# idle and during a task. Results in $OUT.
+#   bash bench/gpu_observability.sh        (the environment: bench/gpu_lib.sh's gpu_env)
+source "$(dirname "$0")/gpu_lib.sh"; gpu_env || exit 1  # .venv (make install), .device or $ACTIVATE; a Redis
 set -u
 export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# On the GPU machine (after `source .device/activate.sh`): a real CUDA out-of-memory error in a
-# task is caught, the cache freed, and the retry with half the activation chunk succeeds. -> $OUT
+# On a GPU host: a real CUDA out-of-memory error in a task is caught, the cache freed, and the
+# retry with half the activation chunk succeeds. -> $OUT
+#   bash bench/gpu_oom.sh        (the environment: bench/gpu_lib.sh's gpu_env)
+source "$(dirname "$0")/gpu_lib.sh"; gpu_env || exit 1  # .venv (make install), .device or $ACTIVATE; a Redis
 set -u
 export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"

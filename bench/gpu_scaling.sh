@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU busy share and 1 -> 2 -> 4 GPU scaling, in one call on the GPU machine (about 7 minutes with VIDEOS=144 on 2 GPUs):
-#   bash bench/gpu_scaling.sh          (it sources .device/activate.sh itself; results go to $OUT)
+# GPU busy share and 1 -> 2 -> 4 GPU scaling, in one call on a GPU host (about 7 minutes with VIDEOS=144 on 2 GPUs):
+#   bash bench/gpu_scaling.sh          (the environment: bench/gpu_lib.sh's gpu_env; results go to $OUT)
 # Every GPU's NVML utilisation is sampled at 4 Hz for the whole call (bench/busy_share.py sample).
 # (a) the compute bound: bench/gpu_bound.py, the GPU stages' calls on inputs in memory, one process; on a machine of
 #     several GPUs it runs on the last GPU beside (b) on 1 GPU, else before it;
@@ -12,7 +12,8 @@
 #     GPU 0 first, its ff:profiles put into each fresh Redis; PRIME=0: nothing remembered);
 # (c) scripts/run_local.py on 1, 2 and 4 GPUs (PER_GPU solo workers each); efficiency T1 / (k * Tk).
 # The synthetic depth model does MATMULS float32 matmuls of SIZE x SIZE per frame: compute-bound.
-source "${ACTIVATE:-.device/activate.sh}"  # ACTIVATE: /tmp/ff-bin/activate.sh on a warm machine without .device
+# ACTIVATE: e.g. /tmp/ff-bin/activate.sh (bench/gpu_full_chain.sh) on a warm machine without .device
+source "$(dirname "$0")/gpu_lib.sh"; gpu_env || exit 1  # .venv (make install), .device or $ACTIVATE; a Redis
 set -u
 export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}; R=$OUT/z; mkdir -p "$R"  # R: every file but the figures and the samples, archived at the end

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine: the local cluster on real CUDA (one worker per GPU), then the GPU tests.
-#   source .device/activate.sh first (see ../shared/device/prepare.sh); results go to $OUT.
+# On a GPU host: the local cluster on real CUDA (one worker per GPU), then the GPU tests.
+#   bash bench/gpu_smoke.sh        (the environment: bench/gpu_lib.sh's gpu_env; results go to $OUT)
+source "$(dirname "$0")/gpu_lib.sh"; gpu_env || exit 1  # .venv (make install), .device or $ACTIVATE; a Redis
 set -u
 export FRAMEFLEET_DEFAULT_BACKENDS=synthetic  # the synthetic compute-bound model, named (the default is the real backends)
 OUT=${OUT:-/tmp/ffout}
