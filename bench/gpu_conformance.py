@@ -2,8 +2,8 @@
 
     python bench/gpu_conformance.py --upstream DIR --out OUT [--models tapip3d,wilor] [--chain]
 
-DIR holds the upstream checkouts as ``../shared/upstream``'s archives unpack (``zbw001+TAPIP3D``
-with pointops2 installed, ``rolpotamias+WiLoR``). Per model, each step in a fresh process:
+DIR holds the upstream checkouts at deploy/envs/pins.sh's commits, as bench/gpu_lib.sh's ``upstream`` lays
+them out (``zbw001+TAPIP3D`` with pointops2 installed, ``rolpotamias+WiLoR``). Per model, each step in a fresh process:
 
 - ``prepare``: random weights written where and how upstream loads them (TAPIP3D: the
   ``{"cfg", "weight"}`` checkpoint of ``models.from_pretrained``, its cfg reconstructed in
@@ -46,7 +46,10 @@ def real_data() -> Path:
     for parent in ROOT.parents[:4]:
         if (parent / "shared" / "data" / "real" / "dog.mp4").is_file():
             return parent / "shared" / "data" / "real"
-    raise SystemExit("the real clips (shared/data/real) are not beside the repository; set FRAMEFLEET_REAL_DATA")
+    raise SystemExit(
+        "the real clips (shared/data/real) are not beside the repository: set FRAMEFLEET_REAL_DATA, or give "
+        "--tracks-clip and --hands-clip (bench/gpu_conformance.sh does, from bench/gpu_lib.sh's clip)"
+    )
 
 
 L = 10  # configs/real-gpu.yaml: tracks window_length 10, stride 1
@@ -426,7 +429,9 @@ def main() -> None:
     parser.add_argument("--models", default="tapip3d,wilor")
     parser.add_argument("--step", choices=["all", "prepare", "run", "chain"], default="all")
     parser.add_argument("--weights", type=Path, default=Path("/tmp/ff-conformance-weights"))
-    parser.add_argument("--clip", type=Path, help="default: dog.mp4 (tracks: a moving camera), pstudio.mp4 (hands)")
+    parser.add_argument("--clip", type=Path, help="both models' clip (default: --tracks-clip and --hands-clip)")
+    parser.add_argument("--tracks-clip", type=Path, help="default: dog.mp4 of the real clips (a moving camera)")
+    parser.add_argument("--hands-clip", type=Path, help="default: pstudio.mp4 of the real clips")
     parser.add_argument("--frames", type=int, default=0, help="default: 24 (tracks: 15 windows), 150 (hands)")
     parser.add_argument("--detector", default="x", help="YOLOv8 scale of the random hand detector (n s m l x)")
     parser.add_argument("--chain", action="store_true", help="also run a dataset through real workers")
@@ -437,8 +442,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     up = args.upstream.resolve()
     repos = {"tapip3d": up / "zbw001+TAPIP3D", "wilor": up / "rolpotamias+WiLoR"}
-    data = real_data()
-    clips = {"tapip3d": data / "dog.mp4", "wilor": data / "pstudio.mp4"}
+    clips = {"tapip3d": args.clip or args.tracks_clip, "wilor": args.clip or args.hands_clip}
+    for model, name in (("tapip3d", "dog.mp4"), ("wilor", "pstudio.mp4")):
+        clips[model] = clips[model] or real_data() / name
     frames = {"tapip3d": 24, "wilor": 150}
     if args.step in ("prepare", "run"):
         (model,) = args.models.split(",")
@@ -446,9 +452,9 @@ def main() -> None:
         if args.step == "prepare":
             res = prepare_tapip3d(repo, weights) if model == "tapip3d" else prepare_wilor(repo, weights, args.detector)
         elif model == "tapip3d":
-            res = run_tapip3d(repo, weights, args.clip or clips[model], args.frames or frames[model], args.device)
+            res = run_tapip3d(repo, weights, clips[model], args.frames or frames[model], args.device)
         else:
-            clip, count = args.clip or clips[model], args.frames or frames[model]
+            clip, count = clips[model], args.frames or frames[model]
             res = run_wilor(repo, weights, clip, count, args.device, args.pyrender_standin)
         (args.out / f"{model}-{args.step}.json").write_text(json.dumps(res, indent=1, default=str))
         print(json.dumps(res, default=str))
@@ -456,7 +462,7 @@ def main() -> None:
     if args.step == "chain":
         res = chain(
             (repos["tapip3d"], args.weights / "tapip3d"), (repos["wilor"], args.weights / "wilor"),
-            data / "dog.mp4", args.chain_dir,
+            clips["tapip3d"], args.chain_dir,
         )  # fmt: skip
         (args.out / "chain.json").write_text(json.dumps(res, indent=1))
         print(json.dumps(res))
@@ -465,7 +471,8 @@ def main() -> None:
     base = [sys.executable, __file__, "--upstream", str(up), "--out", str(args.out), "--weights", str(args.weights)]
     base += ["--device", args.device, "--detector", args.detector]
     for model in args.models.split(","):
-        extra = ["--frames", str(args.frames)] + (["--clip", str(args.clip)] if args.clip else [])
+        extra = ["--frames", str(args.frames), "--tracks-clip", str(clips["tapip3d"])]
+        extra += ["--hands-clip", str(clips["wilor"])]
         for step in ("prepare", "run"):
             t = time.perf_counter()
             done = subprocess.run([*base, "--models", model, "--step", step, *extra], capture_output=True, text=True)
@@ -489,7 +496,9 @@ def main() -> None:
     ok = all(r.get("ok") for r in rows.values())
     text = table(rows)
     if args.chain:
-        done = subprocess.run([*base, "--step", "chain"], capture_output=True, text=True)
+        done = subprocess.run(
+            [*base, "--step", "chain", "--tracks-clip", str(clips["tapip3d"])], capture_output=True, text=True
+        )
         (args.out / "chain-step.log").write_text(done.stdout + done.stderr)
         ok = ok and done.returncode == 0
         text += "\n\nchain: " + (done.stdout.strip().splitlines() or [done.stderr[-1500:]])[-1]

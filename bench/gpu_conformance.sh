@@ -1,7 +1,14 @@
-# On a GPU machine: TAPIP3D and WiLoR through their real upstream code and framefleet's backends,
-# random weights in the upstream checkpoint formats, a real clip, no network (bench/gpu_conformance.py).
-#   UPSTREAM_ARCHIVES=../shared/upstream WHEELS=DIR GL_DEBS=DIR bash bench/gpu_conformance.sh   -> $OUT
-# UPSTREAM_ARCHIVES holds zbw001+TAPIP3D.tar.gz and rolpotamias+WiLoR.tar.gz (../shared/upstream).
+#!/usr/bin/env bash
+# On a GPU host: TAPIP3D and WiLoR through their real upstream code and framefleet's backends,
+# random weights in the upstream checkpoint formats, a clip, no model downloads (bench/gpu_conformance.py).
+#   make install-upstream && bash bench/gpu_conformance.sh   -> $OUT
+# The environment: bench/gpu_lib.sh's gpu_python (.venv from `make install`, .device, or $ACTIVATE; gpu_env with
+# CHAIN=1, whose workers need celery and a redis-server). The sources: gpu_lib.sh's upstream (zbw001+TAPIP3D and
+# rolpotamias+WiLoR at deploy/envs/pins.sh's commits: UPSTREAM_ARCHIVES, else shared/upstream, else a clone). The
+# clips: gpu_lib.sh's `clip dog` (tracks) and `clip pstudio` (hands): CLIP for both, else FRAMEFLEET_REAL_DATA or
+# shared/data/real, else synthetic ones (said so; WiLoR then finds no hands). On a host without network:
+#   UPSTREAM_ARCHIVES=.gpu/up/upstream FRAMEFLEET_REAL_DATA=.gpu/up/data WHEELS=.gpu/real/whl GL_DEBS=.gpu/real/gl-debs \
+#     bash bench/gpu_conformance.sh
 # WHEELS, if set: wheels/sdists the machine lacks, installed into /tmp/site (TAPIP3D: omegaconf,
 # hydra-core, antlr4-python3-runtime, python-box; WiLoR: yacs, smplx, trimesh, ultralytics, thop,
 # pyrender, PyOpenGL, pyglet, freetype-py; the versions of deploy/envs/*.lock). GL_DEBS, if set:
@@ -11,14 +18,17 @@
 # dataset through real workers, stopped CHAIN_BY_S (default 320) seconds after the start (skipped with
 # less than a minute left). UPSTREAM_DIR, SITE_DIR, RUN_DIR (defaults /tmp/ff-upstream, /tmp/site,
 # /tmp/ff-conformance): where the checkouts, the wheels with pointops2, and the steps go.
+source "$(dirname "$0")/gpu_lib.sh"
+if [ "${CHAIN:-0}" = 1 ]; then gpu_env || exit 1; else gpu_python || exit 1; fi
 set -u
 start=$(date +%s)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
-UP=${UPSTREAM_DIR:-/tmp/ff-upstream}; mkdir -p "$UP"
+export UPSTREAM_DIR=${UPSTREAM_DIR:-/tmp/ff-upstream}; UP=$UPSTREAM_DIR
 SITE=${SITE_DIR:-/tmp/site}
 for name in zbw001+TAPIP3D rolpotamias+WiLoR; do
-  tar xzf "${UPSTREAM_ARCHIVES:-../shared/upstream}/$name.tar.gz" -C "$UP" || exit 1
+  upstream "$name" > /dev/null || exit 1
 done
+tracks_clip=$(clip dog) && hands_clip=$(clip pstudio) || exit 1
 if [ -n "${GL_DEBS:-}" ]; then for f in "$GL_DEBS"/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
 if [ -n "${WHEELS:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl >"$OUT/wheels.log" 2>&1 \
@@ -49,13 +59,15 @@ collect() {  # few files come back from some machines: the summaries, and every 
   cp "$RUN"/table.md "$RUN"/*-run.json "$RUN"/chain.json "$OUT"/ 2>/dev/null
   tar czf "$OUT/steps.tgz" -C "$RUN" . 2>/dev/null
 }
-PYTHONUNBUFFERED=1 python3 bench/gpu_conformance.py --upstream "$UP" --out "$RUN" --models "${MODELS:-tapip3d,wilor}" \
+PYTHONUNBUFFERED=1 python3 bench/gpu_conformance.py --upstream "$UP" --out "$RUN" \
+  --tracks-clip "$tracks_clip" --hands-clip "$hands_clip" --models "${MODELS:-tapip3d,wilor}" \
   --detector "${DETECTOR:-x}"
 status=$?
 collect
 left=$(( ${CHAIN_BY_S:-320} - ($(date +%s) - start) ))
 if [ "${CHAIN:-0}" = 1 ] && [ "$left" -gt 60 ]; then
-  PYTHONUNBUFFERED=1 timeout "$left" python3 bench/gpu_conformance.py --upstream "$UP" --out "$RUN" --step chain \
+  PYTHONUNBUFFERED=1 timeout "$left" python3 bench/gpu_conformance.py --upstream "$UP" --out "$RUN" \
+    --tracks-clip "$tracks_clip" --hands-clip "$hands_clip" --step chain \
     >"$RUN/chain-step.log" 2>&1 || status=1
   collect
 elif [ "${CHAIN:-0}" = 1 ]; then

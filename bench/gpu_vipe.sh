@@ -1,18 +1,25 @@
-# On a GPU machine: ViPE's lyra pipeline (y2r's fork) through framefleet's depth stage, with random
-# weights, on a real clip, without network access (bench/gpu_vipe.py). Run from the repository root:
-#   UPSTREAM_ARCHIVES=../shared/upstream CLIP=../shared/data/real/sheep.mp4 WHEELS=.gpu/vipe/whl \
+#!/usr/bin/env bash
+# On a GPU host: ViPE's lyra pipeline (y2r's fork) through framefleet's depth stage, with random weights, on a
+# clip, without model downloads (bench/gpu_vipe.py). Run from the repository root:
+#   bash deploy/envs/build.sh vipe && ACTIVATE=/opt/framefleet/envs/vipe/bin/activate bash bench/gpu_vipe.sh
+# The environment: bench/gpu_lib.sh's gpu_python ($ACTIVATE, here deploy/envs/build.sh's vipe env, which holds
+# ViPE's packages at deploy/envs/vipe.lock's versions; else .device or .venv). The sources: gpu_lib.sh's upstream
+# (hgupt3+vipe and microsoft+MoGe at deploy/envs/pins.sh's commits, from UPSTREAM_ARCHIVES or a clone) into
+# WORK/upstream. The clip: CLIP, else gpu_lib.sh's `clip sheep` (FRAMEFLEET_REAL_DATA, shared/data/real, or a
+# synthetic one, said so). On a host without network, with bench/gpu_carry.sh's folders:
+#   UPSTREAM_ARCHIVES=.gpu/up/upstream CLIP=.gpu/up/data/sheep.mp4 WHEELS=.gpu/vipe/whl \
 #     EXTRA=.gpu/vipe/extra EIGEN=.gpu/vipe/eigen.tgz OUT=DIR bash bench/gpu_vipe.sh
-# UPSTREAM_ARCHIVES holds hgupt3+vipe.tar.gz and microsoft+MoGe.tar.gz (../shared/upstream/README.md).
 # WHEELS: wheels the machine lacks, at deploy/envs/vipe.lock's versions (ViPE: hydra-core, omegaconf,
 # antlr4-python3-runtime, kornia, kornia-rs, gdown, beautifulsoup4, soupsieve, roma, pyquaternion, openexr,
 # rich and its three, ninja for the build; transformers 4.48.3 with tokenizers 0.21.4 and huggingface-hub
 # 0.36.2, since ViPE's GroundingDINO calls BertModel.get_head_mask, which transformers 5 removed; requests
-# and its four; framefleet: celery, redis, pydantic, ... as ../shared/device/prepare.sh lists them, less PyAV).
+# and its four; framefleet: celery, redis, pydantic, ... less PyAV; bench/gpu_carry.sh vipe lists them).
 # They go into a site folder of this run's own (WORK/site, first on PYTHONPATH), not the machine's
 # shared /tmp/site: other jobs on the host keep the image's transformers 5. EXTRA: package folders
 # copied into that site as they are (utils3d at MoGe's pinned commit, which is not on PyPI; pycg's
 # Python files, without its 30 MB of render assets).
-# EIGEN: a tar.gz of Eigen 3.4's Eigen/ headers (Debian's libeigen3-dev), for building vipe_ext.
+# EIGEN: a tar.gz of Eigen 3.4's Eigen/ headers (Debian's libeigen3-dev), for building vipe_ext; unset: the
+# host's /usr/include/eigen3 where installed (apt install libeigen3-dev), else ViPE's setup.py downloads it.
 # VIPE_EXT: a vipe_ext*.so (or .so.xz) built earlier on the same image (skips the ~2 min build; default:
 # the first vipe_ext*.so.xz beside EXTRA, else carry/vipe_ext*.so.xz or .so, else one built in WORK on
 # this machine before; one that does not import is built again); the build's .so, stripped of debug
@@ -21,6 +28,7 @@
 # the whole script's budget, which shortens the runs' cap so that the script ends 15 s before it.
 # WORK (/tmp/ff-vipe): the archives unpacked, the site, vipe_ext's build and the model cache (5 GB).
 # Progress lines, with the time and the seconds since the start, go to stdout and $OUT/progress.txt.
+source "$(dirname "$0")/gpu_lib.sh"; gpu_python || exit 1
 set -u
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 WORK=${WORK:-/tmp/ff-vipe}
@@ -29,8 +37,9 @@ mkdir -p "$UP" "$SITE"
 say() { echo "[$(date -u +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$OUT/progress.txt"; }
 say "start: CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} WORK=$WORK"
 for name in hgupt3+vipe microsoft+MoGe; do
-  tar xzf "${UPSTREAM_ARCHIVES:-../shared/upstream}/$name.tar.gz" -C "$UP" || exit 1
+  UPSTREAM_DIR=$UP upstream "$name" > /dev/null || exit 1
 done
+if [ "${FRAMES:-120}" != 0 ]; then clip=$(clip sheep) || exit 1; fi  # before the build: a missing clip fails early
 VIPE="$UP/hgupt3+vipe"
 if [ -n "${WHEELS:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" \
@@ -85,7 +94,11 @@ if [ -n "$VIPE_EXT" ] && [ -f "$VIPE_EXT" ]; then
 fi
 if [ "$prebuilt" = 0 ]; then
   mkdir -p "$VIPE/csrc/include/eigen3"
-  tar xzf "${EIGEN:?EIGEN: a tar.gz of Eigen 3.4 headers}" -C "$VIPE/csrc/include/eigen3" || exit 1
+  if [ -n "${EIGEN:-}" ]; then
+    tar xzf "$EIGEN" -C "$VIPE/csrc/include/eigen3" || exit 1
+  elif [ -d /usr/include/eigen3/Eigen ] && [ ! -e "$VIPE/csrc/include/eigen3/Eigen" ]; then
+    cp -r /usr/include/eigen3/Eigen "$VIPE/csrc/include/eigen3/"  # deploy/envs/build.sh's way
+  fi
   say "building vipe_ext (MAX_JOBS=${MAX_JOBS:-$(nproc)})"
   start=$(date +%s)
   (cd "$VIPE" && TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=${MAX_JOBS:-$(nproc)} python3 setup.py build_ext --inplace) \
@@ -115,7 +128,7 @@ if [ -n "${TIME_LIMIT_S:-}" ] && [ $(( TIME_LIMIT_S - SECONDS - 15 )) -lt "$run_
 fi
 say "running the depth stage: FRAMES=${FRAMES:-120} WARMUP=${WARMUP:-20}, at most $run_timeout s"
 PYTHONUNBUFFERED=1 timeout "$run_timeout" python3 bench/gpu_vipe.py --vipe "$VIPE" --moge "$UP/microsoft+MoGe" \
-  --clip "${CLIP:-../shared/data/real/sheep.mp4}" --out "$OUT" --frames "${FRAMES:-120}" --warmup "${WARMUP:-20}" \
+  --clip "$clip" --out "$OUT" --frames "${FRAMES:-120}" --warmup "${WARMUP:-20}" \
   --cache "$CACHE" --cache-written "$WORK/cache.json"
 status=$?
 say "gpu_vipe.py exited $status$([ "$status" = 124 ] && echo ' (timed out: see vipe_partial.json and vipe_run.log)')"
