@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The autoscaler with the real upstream models (random weights) on the GPU machine, configs/real-gpu.yaml's
+# The autoscaler with the real upstream models (random weights) on a GPU host, configs/real-gpu.yaml's
 # layout (every model stage on its own queue gpuN.<stage>, started from its own interpreter), against the
 # models' own compute bound and the predecessor's pool, on the same videos, in one call. -> $OUT
-#   source .device/activate.sh; UPSTREAM_ARCHIVES=DIR WHEELS=DIR bash bench/gpu_real_autoscale.sh
-# UPSTREAM_ARCHIVES: a folder with ../shared/upstream's facebookresearch+co-tracker, facebookresearch+sam2 and
-# rolpotamias+WiLoR archives (carry a copy: the GPU machine has no ../shared beside the tree; default: found by
-# tests/upstream/sources.py). About 5.5 minutes on 2 GPUs (setup 60 s); use a call limit of 420 s or more.
+#   make install-upstream && bash bench/gpu_real_autoscale.sh
+# The environment: bench/gpu_lib.sh's gpu_env (.venv from `make install`, .device, or $ACTIVATE). The sources:
+# gpu_lib.sh's upstream for each real stage (facebookresearch+sam2 or +sam3, facebookresearch+co-tracker,
+# rolpotamias+WiLoR, zbw001+TAPIP3D at deploy/envs/pins.sh's commits) into UPSTREAM_DIR (default /tmp/ff-upstream):
+# from UPSTREAM_ARCHIVES (on a host without network: bench/gpu_carry.sh up's .gpu/up/upstream), else
+# shared/upstream beside the repository, else a clone. About 5.5 minutes on 2 GPUs (setup 60 s).
 # masks (GroundingDINO-base + SAM 2.1-L), tracks2d (CoTracker3) and hands (the WiLoR network) run their
-# real code from ../shared/upstream (REAL=masks,tracks2d,hands); depth (ViPE) and tracks (TAPIP3D) run the
-# stand-ins of tests/standins (bench/real_chain.py says what else is a stand-in). WHEELS: wheels the real
-# models need (hydra-core, omegaconf, antlr4-python3-runtime, iopath, yacs, smplx, trimesh).
+# real code (REAL=masks,tracks2d,hands); depth (ViPE) and tracks (TAPIP3D) run the
+# stand-ins of tests/standins (bench/real_chain.py says what else is a stand-in). WHEELS, if set: wheels the real
+# models need that the environment lacks (hydra-core, omegaconf, antlr4-python3-runtime, iopath, yacs, smplx,
+# trimesh; bench/gpu_carry.sh real's .gpu/real/whl).
 #  0. setup: random weights, one venv per stage, $B/real.yaml; each real stage loaded once (a stage that
 #     fails to load runs its stand-in instead, said in envs.json and the report)
 #  A. the autoscaler on GPU 0 (enqueue once every family's first worker is up), and at the same time
@@ -26,6 +29,7 @@
 # BOUND_GPU=1 B_GPUS=2,3), B then without A's learned peaks (it starts from the seeds, as a new cluster does);
 # with SETUP=reuse a later call can run the rest (PHASES=BC B_GPUS=0,1 POOL_GPU=2: C over the earlier call's A).
 # SETUP=only / SETUP=reuse: the setup in one call, the phases in the next (see BASE below).
+source "$(dirname "$0")/gpu_lib.sh"; gpu_env || exit 1
 set -u
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 B=${BASE:-/tmp/rc}
@@ -48,8 +52,6 @@ DEV=$([ "$NGPU" -gt 0 ] && echo cuda:0 || echo cpu)
 BOUND_GPU=${BOUND_GPU:-$([ "$NGPU" -gt 1 ] && echo 1 || echo 0)}
 A_GPUS=${A_GPUS:-0} B_GPUS=${B_GPUS:-0,1} PARALLEL=${PARALLEL:-0}
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$R/gpus.csv" 2>&1
-# The snapshots: $UPSTREAM_ARCHIVES, else shared/upstream beside the repository (tests/upstream/sources.py finds it).
-[ -n "${UPSTREAM_ARCHIVES:-}" ] && export FRAMEFLEET_UPSTREAM_SRC=$UPSTREAM_ARCHIVES
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 t0=$(date +%s)
 SITE=()
@@ -69,6 +71,14 @@ for d in "${more[@]}"; do SITE+=(--site "$d"); done
 [ -n "${VIPE_WORK:-}" ] && SITE+=(--vipe-work "$VIPE_WORK")
 [ "${NO_TRACKS2D:-0}" = 1 ] && SITE+=(--no-tracks2d)
 [ -n "${MAX_FLAT_PCT:-}" ] && SITE+=(--max-flat-frame-pct "$MAX_FLAT_PCT")
+# each real stage's upstream source at its pin (depth's ViPE comes built: VIPE_WORK)
+export UPSTREAM_DIR=${UPSTREAM_DIR:-/tmp/ff-upstream}
+declare -A SOURCE=([masks]=facebookresearch+$([ "${MASKS:-grounded_sam}" = sam3 ] && echo sam3 || echo sam2)
+  [tracks2d]=facebookresearch+co-tracker [hands]=rolpotamias+WiLoR [tracks]=zbw001+TAPIP3D)
+for stage in $(echo "${REAL-masks,tracks2d,hands}" | tr ',' ' '); do
+  [ -z "${SOURCE[$stage]:-}" ] || upstream "${SOURCE[$stage]}" > /dev/null || exit 1
+done
+SITE+=(--upstream "$UPSTREAM_DIR")
 python3 bench/real_chain.py setup --base "$B" --real "${REAL-masks,tracks2d,hands}" --masks "${MASKS:-grounded_sam}" \
   "${SITE[@]}" > "$R/setup.txt" 2>&1 || { cat "$R/setup.txt" "$B"/prepare-*.log; exit 1; }
 if [ -n "${RAW:-}" ]; then

@@ -2,13 +2,14 @@
 """The chain with the real upstream models (random weights) where they run, each stage in an environment of its own.
 
     python bench/real_chain.py setup --base DIR [--real masks,tracks2d,hands] [--site DIR]...
-        [--masks sam3] [--vipe-work DIR]
+        [--masks sam3] [--vipe-work DIR] [--upstream DIR]
     python bench/real_chain.py check --base DIR [--device cuda:0]
     python bench/real_chain.py bound --config DIR/real.yaml --raw RAW --out OUT [--device cuda:0]
     python bench/real_chain.py report --results DIR
 
 ``setup`` lays out configs/real-gpu.yaml's models under DIR: the stages named by ``--real`` get
-their real upstream code (``../shared/upstream``'s snapshots, unpacked by tests.upstream.sources)
+their real upstream code (``--upstream DIR``: the checkouts bench/gpu_lib.sh's ``upstream`` lays out at
+deploy/envs/pins.sh's commits; without it, the source snapshots unpacked by tests.upstream.sources)
 and random weights in each upstream checkpoint format (bench/gpu_models.py's ``prepare``); the
 others, and all of them with ``--real ''``, the stand-ins of tests/standins. Each stage gets an
 interpreter of its own (a venv over this one's packages, with that model's code on its path), and
@@ -59,7 +60,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-REAL = ("masks", "tracks2d", "hands", "depth", "tracks")  # the stages whose real model can run from ../shared/upstream
+REAL = ("masks", "tracks2d", "hands", "depth", "tracks")  # the stages whose real model can run from its upstream
 DEFAULT_REAL = ("masks", "tracks2d", "hands")  # those that need nothing built on the GPU machine beforehand
 CHECKOUTS = {
     "masks": "facebookresearch+sam2",
@@ -101,8 +102,12 @@ def setup(
     vipe_work: Path | None = None,
     tracks2d: bool = True,
     max_flat_frame_pct: float | None = None,
+    sources: Path | None = None,
 ) -> dict[str, Any]:
-    """Lay out models, environments and DIR/real.yaml under ``base``; return what each stage runs."""
+    """Lay out models, environments and DIR/real.yaml under ``base``; return what each stage runs.
+
+    sources: a folder of upstream checkouts named <owner>+<repo>; None: tests.upstream.sources' snapshots.
+    """
     import yaml
 
     from tests.backends.standin_env import STANDINS, lay_out_upstream, real_gpu_yaml_on, standin_python
@@ -132,7 +137,9 @@ def setup(
     for stage in real:
         if stage == "depth":
             continue  # ViPE's folder comes built (--vipe-work)
-        checkout = source(CHECKOUTS[name[stage]])
+        checkout = sources / CHECKOUTS[name[stage]] if sources else source(CHECKOUTS[name[stage]])
+        if not checkout.is_dir():
+            raise SystemExit(f"{checkout} is missing: bench/gpu_lib.sh's upstream {CHECKOUTS[name[stage]]} makes it")
         (upstream / CHECKOUTS[name[stage]]).symlink_to(checkout)
         log = open(base / f"prepare-{stage}.log", "w")  # noqa: SIM115 (the child keeps its own copy)
         if stage == "tracks":  # TAPIP3D's own models.from_config, in the process that imports pointops2
@@ -336,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--vipe-work", type=Path, help="bench/gpu_vipe.sh's WORK folder, for --real depth")
     s.add_argument("--no-tracks2d", action="store_true", help="tracks2d off, as configs/real-gpu.yaml ships")
     s.add_argument("--max-flat-frame-pct", type=float, help="quality.max_flat_frame_pct (100: the gate off)")
+    s.add_argument("--upstream", type=Path, help="the upstream checkouts (bench/gpu_lib.sh's upstream lays them out)")
     c = sub.add_parser("check")
     c.add_argument("--base", type=Path, required=True)
     c.add_argument("--device", default="cuda:0")
@@ -363,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             vipe_work,
             tracks2d=not args.no_tracks2d,
             max_flat_frame_pct=args.max_flat_frame_pct,
+            sources=args.upstream.resolve() if args.upstream else None,
         )
         print(json.dumps(runs, indent=1))
     elif args.command == "check":
