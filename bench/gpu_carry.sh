@@ -6,23 +6,27 @@
 # vipe  .gpu/vipe (~34 MB): bench/gpu_vipe.sh's WHEELS (whl/, deploy/envs/vipe.lock's versions, plus
 #       framefleet's own as ../shared/device/prepare.sh lists them, less PyAV), EXTRA (extra/utils3d at MoGe's
 #       pin, extra/pycg's .py files) and EIGEN (eigen.tgz, Debian's libeigen3-dev). utils3d is not on PyPI:
-#       UTILS3D_SRC names a checkout of EasternJournalist/utils3d at build.sh's UTILS3D_COMMIT (a git clone
-#       where GitHub is reachable); without it, extra/utils3d is left out and the script says so.
+#       UTILS3D_SRC names a checkout of EasternJournalist/utils3d at deploy/envs/pins.sh's UTILS3D_COMMIT;
+#       without it, bench/gpu_lib.sh's upstream clones it, and where that fails extra/utils3d is left out, said so.
 # real  .gpu/real (~12 MB): the WHEELS and GL_DEBS of the real-model benches (the real-model autoscaler, SAM 3, the
 #       TAPIP3D and WiLoR conformance run); .gpu/real2 (~14 MB): decord, which SAM 3's builder imports
 #       (sam3/train/data/sam3_image_dataset.py:20), carried apart for the 64 MiB limit (DECORD_WHEELS).
-# up    .gpu/up: ../shared/upstream's archives and ../shared/data/real's clips (UPSTREAM_ARCHIVES=.gpu/up/upstream,
-#       CLIP or FRAMEFLEET_REAL_DATA=.gpu/up/data); carry only the archives a call needs (bench/NOTEBOOK.md).
+# up    .gpu/up: the upstream sources' archives at deploy/envs/pins.sh's commits (.gpu/up/upstream: copied from
+#       UPSTREAM_ARCHIVES, default the shared folder's upstream/ where it is beside the repository, else made from
+#       bench/gpu_lib.sh's upstream clones) and the clips dog, sheep, pstudio (.gpu/up/data: gpu_lib.sh's clip, from
+#       FRAMEFLEET_REAL_DATA, default the shared folder's data/real where present, else synthetic ones, said so).
+#       A GPU bench then takes UPSTREAM_ARCHIVES=.gpu/up/upstream and CLIP or FRAMEFLEET_REAL_DATA=.gpu/up/data;
+#       carry only the archives a call needs (bench/NOTEBOOK.md).
 # What one call can carry, with the tree (~2.5 MB): 64 MiB. .device (../shared/device/prepare.sh) is 45 MB,
 # 35 of them PyAV: .device + .gpu/real + five archives and three clips fit (65.8 MB of 67.1); .gpu/vipe
 # goes without .device. A warm machine keeps /tmp between calls, not the carried paths.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/gpu_lib.sh  # deploy/envs/pins.sh's commits, upstream, clip
 PY=${PY:-python3}
 DL=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux2010_x86_64
   --platform manylinux_2_12_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64)
-UTILS3D_COMMIT=$(sed -n 's/^UTILS3D_COMMIT=\([0-9a-f]*\).*/\1/p' deploy/envs/build.sh)
 
 wheels() {  # DEST PACKAGE==VERSION...: binary wheels for CPython 3.12; sdist-only ones built into pure wheels
   local dest=$1; shift
@@ -67,8 +71,10 @@ with zipfile.ZipFile(next(src.glob("*.whl"))) as z:
             z.extract(name, dest)
 PYEOF
   rm -rf "$tmp"
-  if [ -n "${UTILS3D_SRC:-}" ]; then
-    git -C "$UTILS3D_SRC" archive "$UTILS3D_COMMIT" utils3d | tar -x -C "$d/extra"
+  local utils3d=${UTILS3D_SRC:-}
+  [ -n "$utils3d" ] || utils3d=$(UPSTREAM_ARCHIVES= FRAMEFLEET_UPSTREAM_SRC= upstream EasternJournalist+utils3d) || utils3d=
+  if [ -n "$utils3d" ]; then
+    git -C "$utils3d" archive "$UTILS3D_COMMIT" utils3d | tar -x -C "$d/extra"
   else
     echo "extra/utils3d left out: set UTILS3D_SRC to a checkout of EasternJournalist/utils3d ($UTILS3D_COMMIT)" >&2
   fi
@@ -99,8 +105,20 @@ real() {
 
 up() {
   rm -rf .gpu/up; mkdir -p .gpu/up/upstream .gpu/up/data
-  cp ../shared/upstream/*.tar.gz .gpu/up/upstream/
-  cp ../shared/data/real/*.mp4 .gpu/up/data/
+  local archives name src c
+  archives=$(archives_dir) || archives=
+  for name in "${UPSTREAM_SOURCES[@]}"; do
+    if [ -n "$archives" ]; then
+      cp "$archives/$name.tar.gz" .gpu/up/upstream/
+    else  # an archive as the shared folder's are: NAME/ with .upstream-commit, without git's history
+      src=$(upstream "$name")
+      tar -czf ".gpu/up/upstream/$name.tar.gz" -C "$(dirname "$src")" --exclude=.git "$name"
+    fi
+  done
+  for name in dog sheep pstudio; do
+    c=$(clip "$name")
+    cp "$c" ".gpu/up/data/$name.mp4"
+  done
   du -sh .gpu/up
 }
 

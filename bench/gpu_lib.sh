@@ -8,7 +8,8 @@
 # upstream NAME  (<owner>+<repo>, e.g. facebookresearch+co-tracker) prints the folder holding that source at
 #              deploy/envs/pins.sh's commit, $UPSTREAM_DIR/NAME (default /tmp/ff-upstream): unpacked from
 #              NAME.tar.gz of $UPSTREAM_ARCHIVES (or $FRAMEFLEET_UPSTREAM_SRC, or shared/upstream beside the
-#              repository), else cloned from $UPSTREAM_GIT_BASE (default https://github.com) and checked out.
+#              repository where it has NAME), else cloned from $UPSTREAM_GIT_BASE (default https://github.com) and
+#              checked out.
 # clip NAME    prints a clip: $CLIP if set, else $FRAMEFLEET_REAL_DATA/NAME.mp4, else shared/data/real/NAME.mp4
 #              beside the repository, else a synthetic one (drawn shapes, CLIP_S seconds, default 12) encoded by
 #              `framefleet sample` into $CLIP_DIR (default /tmp/ff-clips), said on stderr.
@@ -71,7 +72,8 @@ upstream() {
   read -r url want <<< "$pinned"
   mkdir -p "$dir" || { gpu_fail "upstream: cannot make UPSTREAM_DIR=$dir: point UPSTREAM_DIR at a writable folder"; return; }
   archives=$(archives_dir)
-  if [ -n "$archives" ]; then
+  # archives named by a variable must hold NAME; the shared folder's, found by default, may lack it (then a clone)
+  if [ -n "$archives" ] && { [ -f "$archives/$name.tar.gz" ] || [ -n "${UPSTREAM_ARCHIVES:-}${FRAMEFLEET_UPSTREAM_SRC:-}" ]; }; then
     [ -f "$archives/$name.tar.gz" ] ||
       { gpu_fail "upstream: $archives has no $name.tar.gz: add it (bash bench/gpu_carry.sh up), or unset UPSTREAM_ARCHIVES to clone it"; return; }
     tar xzf "$archives/$name.tar.gz" -C "$dir" ||
@@ -85,7 +87,7 @@ upstream() {
     rm -rf "$tmp"
     if ! git clone --quiet "$url" "$tmp" 2>/dev/null || ! git -C "$tmp" checkout --quiet "$want" 2>/dev/null; then
       rm -rf "$tmp"
-      gpu_fail "upstream: no archive of $name (UPSTREAM_ARCHIVES unset, no shared/upstream beside the repository) and git clone $url at $want failed: give this host access to $UPSTREAM_GIT_BASE, or set UPSTREAM_ARCHIVES to a folder of <owner>+<repo>.tar.gz snapshots (bash bench/gpu_carry.sh up)"
+      gpu_fail "upstream: no archive of $name (UPSTREAM_ARCHIVES unset, none in a shared/upstream beside the repository) and git clone $url at $want failed: give this host access to $UPSTREAM_GIT_BASE, or set UPSTREAM_ARCHIVES to a folder of <owner>+<repo>.tar.gz snapshots (bash bench/gpu_carry.sh up)"
       return
     fi
     echo "$want" > "$tmp/.upstream-commit"
