@@ -3,8 +3,8 @@
     python bench/gpu_models.py --upstream DIR --clip CLIP.mp4 --out OUT [--models cotracker,grounded_sam,sam3]
 
 DIR holds the upstream checkouts (``facebookresearch+co-tracker``, ``facebookresearch+sam2``,
-``facebookresearch+sam3``, as ``../shared/upstream``'s archives unpack). Each model runs in two
-fresh processes: one writes random weights in the upstream checkpoint format (same code, shapes
+``facebookresearch+sam3``) at deploy/envs/pins.sh's commits, as bench/gpu_lib.sh's ``upstream`` lays them out.
+Each model runs in two fresh processes: one writes random weights in the upstream checkpoint format (same code, shapes
 and compute as the trained model), the other loads the backend and runs it, so that its peaks are its own: GPU memory by
 NVML for this process (sampled every 20 ms) and by torch (max allocated and reserved), host RSS,
 load time and seconds per window or frame. Frames are CLIP's first ``--frames`` frames resized
