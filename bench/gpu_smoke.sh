@@ -25,4 +25,4 @@ cp /tmp/out/run_summary.json "$OUT/"
 mkdir -p "$OUT/logs" && cp /tmp/out/logs/*.log "$OUT/logs/"
 python3 -m pytest -q -m gpu tests/test_gpu_probe.py tests/test_gpu_pinning.py -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu tests exit $?" >> "$OUT/gpu_tests.txt"
-tail -3 "$OUT/gpu_tests.txt" "$OUT/verify.txt" "$OUT/run_local.txt" "$OUT/overhead.txt"
+tail -n 3 "$OUT/gpu_tests.txt" "$OUT/verify.txt" "$OUT/run_local.txt" "$OUT/overhead.txt"
