@@ -376,3 +376,23 @@ def run_script(script: str, *args: str, env: dict[str, str], timeout_s: float = 
         text=True,
         timeout=timeout_s,
     )
+
+
+def _interrupt_state() -> tuple[object, bool]:
+    """How this process takes SIGINT: its handler, and whether the signal is blocked (both pass to the
+    processes a test starts: a child started while SIGINT is ignored or blocked never sees a Ctrl-C)."""
+    return signal.getsignal(signal.SIGINT), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_left_as_found() -> Iterator[None]:
+    """A test that leaves the test process ignoring or blocking Ctrl-C fails, by name, and the state is put
+    back: otherwise a later test of the same session, which sends SIGINT to a command it started, fails
+    instead."""
+    before = _interrupt_state()
+    yield
+    after = _interrupt_state()
+    if after != before:
+        signal.signal(signal.SIGINT, before[0])  # type: ignore[arg-type]
+        signal.pthread_sigmask(signal.SIG_UNBLOCK if not before[1] else signal.SIG_BLOCK, [signal.SIGINT])
+        pytest.fail(f"this test left SIGINT as {after} (handler, blocked), found as {before}")
