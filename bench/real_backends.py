@@ -2,6 +2,9 @@
 
     python bench/real_backends.py [CLIP_DIR] [--threads 2]
 
+CLIP_DIR holds dog.mp4, sheep.mp4 and pstudio.mp4 (default: $FRAMEFLEET_REAL_DATA, else shared/data/real beside
+the repository).
+
 For each clip (after preprocess: 10 fps, 512x384): the classical depth backend's ms per frame and
 frames posed; the opencv tracks stage's ms per frame and points kept per window (finite on all
 10 steps, of the 64 queried); the mediapipe hands stage's ms per frame and frames with a hand
@@ -34,11 +37,22 @@ def timed(fn, *args):
     return out, (time.perf_counter() - t0, time.process_time() - c0)
 
 
+def default_clips() -> Path | None:
+    """$FRAMEFLEET_REAL_DATA, else shared/data/real beside the repository or a folder above it, if there."""
+    if os.environ.get("FRAMEFLEET_REAL_DATA"):
+        return Path(os.environ["FRAMEFLEET_REAL_DATA"])
+    root = Path(__file__).resolve().parents[1]
+    return next((p / "shared/data/real" for p in root.parents if (p / "shared/data/real").is_dir()), None)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("clips", nargs="?", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/real")
+    ap.add_argument("clips", nargs="?", type=Path, default=default_clips())
     ap.add_argument("--threads", type=int, default=2, help="OpenCV threads (this machine: 2 cores)")
     args = ap.parse_args()
+    if args.clips is None or not all((args.clips / name).is_file() for name in CLIPS):
+        names = ", ".join(CLIPS)
+        ap.error(f"the real clips ({names}) are not in {args.clips}: name their folder, or set FRAMEFLEET_REAL_DATA")
     import cv2
 
     cv2.setNumThreads(args.threads)
