@@ -8,13 +8,13 @@ only where the standard one misses a goal, by the amount shown here. For each fo
 timed once on files just written (in the page cache), and its size:
 
 1. A run's outcomes (tasks.records.outcome_files): N lines in 16 segments with their index, as the
-   finishing tasks leave them. Ours (``id<TAB>{json}``) and JSON Lines (``{"video_id": …, "status": …}``,
-   fixed key order) appended a line at a time (µs per video, on 20,000), the run's end read (every id and
-   status), the report's (the fields of the low_quality videos and of 400 wanted ones), ``--continue``'s
-   (the manifest merged with the lines), a user's "which videos failed", by our reader, pyarrow.json and
-   DuckDB; an Arrow IPC stream with a batch per video (what appending one video at a time makes of it) and
-   Parquet (one file written from the lines by the run's end: the one writer there is). SQLite and
-   Parquet-per-video are ruled out: many processes on many hosts append over a shared OUT.
+   finishing tasks leave them, in this version's form (JSON Lines, ``{"video_id": …, "status": …}`` first)
+   and the earlier one (``id<TAB>{json}``): appended a line at a time (µs per video, on 20,000), the run's
+   end read (every id and status), the report's (the fields of the low_quality videos and of 400 wanted
+   ones), ``--continue``'s (each video's fields by id), a user's "which videos failed", by our readers,
+   pyarrow.json and DuckDB; an Arrow IPC stream with a batch per video (what appending one video at a time
+   makes of it) and Parquet (one file written from the lines by the run's end: the one writer there is).
+   SQLite and Parquet-per-video are ruled out: many processes on many hosts append over a shared OUT.
 2. The manifest (tasks.records.manifest): N entries as an enqueue writes them, against JSON Lines, Parquet
    and SQLite (one writer, the enqueuer): the write, the read in order (``--continue``'s merge), every id
    (the report's table), the failed ones (a user's query).
@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from bench.modes_queue import private_redis  # noqa: E402
-from bench.simulated import sharded_path  # noqa: E402
+from bench.simulated import earlier_line, sharded_path  # noqa: E402
 
 SEGMENTS = 16  # worker processes whose segments hold the run's lines (bench/scale.py's)
 APPENDS = 20_000  # lines appended one at a time for the per-video cost
@@ -117,50 +117,30 @@ def ids(n: int) -> list[str]:
 
 # 1. A run's outcomes.
 
-
-def jsonl_line(vid: str, status: str, found: dict[str, Any]) -> str:
-    """The JSON Lines form of a video's line: its id and status first, so a scanner finds both unparsed."""
-    from tasks.records.outcome_files import fields_of
-
-    return json.dumps({"video_id": vid, **fields_of(status, found)}) + "\n"
-
-
-JSONL_LINE = re.compile(r'^\{"video_id": "([^"\\\n]+)", "status": "([a-z_]+)"[^\n]*\}\n', re.M)
+NOW, BEFORE = "JSON Lines (now)", "id TAB json (before)"
 
 
 def outcome_case(n: int, work: Path, vids: list[str]) -> tuple[Path, Path]:
-    """OUT with an enqueued manifest of ``n`` videos and the run's outcomes in both line forms (a folder each)."""
+    """OUT with an enqueued manifest of ``n`` videos and the run's ended outcomes (this version's lines), and a
+    folder of the same outcomes in the earlier form; each segment with its index."""
     from tasks.records import lineage, manifest, outcome_files, outcome_index
 
-    out, plain = work / "out", work / "jsonl"
+    out, before = work / "out", work / "before"
     shutil.rmtree(work, ignore_errors=True)
     (out / manifest.PARTS).mkdir(parents=True)
     entries = [{"video_id": v, "path": sharded_path(i), "bytes": 0, "text": "", "noun": ""} for i, v in enumerate(vids)]
     entries.sort(key=manifest.sort_key)
     lineage.write(out, {"dataset_root": "/raw", "last_run": RUN, "order": manifest.ORDER, "roots": ["/raw"]}, entries)
     del entries
-    ours = manifest.outcomes_path(out, RUN)
-    for folder in (ours, plain):
+    now = manifest.outcomes_path(out, RUN)
+    for folder, line_of in ((now, outcome_files.line_of), (before, earlier_line)):
         folder.mkdir(parents=True)
-    for k in range(SEGMENTS):
-        texts, rows, end = [], [], 0
-        jl, jl_rows, jl_end = [], [], 0
-        for i in range(k, n, SEGMENTS):
-            status, found = status_of(i), found_of(i, vids[i])
-            line = outcome_files.line_of(vids[i], status, found)
-            texts.append(line)
-            end += len(line.encode())
-            rows.append(outcome_index.row_of(vids[i], status, end))
-            line = jsonl_line(vids[i], status, found)
-            jl.append(line)
-            jl_end += len(line.encode())
-            jl_rows.append(outcome_index.row_of(vids[i], status, jl_end))
-        name = f"bench-{k}-0000{k:04x}"
-        (ours / (name + manifest.SEGMENT)).write_text("".join(texts))
-        (ours / (name + outcome_index.INDEX)).write_text("".join(rows))
-        (plain / (name + manifest.SEGMENT)).write_text("".join(jl))
-        (plain / (name + outcome_index.INDEX)).write_text("".join(jl_rows))
-    return out, plain
+        for k in range(SEGMENTS):
+            texts = [line_of(vids[i], status_of(i), found_of(i, vids[i])) for i in range(k, n, SEGMENTS)]
+            name = f"bench-{k}-0000{k:04x}"
+            (folder / (name + manifest.SEGMENT)).write_text("".join(texts))
+            (folder / (name + outcome_index.INDEX)).write_text(outcome_index.index_of(texts))
+    return out, before
 
 
 def size_of(folder: Path, suffix: str) -> int:
@@ -168,36 +148,29 @@ def size_of(folder: Path, suffix: str) -> int:
 
 
 def appends(work: Path, vids: list[str]) -> None:
-    """A line at a time, as the finishing tasks write them: ours (line and index row, tasks.records.outcome_files
-    .append), a JSON Lines line and its row, a batch of an Arrow IPC stream."""
+    """A line at a time, as the finishing tasks write them (tasks.records.outcome_files.append: the line, then its
+    index row): this version's lines and the earlier form; and a batch of an Arrow IPC stream per video."""
     import pyarrow as pa
 
     from tasks.records import outcome_files
 
     count = min(APPENDS, len(vids))
 
-    def ours() -> None:
+    def lines(run: str) -> None:
         for i, v in enumerate(vids[:count]):
-            outcome_files.append(work, "appends", v, status_of(i), found_of(i, v))
+            outcome_files.append(work, run, v, status_of(i), found_of(i, v))
 
-    took, _ = timed(ours)
-    record("outcomes", "ours: id TAB json + index", "append a video (µs)", took / count * 1e6)
-    folder = work / "jsonl-appends"
-    folder.mkdir()
+    took, _ = timed(lambda: lines("now"))
+    record("outcomes", NOW + " + index", "append a video (µs)", took / count * 1e6)
     line_of = outcome_files.line_of
-    outcome_files.line_of = lambda v, status, found: jsonl_line(v, status, found)  # type: ignore[assignment]
-
-    def jsonl() -> None:
-        for i, v in enumerate(vids[:count]):
-            outcome_files.append(work, "jsonl-appends", v, status_of(i), found_of(i, v))
-
+    outcome_files.line_of = earlier_line  # type: ignore[assignment]
     try:
-        took, _ = timed(jsonl)
+        took, _ = timed(lambda: lines("before"))
     finally:
-        outcome_files.line_of = line_of  # type: ignore[method-assign]
-    record("outcomes", "JSON Lines + index", "append a video (µs)", took / count * 1e6)
+        outcome_files.line_of = line_of  # type: ignore[assignment]
+    record("outcomes", BEFORE + " + index", "append a video (µs)", took / count * 1e6)
     schema = pa.schema([("video_id", pa.string()), ("status", pa.string()), ("fields", pa.string())])
-    path = folder / "p.arrows"
+    path = work / "p.arrows"
 
     def arrow() -> None:
         for i, v in enumerate(vids[:count]):
@@ -217,7 +190,7 @@ def appends(work: Path, vids: list[str]) -> None:
         assert reader.read_all().num_rows == count
 
 
-def outcome_reads(out: Path, plain: Path, work: Path, vids: list[str]) -> None:
+def outcome_reads(out: Path, before: Path, work: Path, vids: list[str]) -> None:
     import duckdb
     import pyarrow as pa
     import pyarrow.json as pj
@@ -227,48 +200,41 @@ def outcome_reads(out: Path, plain: Path, work: Path, vids: list[str]) -> None:
     from tasks.report import quality_table
 
     n = len(vids)
-    ours = manifest.outcomes_path(out, RUN)
-    record("outcomes", "ours: id TAB json", "size: lines", None, size_of(ours, manifest.SEGMENT))
-    record("outcomes", "ours: index", "size: index", None, size_of(ours, outcome_index.INDEX))
-    record("outcomes", "JSON Lines", "size: lines", None, size_of(plain, manifest.SEGMENT))
+    now = manifest.outcomes_path(out, RUN)
+    record("outcomes", NOW, "size: lines", None, size_of(now, manifest.SEGMENT))
+    record("outcomes", BEFORE, "size: lines", None, size_of(before, manifest.SEGMENT))
+    record("outcomes", "index (either)", "size: index", None, size_of(now, outcome_index.INDEX))
 
-    took, lines = timed(lambda: outcome_files.read(ours))
+    took, lines = timed(lambda: outcome_files.read(now))
     assert len(lines.status) == n
-    record("outcomes", "ours: index", "run's end: ids, statuses", took)
+    record("outcomes", NOW + ": index", "run's end: ids, statuses", took)
+    took, found = timed(lambda: outcome_files.read(before))
+    assert found.status == lines.status
+    record("outcomes", BEFORE + ": index", "run's end: ids, statuses", took)
 
-    def jsonl_index() -> dict[str, str]:
-        pairs: list[tuple[str, str]] = []
-        for path in manifest.segments(plain):
-            pairs += outcome_index._ROW.findall(path.with_suffix(outcome_index.INDEX).read_text())
-        return dict(pairs)
-
-    took, found = timed(jsonl_index)
-    assert found == lines.status
-    record("outcomes", "JSON Lines: index", "run's end: ids, statuses", took)
-
-    def scan(folder: Path, pattern: re.Pattern[str]) -> dict[str, str]:
+    def scan(folder: Path) -> dict[str, str]:
         pairs: list[tuple[str, str]] = []
         for path in manifest.segments(folder):
-            pairs += pattern.findall(path.read_text())
+            pairs += outcome_index.pairs(path.read_text())
         return dict(pairs)
 
-    took, found = timed(lambda: scan(ours, outcome_index.LINE))
-    assert found == lines.status
-    record("outcomes", "ours: lines, no index", "run's end: ids, statuses", took)
-    took, found = timed(lambda: scan(plain, JSONL_LINE))
-    assert found == lines.status
-    record("outcomes", "JSON Lines: lines, regex", "run's end: ids, statuses", took)
-    wanted_schema = pa.schema([("video_id", pa.string()), ("status", pa.string())])
-    options = pj.ParseOptions(explicit_schema=wanted_schema, unexpected_field_behavior="ignore")
+    for name, folder in ((NOW, now), (BEFORE, before)):
+        took, found = timed(lambda: scan(folder))  # noqa: B023
+        assert found == lines.status
+        record("outcomes", name + ": lines, no index", "run's end: ids, statuses", took)
+    options = pj.ParseOptions(
+        explicit_schema=pa.schema([("video_id", pa.string()), ("status", pa.string())]),
+        unexpected_field_behavior="ignore",
+    )
 
     def arrow_read() -> pa.Table:
-        return pa.concat_tables(pj.read_json(p, parse_options=options) for p in manifest.segments(plain))
+        return pa.concat_tables(pj.read_json(p, parse_options=options) for p in manifest.segments(now))
 
     took, table = timed(arrow_read)
     assert table.num_rows == n
-    record("outcomes", "JSON Lines: pyarrow.json", "run's end: ids, statuses", took)
+    record("outcomes", NOW + ": pyarrow.json", "run's end: ids, statuses", took)
     del table
-    glob = str(plain / "*.jsonl")
+    glob = str(now / "*.jsonl")
     con = duckdb.connect()
     took, count = timed(
         lambda: con.execute(
@@ -276,35 +242,42 @@ def outcome_reads(out: Path, plain: Path, work: Path, vids: list[str]) -> None:
             "columns={video_id: 'VARCHAR', status: 'VARCHAR'})"
         ).fetchall()[0]
     )
-    record("outcomes", "JSON Lines: DuckDB", "run's end: ids, statuses", took, note=f"{count[0]} ids")
+    record("outcomes", NOW + ": DuckDB", "run's end: ids, statuses", took, note=f"{count[0]} ids")
 
     wanted = quality_table.wanted(out, 200)
-    took, kept = timed(lambda: outcome_files.read(ours, wanted))
+    took, kept = timed(lambda: outcome_files.read(now, wanted))
     assert kept.fields is not None
-    record("outcomes", "ours: index", "report: fields kept", took, note=f"{len(kept.fields)} videos")
+    record("outcomes", NOW + ": index", "report: fields kept", took, note=f"{len(kept.fields)} videos")
+    took, kept = timed(lambda: outcome_files.read(before, wanted))
+    assert kept.fields is not None
+    record("outcomes", BEFORE + ": index", "report: fields kept", took, note=f"{len(kept.fields)} videos")
     picked = ",".join(f"'{v}'" for v in sorted(wanted))
     took, rows = timed(
         lambda: con.execute(
             f"SELECT video_id, quality FROM read_json('{glob}') WHERE status = 'low_quality' OR video_id IN ({picked})"
         ).fetchall()
     )
-    record("outcomes", "JSON Lines: DuckDB", "report: fields kept", took, note=f"{len(rows)} videos")
+    record("outcomes", NOW + ": DuckDB", "report: fields kept", took, note=f"{len(rows)} videos")
 
     def recorded(folder: Path) -> int:
         found = manifest.Recorded(manifest.segments(folder))
         return sum(found.get(v) is not None for v in vids)
 
-    took, count = timed(lambda: recorded(ours))
-    assert count == n
-    record("outcomes", "ours: manifest.Recorded", "--continue: each video's fields", took)
+    for name, folder in ((NOW, now), (BEFORE, before)):
+        took, count = timed(lambda: recorded(folder))  # noqa: B023
+        assert count == n
+        record("outcomes", name + ": manifest.Recorded", "--continue: each video's fields", took)
 
     command = [sys.executable, "-c", "import sys; from tasks.cli.main import main; sys.exit(main())"]
     command += ["videos", str(out), "--status", "failed"]
     took, done = timed(lambda: subprocess.run(command, capture_output=True, text=True, cwd=ROOT))
     failed = sum(1 for i in range(n) if status_of(i) == "failed")
     assert done.returncode == 0 and done.stdout.count("\n") == failed, done.stderr[-500:]
-    record("outcomes", "ours: framefleet videos", "user: which failed", took, note=f"{failed} videos")
-    tabbed = str(ours / "*.jsonl")
+    record("outcomes", NOW + ": framefleet videos", "user: which failed", took, note=f"{failed} videos")
+    took, rows = timed(lambda: con.execute(f"SELECT video_id FROM '{glob}' WHERE status = 'failed'").fetchall())
+    assert len(rows) == failed
+    record("outcomes", NOW + ": DuckDB", "user: which failed", took)
+    tabbed = str(before / "*.jsonl")
     took, rows = timed(
         lambda: con.execute(
             f"SELECT video_id FROM read_csv('{tabbed}', delim='\t', quote='', escape='', header=false, "
@@ -312,15 +285,12 @@ def outcome_reads(out: Path, plain: Path, work: Path, vids: list[str]) -> None:
         ).fetchall()
     )
     assert len(rows) == failed
-    record("outcomes", "ours: DuckDB read_csv TAB", "user: which failed", took)
-    took, rows = timed(lambda: con.execute(f"SELECT video_id FROM '{glob}' WHERE status = 'failed'").fetchall())
-    assert len(rows) == failed
-    record("outcomes", "JSON Lines: DuckDB", "user: which failed", took)
+    record("outcomes", BEFORE + ": DuckDB read_csv TAB", "user: which failed", took)
 
     parquet = work / "outcomes.parquet"
 
     def to_parquet() -> None:
-        tables = [pj.read_json(p) for p in manifest.segments(plain)]
+        tables = [pj.read_json(p) for p in manifest.segments(now)]
         pq.write_table(pa.concat_tables(tables, promote_options="default"), parquet)
 
     took, _ = timed(to_parquet)
@@ -330,16 +300,10 @@ def outcome_reads(out: Path, plain: Path, work: Path, vids: list[str]) -> None:
     took, rows = timed(lambda: con.execute(f"SELECT video_id FROM '{parquet}' WHERE status = 'failed'").fetchall())
     record("outcomes", "Parquet: DuckDB", "user: which failed", took)
     arrows = work / "outcomes.arrows"
-    tab = pa.table({"video_id": [m for m in lines.status], "status": list(lines.status.values())})
-    fields = pa.array([json.dumps({"status": s}) for s in lines.status.values()])
-    tab = tab.append_column("fields", fields)
-    del fields
-
-    def per_video_stream() -> None:
-        with pa.ipc.new_stream(str(arrows), tab.schema) as writer:
-            writer.write_table(tab, max_chunksize=1)
-
-    per_video_stream()
+    tab = pa.table({"video_id": list(lines.status), "status": list(lines.status.values())})
+    tab = tab.append_column("fields", pa.array([json.dumps({"status": s}) for s in lines.status.values()]))
+    with pa.ipc.new_stream(str(arrows), tab.schema) as writer:
+        writer.write_table(tab, max_chunksize=1)  # a batch per video, as appending one at a time makes it
     per_batch = arrows.stat().st_size / n - sum(len(v) for v in lines.status) / n
     took, table = timed(lambda: pa.ipc.open_stream(pa.OSFile(str(arrows))).read_all())
     assert table.num_rows == n
@@ -622,14 +586,14 @@ def main(argv: list[str] | None = None) -> int:
     load = [os.getloadavg()]
     vids = ids(args.videos)
     work = args.work
-    out, plain = (
+    out, before = (
         outcome_case(args.videos, work, vids)
         if skip & {"outcomes", "manifest"} != {"outcomes", "manifest"}
         else (work, work)
     )
     if "outcomes" not in skip:
         appends(work, vids)
-        outcome_reads(out, plain, work, vids)
+        outcome_reads(out, before, work, vids)
     if "manifest" not in skip:
         manifest_formats(out, work, vids)
     shutil.rmtree(work, ignore_errors=True)

@@ -101,7 +101,7 @@ def test_a_counted_video_without_its_line_is_reported_in_the_summary(redis_url, 
         completion.video_ended(r, replace(job, timings=_span(i, 1.0)), 3600)
     for segment in outcome_files.segments(outcome_files.live_dir(tmp_path / "out", "lost")):
         lines = segment.read_text().splitlines(keepends=True)
-        segment.write_text("".join(line for line in lines if not line.startswith("v1\t")))
+        segment.write_text("".join(line for line in lines if json.loads(line)["video_id"] != "v1"))
 
     aggregate.aggregate.run(completion.callback_run(record))
     written = json.loads((tmp_path / "out" / "run_summary.json").read_text())
@@ -257,3 +257,67 @@ def test_every_video_with_its_status_loads_in_duckdb_from_framefleet_videos(redi
     failed = [json.loads(line) for line in videos("--status", "failed", "--status", "low_quality").splitlines()]
     assert [(v["video_id"], v["status"]) for v in failed] == [("v1", "failed"), ("v2", "low_quality")]
     assert failed[1]["shortfalls"] == ["tracks"]
+
+
+def test_an_output_folder_an_earlier_version_wrote_reads_as_before(tmp_path):
+    """Lines of the earlier form (the id, a tab, the fields; notes in <...>.notes.jsonl) beside lines of this
+    version's (JSON Lines): in an ended run, in a live one its end settles, and merged over the manifest."""
+    from tasks.records import manifest, outcome_files, outcome_index
+
+    out = tmp_path / "out"
+    writer = manifest.Writer(out, {"raw_dir": str(tmp_path)})
+    for i in range(6):
+        writer.add({"video_id": f"v{i}", "path": f"v{i}.mp4", "status": "pending"})
+    writer.commit()
+    earlier = [
+        'v0\t{"status": "done", "quality": {"q": 0}}\n',
+        'v1\t{"status": "low_quality", "quality": {"q": 1}, "shortfalls": ["hands"]}\n',
+        'v2\t{"status": "failed"}\n',
+    ]
+    ended = manifest.outcomes_path(out, "old")
+    ended.mkdir(parents=True)
+    (ended / "h-1-a.jsonl").write_text("".join(earlier) + 'v5\t{"status": "do')  # and a torn last line
+    (ended / "h-1-a.index").write_text(outcome_index.index_of(earlier))
+    (ended / "h-1-a.notes.jsonl").write_text('v2\t{"decoder": "retried"}\n')
+    # A run live across the upgrade: a worker of each version, v3 ended by both with other statuses.
+    live = outcome_files.live_dir(out, "new")
+    live.mkdir(parents=True)
+    (live / "h-2-b.jsonl").write_text('v3\t{"status": "failed"}\nv4\t{"status": "done", "quality": {"q": 4}}\n')
+    outcome_files.append(out, "new", "v3", "done", {"quality": {"q": 3}}, notes={"gpu": "slow"})
+
+    old = outcome_files.read(ended, {"v0"})
+    assert old.status == {"v0": "done", "v1": "low_quality", "v2": "failed"}
+    assert old.fields is not None and json.loads(old.fields["v1"])["shortfalls"] == ["hands"]
+    assert json.loads(old.fields["v0"])["quality"] == {"q": 0}
+    assert outcome_files.notes_of(ended) == {"v2": {"decoder": "retried"}}
+    folder, lines = outcome_files.close(out, "new", [], wanted={"v3", "v4"})
+    assert lines.status == {"v3": "done", "v4": "done"} and lines.disagree == {"v3"}
+    assert lines.fields is not None and json.loads(lines.fields["v4"])["quality"] == {"q": 4}
+    assert outcome_files.notes_of(folder) == {"v3": {"gpu": "slow"}}
+    merged = {entry["video_id"]: entry for entry in map(json.loads, manifest.lines(out))}
+    assert {vid: entry["status"] for vid, entry in merged.items()} == {
+        "v0": "done",
+        "v1": "low_quality",
+        "v2": "failed",
+        "v3": "done",
+        "v4": "done",
+        "v5": "pending",
+    }
+    assert merged["v3"]["quality"] == {"q": 3} and merged["v1"]["shortfalls"] == ["hands"]
+
+
+def test_a_line_is_json_with_its_id_and_status_first(tmp_path):
+    """What a worker appends loads as JSON Lines and begins with its id and status, which the end's scan of a
+    segment without an index finds unparsed."""
+    from tasks.records import outcome_files, outcome_index
+
+    line = outcome_files.line_of("v0", "low_quality", {"quality": {"q": 0}, "shortfalls": ["tracks"]})
+    assert json.loads(line) == {
+        "video_id": "v0",
+        "status": "low_quality",
+        "quality": {"q": 0},
+        "shortfalls": ["tracks"],
+    }
+    assert line.startswith('{"video_id": "v0", "status": "low_quality", ') and line.endswith("}\n")
+    assert outcome_index.pairs(line + line.replace("v0", "v1")[:-9]) == [("v0", "low_quality")]  # and a torn one
+
