@@ -321,3 +321,79 @@ def test_a_line_is_json_with_its_id_and_status_first(tmp_path):
     assert line.startswith('{"video_id": "v0", "status": "low_quality", ') and line.endswith("}\n")
     assert outcome_index.pairs(line + line.replace("v0", "v1")[:-9]) == [("v0", "low_quality")]  # and a torn one
 
+
+def test_the_guides_pandas_and_duckdb_lines_read_a_real_runs_folder(redis_url, monkeypatch, tmp_path):
+    """Each line docs/guide.md shows under "Reading a run's records with pandas or DuckDB", run as it is written
+    on the folder a real run's end left (its `duckdb -c` lines through DuckDB's Python module, the CLI's engine)."""
+    import os
+    import re
+    import shlex
+    import subprocess
+    import sys
+
+    import duckdb
+
+    from tasks.job import Failure
+    from tasks.records import manifest
+    from tasks.run import aggregate, completion
+    from tests.conftest import ROOT
+
+    r, jobs, record = _run(redis_url, monkeypatch, tmp_path, 3, "guide")
+    out = tmp_path / "out"
+    writer = manifest.Writer(out, {"raw_dir": str(tmp_path), "run_id": "guide"})
+    for i in range(3):
+        writer.add({"video_id": f"v{i}", "path": f"v{i}.mp4", "status": "pending"})
+    writer.commit()
+    made = {"quality": {"q": 1}, "provenance": {"backends": {"depth": "synthetic"}, "run_id": "guide"}}
+    completion.video_ended(r, replace(jobs[0], timings=_span(0.0, 1.0), report=made), 3600)
+    completion.video_ended(r, replace(jobs[1], failed=Failure("tracks", "BadInput", "no texture", 1, "g@t", 1.0)), 3600)
+    short = {"stage": "tracks", "measure": "visible_fraction", "value": 0.1, "setting": "min_visible", "threshold": 0.3}
+    low = Failure("h5", "low_quality", "gate", 1, "cpu@t", 2.0, detail={"shortfalls": [short]})
+    completion.video_ended(r, replace(jobs[2], failed=low), 3600)
+    aggregate.aggregate.run(completion.callback_run(record))
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "OUT").symlink_to(out)
+    (out / "quarantine.jsonl").touch()  # (its lines: tasks.records.quarantine; none when no video failed for good)
+
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    section = guide[guide.index("## Reading a run's records with pandas or DuckDB") :]
+    section = section[: section.index("\n## ")] if "\n## " in section else section
+    commands = [line for block in re.findall(r"```\n(.*?)```", section, re.S) for line in block.splitlines()]
+    assert len(commands) == 8
+    printed, queried = [], []
+    for command in commands:
+        words = shlex.split(command)
+        if words[0] == "duckdb":
+            with duckdb.connect() as con:  # in ``here``: the paths are relative, as the guide writes them
+                monkeypatch.chdir(here)
+                queried.append(con.execute(words[2]).fetchall())
+            continue
+        target = None
+        if ">" in words:
+            words, target = words[: words.index(">")], words[words.index(">") + 1]
+        if words[0] == "framefleet":
+            words = [sys.executable, "-c", "import sys; from tasks.cli.main import main; sys.exit(main())", *words[1:]]
+        elif words[0] == "python":
+            words[0] = sys.executable
+        done = subprocess.run(
+            words,
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert done.returncode == 0, (command, done.stderr[-2000:])
+        if target:
+            (here / target).write_text(done.stdout)
+        else:
+            printed.append(done.stdout)
+    every = [json.loads(line) for line in (here / "videos.jsonl").read_text().splitlines()]
+    assert [(v["video_id"], v["status"]) for v in every] == [("v0", "done"), ("v1", "failed"), ("v2", "low_quality")]
+    assert re.search(r"done\s+1", printed[0]) and re.search(r"low_quality\s+1", printed[0])
+    assert queried[0] == [("v2", "tracks", "visible_fraction", 0.1, "min_visible", 0.3)]
+    assert queried[2] == [("v0", "v0.mp4", "pending"), ("v1", "v1.mp4", "pending"), ("v2", "v2.mp4", "pending")]
+    assert all(f"v{i}" in printed[1] for i in range(3))  # the manifest in pandas
+    assert re.search(r"v1\s+failed", printed[2]) and re.search(r"v2\s+low_quality", printed[2])  # outcomes in pandas
+    assert sorted(queried[3]) == [("done", 1), ("failed", 1), ("low_quality", 1)]
