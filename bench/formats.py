@@ -274,6 +274,15 @@ def outcome_reads(out: Path, before: Path, work: Path, vids: list[str]) -> None:
     failed = sum(1 for i in range(n) if status_of(i) == "failed")
     assert done.returncode == 0 and done.stdout.count("\n") == failed, done.stderr[-500:]
     record("outcomes", NOW + ": framefleet videos", "user: which failed", took, note=f"{failed} videos")
+    # The loop `framefleet videos --status` ran before: every merged line parsed for its status.
+    every = "import json, pathlib, sys; from tasks.records import manifest; out = pathlib.Path(sys.argv[1]); "
+    every += "sys.stdout.writelines(line + '\\n' for line in manifest.lines(out) "
+    every += "if json.loads(line).get('status') == 'failed')"
+    took, done = timed(
+        lambda: subprocess.run([sys.executable, "-c", every, str(out)], capture_output=True, text=True, cwd=ROOT)
+    )
+    assert done.returncode == 0 and done.stdout.count("\n") == failed, done.stderr[-500:]
+    record("outcomes", NOW + ": every line parsed", "user: which failed", took, note="framefleet videos before")
     took, rows = timed(lambda: con.execute(f"SELECT video_id FROM '{glob}' WHERE status = 'failed'").fetchall())
     assert len(rows) == failed
     record("outcomes", NOW + ": DuckDB", "user: which failed", took)
