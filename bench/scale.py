@@ -57,7 +57,7 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
 from bench.modes_queue import private_redis  # noqa: E402
-from bench.simulated import realistic_outcome, realistic_partials, sharded_path  # noqa: E402
+from bench.simulated import earlier_line, realistic_outcome, realistic_partials, sharded_path  # noqa: E402
 
 # The benchmarks measure the orchestration with the synthetic stand-ins, as their recorded results did.
 os.environ.setdefault("FRAMEFLEET_DEFAULT_BACKENDS", "synthetic")
@@ -685,17 +685,24 @@ def fast_outcomes(r: Any, run_id: str, found: list[tuple[str, dict[str, Any]]], 
 
 def layout_of(code: Path) -> str:
     """Where the tree ``code`` keeps a live run's outcomes: "files" (OUT/runs/<run>.outcomes.live/ and the
-    run's counters in Redis, tasks.records.outcome_files) or "redis" (each outcome in Redis, as main did)."""
-    return "files" if (code / "tasks" / "run" / "outcome_files.py").exists() else "redis"
+    run's counters in Redis, tasks.records.outcome_files, lines of JSON), "files-tab" (the same, lines of an id,
+    a tab and the fields: trees before JSON Lines, which read only those) or "redis" (each outcome in Redis,
+    as main did)."""
+    index = code / "tasks" / "records" / "outcome_index.py"
+    if index.exists() and "HEAD = " in index.read_text():
+        return "files"
+    return "files-tab" if index.exists() or (code / "tasks" / "run" / "outcome_files.py").exists() else "redis"
 
 
 SEGMENTS = 16  # worker processes whose segments hold a "files" run's lines
 
 
-def counted_outcomes(r: Any, run_id: str, found: list[tuple[str, dict[str, Any]]], ttl_s: int, lines: Path) -> None:
+def counted_outcomes(
+    r: Any, run_id: str, found: list[tuple[str, dict[str, Any]]], ttl_s: int, lines: Path, tab: bool = False
+) -> None:
     """Each video counted as its finishing task counts it (tasks.run.completion's own Lua, with its counters),
-    and its line in one of SEGMENTS segments under ``lines`` (written whole, not a line at a time), with the
-    segment's index rows (tasks.records.outcome_index)."""
+    and its line in one of SEGMENTS segments under ``lines`` (written whole, not a line at a time; ``tab``: in
+    the earlier form, bench.simulated.earlier_line), with the segment's index rows (tasks.records.outcome_index)."""
     from tasks.celery_app import settings
     from tasks.records import outcome_files, outcome_index
     from tasks.run import completion, runs, tally
@@ -708,7 +715,7 @@ def counted_outcomes(r: Any, run_id: str, found: list[tuple[str, dict[str, Any]]
     texts: list[list[str]] = [[] for _ in range(SEGMENTS)]
     pipe = r.pipeline(transaction=False)
     for k, (_vid, outcome) in enumerate(found):
-        texts[k % SEGMENTS].append(outcome_files.line_of(*tally.classify(run_id, outcome)))
+        texts[k % SEGMENTS].append((earlier_line if tab else outcome_files.line_of)(*tally.classify(run_id, outcome)))
         names, args = completion.record_call(run_id, outcome, stages, shards, ttl_s)
         script(keys=names, args=args, client=pipe)
         if k % 2000 == 1999:
@@ -752,7 +759,7 @@ def run_redis(
     if lines is None:
         fast_outcomes(r, run_id, found, ttl)
     else:
-        counted_outcomes(r, run_id, found, ttl, lines)
+        counted_outcomes(r, run_id, found, ttl, lines, tab=lines.parent.name.endswith("-tab"))
     del found
     stages, now = list(summary["stages"]), time.time()
     pipe = r.pipeline(transaction=False)
@@ -869,7 +876,7 @@ def end_run_phase(n: int, work: Path, url: str, codes: dict[str, Path], tiny: Pa
     more = {"run_id": f"more-{n}", "output_root": str(out), "started": started, "videos": new, "already_complete": n}
     at_end, at_more, made_s = {}, {}, {}
     for layout in sorted({layout_of(code) for code in codes.values()}):
-        lines = work / f"lines-{layout}" if layout == "files" else None
+        lines = work / f"lines-{layout}" if layout.startswith("files") else None
         r.flushall()
         t = time.perf_counter()
         run_redis(r, end, ids, tiny, rows, 0, lines and lines / "end")
@@ -881,10 +888,10 @@ def end_run_phase(n: int, work: Path, url: str, codes: dict[str, Path], tiny: Pa
 
     def live_lines(layout: str, run: dict[str, Any], name: str) -> None:
         """A "files" run's live outcomes folder, as its finishing tasks left it."""
-        if layout == "files":
+        if layout.startswith("files"):
             from tasks.records import outcome_files
 
-            shutil.copytree(work / "lines-files" / name, outcome_files.live_dir(out, run["run_id"]))
+            shutil.copytree(work / f"lines-{layout}" / name, outcome_files.live_dir(out, run["run_id"]))
 
     found: list[dict[str, Any]] = []
     summaries: dict[str, dict[str, Any]] = {}

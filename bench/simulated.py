@@ -49,3 +49,13 @@ def realistic_outcome(marker: dict[str, Any], summary: dict[str, Any], vid: str,
 
 def sharded_path(i: int) -> str:
     return f"s{i % 256:02x}/v{i:07d}.mp4"
+
+
+def earlier_line(vid: str, status: str, found: dict[str, Any]) -> str:
+    """A video's outcomes line as versions before JSON Lines wrote it: its id, a tab, the fields (JSON) that
+    tasks.records.outcome_files.fields_of gives, which still read (bench/scale.py's baseline trees read only these)."""
+    import json
+
+    from tasks.records.outcome_files import fields_of
+
+    return f"{vid}\t{json.dumps(fields_of(status, found))}\n"

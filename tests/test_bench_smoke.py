@@ -198,3 +198,20 @@ def test_gpu_env_without_celery_fails_in_one_line_naming_the_fix(bare_repo: Path
     assert done.returncode == 1 and "ready" not in done.stdout
     (line,) = done.stderr.splitlines()
     assert "celery" in line and "make install" in line, line
+
+
+def test_the_formats_benchmark_measures_every_format_on_a_small_case(tmp_path: Path) -> None:
+    result = tmp_path / "formats.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "formats.py"), "--videos", "600", "--redis-videos", "200"]
+        + ["--work", str(tmp_path / "work"), "--json", str(result)],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(result.read_text())["rows"]
+    assert {row["format"] for row in rows} == {"outcomes", "manifest", "partials", "pending", "outcomes@r"}
+    assert all(row["s"] is not None or row["bytes"] is not None for row in rows)

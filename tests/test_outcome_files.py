@@ -101,7 +101,7 @@ def test_a_counted_video_without_its_line_is_reported_in_the_summary(redis_url, 
         completion.video_ended(r, replace(job, timings=_span(i, 1.0)), 3600)
     for segment in outcome_files.segments(outcome_files.live_dir(tmp_path / "out", "lost")):
         lines = segment.read_text().splitlines(keepends=True)
-        segment.write_text("".join(line for line in lines if not line.startswith("v1\t")))
+        segment.write_text("".join(line for line in lines if json.loads(line)["video_id"] != "v1"))
 
     aggregate.aggregate.run(completion.callback_run(record))
     written = json.loads((tmp_path / "out" / "run_summary.json").read_text())
@@ -257,3 +257,143 @@ def test_every_video_with_its_status_loads_in_duckdb_from_framefleet_videos(redi
     failed = [json.loads(line) for line in videos("--status", "failed", "--status", "low_quality").splitlines()]
     assert [(v["video_id"], v["status"]) for v in failed] == [("v1", "failed"), ("v2", "low_quality")]
     assert failed[1]["shortfalls"] == ["tracks"]
+
+
+def test_an_output_folder_an_earlier_version_wrote_reads_as_before(tmp_path):
+    """Lines of the earlier form (the id, a tab, the fields; notes in <...>.notes.jsonl) beside lines of this
+    version's (JSON Lines): in an ended run, in a live one its end settles, and merged over the manifest."""
+    from tasks.records import manifest, outcome_files, outcome_index
+
+    out = tmp_path / "out"
+    writer = manifest.Writer(out, {"raw_dir": str(tmp_path)})
+    for i in range(6):
+        writer.add({"video_id": f"v{i}", "path": f"v{i}.mp4", "status": "pending"})
+    writer.commit()
+    earlier = [
+        'v0\t{"status": "done", "quality": {"q": 0}}\n',
+        'v1\t{"status": "low_quality", "quality": {"q": 1}, "shortfalls": ["hands"]}\n',
+        'v2\t{"status": "failed"}\n',
+    ]
+    ended = manifest.outcomes_path(out, "old")
+    ended.mkdir(parents=True)
+    (ended / "h-1-a.jsonl").write_text("".join(earlier) + 'v5\t{"status": "do')  # and a torn last line
+    (ended / "h-1-a.index").write_text(outcome_index.index_of(earlier))
+    (ended / "h-1-a.notes.jsonl").write_text('v2\t{"decoder": "retried"}\n')
+    # A run live across the upgrade: a worker of each version, v3 ended by both with other statuses.
+    live = outcome_files.live_dir(out, "new")
+    live.mkdir(parents=True)
+    (live / "h-2-b.jsonl").write_text('v3\t{"status": "failed"}\nv4\t{"status": "done", "quality": {"q": 4}}\n')
+    outcome_files.append(out, "new", "v3", "done", {"quality": {"q": 3}}, notes={"gpu": "slow"})
+
+    old = outcome_files.read(ended, {"v0"})
+    assert old.status == {"v0": "done", "v1": "low_quality", "v2": "failed"}
+    assert old.fields is not None and json.loads(old.fields["v1"])["shortfalls"] == ["hands"]
+    assert json.loads(old.fields["v0"])["quality"] == {"q": 0}
+    assert outcome_files.notes_of(ended) == {"v2": {"decoder": "retried"}}
+    folder, lines = outcome_files.close(out, "new", [], wanted={"v3", "v4"})
+    assert lines.status == {"v3": "done", "v4": "done"} and lines.disagree == {"v3"}
+    assert lines.fields is not None and json.loads(lines.fields["v4"])["quality"] == {"q": 4}
+    assert outcome_files.notes_of(folder) == {"v3": {"gpu": "slow"}}
+    merged = {entry["video_id"]: entry for entry in map(json.loads, manifest.lines(out))}
+    assert {vid: entry["status"] for vid, entry in merged.items()} == {
+        "v0": "done",
+        "v1": "low_quality",
+        "v2": "failed",
+        "v3": "done",
+        "v4": "done",
+        "v5": "pending",
+    }
+    assert merged["v3"]["quality"] == {"q": 3} and merged["v1"]["shortfalls"] == ["hands"]
+
+
+def test_a_line_is_json_with_its_id_and_status_first(tmp_path):
+    """What a worker appends loads as JSON Lines and begins with its id and status, which the end's scan of a
+    segment without an index finds unparsed."""
+    from tasks.records import outcome_files, outcome_index
+
+    line = outcome_files.line_of("v0", "low_quality", {"quality": {"q": 0}, "shortfalls": ["tracks"]})
+    assert json.loads(line) == {
+        "video_id": "v0",
+        "status": "low_quality",
+        "quality": {"q": 0},
+        "shortfalls": ["tracks"],
+    }
+    assert line.startswith('{"video_id": "v0", "status": "low_quality", ') and line.endswith("}\n")
+    assert outcome_index.pairs(line + line.replace("v0", "v1")[:-9]) == [("v0", "low_quality")]  # and a torn one
+
+
+def test_the_guides_pandas_and_duckdb_lines_read_a_real_runs_folder(redis_url, monkeypatch, tmp_path):
+    """Each line docs/guide.md shows under "Reading a run's records with pandas or DuckDB", run as it is written
+    on the folder a real run's end left (its `duckdb -c` lines through DuckDB's Python module, the CLI's engine)."""
+    import os
+    import re
+    import shlex
+    import subprocess
+    import sys
+
+    import duckdb
+
+    from tasks.job import Failure
+    from tasks.records import manifest
+    from tasks.run import aggregate, completion
+    from tests.conftest import ROOT
+
+    r, jobs, record = _run(redis_url, monkeypatch, tmp_path, 3, "guide")
+    out = tmp_path / "out"
+    writer = manifest.Writer(out, {"raw_dir": str(tmp_path), "run_id": "guide"})
+    for i in range(3):
+        writer.add({"video_id": f"v{i}", "path": f"v{i}.mp4", "status": "pending"})
+    writer.commit()
+    made = {"quality": {"q": 1}, "provenance": {"backends": {"depth": "synthetic"}, "run_id": "guide"}}
+    completion.video_ended(r, replace(jobs[0], timings=_span(0.0, 1.0), report=made), 3600)
+    completion.video_ended(r, replace(jobs[1], failed=Failure("tracks", "BadInput", "no texture", 1, "g@t", 1.0)), 3600)
+    short = {"stage": "tracks", "measure": "visible_fraction", "value": 0.1, "setting": "min_visible", "threshold": 0.3}
+    low = Failure("h5", "low_quality", "gate", 1, "cpu@t", 2.0, detail={"shortfalls": [short]})
+    completion.video_ended(r, replace(jobs[2], failed=low), 3600)
+    aggregate.aggregate.run(completion.callback_run(record))
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "OUT").symlink_to(out)
+    (out / "quarantine.jsonl").touch()  # (its lines: tasks.records.quarantine; none when no video failed for good)
+
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    section = guide[guide.index("## Reading a run's records with pandas or DuckDB") :]
+    section = section[: section.index("\n## ")] if "\n## " in section else section
+    commands = [line for block in re.findall(r"```\n(.*?)```", section, re.S) for line in block.splitlines()]
+    assert len(commands) == 8
+    printed, queried = [], []
+    for command in commands:
+        words = shlex.split(command)
+        if words[0] == "duckdb":
+            with duckdb.connect() as con:  # in ``here``: the paths are relative, as the guide writes them
+                monkeypatch.chdir(here)
+                queried.append(con.execute(words[2]).fetchall())
+            continue
+        target = None
+        if ">" in words:
+            words, target = words[: words.index(">")], words[words.index(">") + 1]
+        if words[0] == "framefleet":
+            words = [sys.executable, "-c", "import sys; from tasks.cli.main import main; sys.exit(main())", *words[1:]]
+        elif words[0] == "python":
+            words[0] = sys.executable
+        done = subprocess.run(
+            words,
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert done.returncode == 0, (command, done.stderr[-2000:])
+        if target:
+            (here / target).write_text(done.stdout)
+        else:
+            printed.append(done.stdout)
+    every = [json.loads(line) for line in (here / "videos.jsonl").read_text().splitlines()]
+    assert [(v["video_id"], v["status"]) for v in every] == [("v0", "done"), ("v1", "failed"), ("v2", "low_quality")]
+    assert re.search(r"done\s+1", printed[0]) and re.search(r"low_quality\s+1", printed[0])
+    assert queried[0] == [("v2", "tracks", "visible_fraction", 0.1, "min_visible", 0.3)]
+    assert queried[2] == [("v0", "v0.mp4", "pending"), ("v1", "v1.mp4", "pending"), ("v2", "v2.mp4", "pending")]
+    assert all(f"v{i}" in printed[1] for i in range(3))  # the manifest in pandas
+    assert re.search(r"v1\s+failed", printed[2]) and re.search(r"v2\s+low_quality", printed[2])  # outcomes in pandas
+    assert sorted(queried[3]) == [("done", 1), ("failed", 1), ("low_quality", 1)]

@@ -34,9 +34,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if not (args.out / manifest.MANIFEST).is_file():
         return common.fail(f"{args.out} holds no framefleet run (no manifest.json); name a run's output folder")
     wanted = set(args.status or ())
+    # A video of a wanted status has that status's key and value in its text as json.dumps writes them (the
+    # run's fields when it has any, else its manifest line): the others are passed over unparsed.
+    needles = tuple(f'"status": {json.dumps(status)}' for status in wanted)
     write = sys.stdout.write
     try:
-        for line in manifest.lines(args.out):
+        for own, fields in manifest.pairs(args.out):
+            text = own if fields is None or '"status": ' not in fields else fields
+            if wanted and not any(needle in text for needle in needles):
+                continue
+            line = manifest.merged(own, fields)
             if wanted and json.loads(line).get("status") not in wanted:
                 continue
             write(line + "\n")

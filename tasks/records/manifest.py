@@ -8,9 +8,10 @@ manifest, and its part, which the next run removes). A
 manifest of an earlier version (another order, or indented JSON) is read whole once and sorted.
 
 What a run records of its videos (status, quality, provenance) goes to files of its own,
-OUT/runs/<run>.outcomes/*.jsonl (a line per video: its id, a tab, the fields to set; tasks.records.outcome_files:
-each video's line appended as it finishes, the folder in place at the run's end; an earlier version
-wrote one file, OUT/runs/<run>.outcomes.jsonl), not into the manifest: rewriting a million videos'
+OUT/runs/<run>.outcomes/*.jsonl (JSON Lines, a line per video: its id, its status, the fields to set;
+an earlier version's lines were the id, a tab, the fields; tasks.records.outcome_files: each video's line
+appended as it finishes, the folder in place at the run's end; an earlier version wrote one file,
+OUT/runs/<run>.outcomes.jsonl), not into the manifest: rewriting a million videos'
 manifest at each run's end took longer than the run's statistics. Readers here merge those files over
 the manifest's entries (the newer run's last); the next enqueue writes them into the manifest as it
 rewrites it anyway, and names them in its head (``folded``), so a file left behind is not merged twice.
@@ -33,10 +34,13 @@ TAIL = ', "videos": ['  # what ends the head's line (tasks.records.lineage.write
 PARTS = "runs"  # the folder the new manifest is written in before it replaces the old (tasks.run.runs.FOLDER)
 OUTCOMES = ".outcomes"  # OUT/runs/<run>.outcomes/: what a run recorded of its videos (tasks.records.outcome_files)
 SEGMENT = ".jsonl"  # a segment of a run's outcomes folder: a line per video
-NOTES = ".notes.jsonl"  # a segment's notes: video id, a tab, the notes of the video's outcome (JSON)
+NOTES = ".notes"  # a segment's notes: a line of JSON per video with notes, {"video_id": …, "notes": …}
+# An earlier version's notes (video id, a tab, the notes): ".jsonl" kept them among the segments' names.
+LEGACY_NOTES = ".notes.jsonl"
 LEGACY_OUTCOMES = ".outcomes.jsonl"  # OUT/runs/<run>.outcomes.jsonl: an earlier version's one file per run
 FOLDED = "folded"  # the head's list of the runs whose outcomes files the manifest holds
 _ID = '"video_id": "'  # how json.dumps writes an entry's id: found without parsing the line
+_LINE_HEAD = b'{"video_id": "'  # how an outcomes line begins (tasks.records.outcome_files.line_of)
 
 
 def sort_key(entry: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
@@ -94,7 +98,7 @@ def segments(folder: Path) -> list[Path]:
     """The outcome segments of a run's folder (tasks.records.outcome_files writes them), in reading order (the end's
     own last); [] without it."""
     try:
-        names = [n for n in os.listdir(folder) if n.endswith(SEGMENT) and not n.endswith(NOTES) and n[:1] != "."]
+        names = [n for n in os.listdir(folder) if n.endswith(SEGMENT) and not n.endswith(LEGACY_NOTES) and n[:1] != "."]
     except (FileNotFoundError, NotADirectoryError):
         return []
     return [folder / n for n in sorted(names)]
@@ -126,9 +130,13 @@ class Recorded:
             index, data, at = len(self._maps), found, 0
             self._maps.append(found)
             while (end := data.find(b"\n", at)) >= 0:
-                tab = data.find(b"\t", at, end)
-                if tab > at and data[end - 1 : end] == b"}":
-                    self._put(data[at:tab].decode(), (index << 40) | at)
+                if data[end - 1 : end] == b"}":
+                    if data[at : at + len(_LINE_HEAD)] == _LINE_HEAD:  # {"video_id": "<id>", "status": …}
+                        stop = data.find(b'"', at + len(_LINE_HEAD), end)
+                        if stop > at + len(_LINE_HEAD):
+                            self._put(data[at + len(_LINE_HEAD) : stop].decode(), (index << 40) | at)
+                    elif (tab := data.find(b"\t", at, end)) > at:  # an earlier version's: id, tab, fields
+                        self._put(data[at:tab].decode(), (index << 40) | at)
                 at = end + 1
 
     def _put(self, vid: str, where: int) -> None:
@@ -141,6 +149,8 @@ class Recorded:
 
     def _id_at(self, where: int) -> str:
         data, at = self._maps[where >> 40], where & ((1 << 40) - 1)
+        if data[at : at + len(_LINE_HEAD)] == _LINE_HEAD:
+            return data[at + len(_LINE_HEAD) : data.find(b'"', at + len(_LINE_HEAD))].decode()
         return data[at : data.find(b"\t", at)].decode()
 
     def get(self, vid: str | None) -> str | None:
@@ -153,6 +163,8 @@ class Recorded:
             if where is None or self._id_at(where) != vid:
                 return None
         data, at = self._maps[where >> 40], where & ((1 << 40) - 1)
+        if data[at : at + len(_LINE_HEAD)] == _LINE_HEAD:  # the line is the fields (its id among them, the same)
+            return data[at : data.find(b"\n", at)].decode()
         return data[data.find(b"\t", at) + 1 : data.find(b"\n", at)].decode()
 
     def __len__(self) -> int:

@@ -1,9 +1,13 @@
-"""A run's outcomes files: each finished video's status, quality and provenance as a line of OUT/runs/,
-appended by the task that ends the video, so that the run's end reads no video's outcome.
+"""A run's outcomes files: each finished video's status, quality and provenance as a line of JSON in OUT/runs/
+(``{"video_id": …, "status": …, "quality": …}``: its id and status first, so the run's end finds both without
+parsing the line, and the files load in DuckDB or pandas as JSON Lines), appended by the task that ends the
+video, so that the run's end reads no video's outcome. Lines an earlier version wrote (the id, a tab, the
+fields) are read as well.
 
 While the run is live its lines go to OUT/runs/<run>.outcomes.live/<host>-<pid>-<token>.jsonl, a file per
 worker process (one writer per file: a line is one ``write`` to a file opened O_APPEND, on one host or
-many over a shared OUT), and a video's notes, when it has any, to <...>.notes.jsonl beside it; after the line,
+many over a shared OUT), and a video's notes, when it has any, to <...>.notes beside it (a line of JSON,
+``{"video_id": …, "notes": …}``; an earlier version's <...>.notes.jsonl are read too); after the line,
 its row in the segment's index, <...>.index (id, status, the segment's size after the line: about 4 % of the
 line), so that the run's end reads a million videos' ids and statuses from 35 MB rather than 781 MB. A line
 whose row is missing (a worker stopped between the two, or a row that could not be written: that process's
@@ -29,7 +33,8 @@ from typing import Any
 
 from tasks.outputs.storage import write_text_atomic
 from tasks.records import manifest
-from tasks.records.outcome_index import INDEX, LINE, indexed, keep, row_of
+from tasks.records.outcome_index import HEAD, INDEX, LINE, fields_text, id_of, indexed, keep, row_of
+from tasks.records.outcome_index import pairs as pairs_of
 
 log = logging.getLogger("framefleet.outcomes")
 LIVE = ".live"  # OUT/runs/<run>.outcomes.live/: the run's segments while it is live
@@ -57,7 +62,9 @@ def fields_of(status: str, found: dict[str, Any]) -> dict[str, Any]:
 
 
 def line_of(video_id: str, status: str, found: dict[str, Any]) -> str:
-    return f"{video_id}\t{json.dumps(fields_of(status, found))}\n"
+    """The video's line: a JSON object whose first keys are ``video_id`` and ``status`` (so the run's end finds
+    both without parsing it, and the lines load as JSON Lines), then the fields ``fields_of`` gives."""
+    return json.dumps({"video_id": video_id, **fields_of(status, found)}) + "\n"
 
 
 def append(out_dir: Path, run_id: str, video_id: str, status: str, found: dict[str, Any], notes: Any = None) -> None:
@@ -76,7 +83,7 @@ def append(out_dir: Path, run_id: str, video_id: str, status: str, found: dict[s
             _SPLIT[0] += 1  # this process's next lines go to new files: a line without its row stays a tail
             raise
     if notes:
-        _append_line(folder / (name + NOTES), f"{video_id}\t{json.dumps(notes)}\n")
+        _append_line(folder / (name + NOTES), json.dumps({"video_id": video_id, "notes": notes}) + "\n")
 
 
 _WRITING = threading.Lock()
@@ -97,17 +104,20 @@ def notes_of(folder: Path) -> dict[str, Any]:
     """Video id -> the notes of its newest outcome with notes, from the run's notes segments."""
     found: dict[str, Any] = {}
     try:
-        names = sorted(n for n in os.listdir(folder) if n.endswith(NOTES) and n[:1] != ".")
+        names = sorted(n for n in os.listdir(folder) if n.endswith((NOTES, manifest.LEGACY_NOTES)) and n[:1] != ".")
     except (FileNotFoundError, NotADirectoryError):
         return found
     for name in names:
         for raw in (folder / name).read_text(encoding="utf-8").splitlines():
-            vid, tab, text = raw.partition("\t")
-            if tab and text.endswith("}"):
-                try:
+            vid, tab, text = raw.partition("\t")  # an earlier version's line: id, tab, the notes
+            try:
+                if tab:
                     found[vid] = json.loads(text)
-                except ValueError:
-                    continue  # a line cut short by a killed writer
+                elif raw.startswith(HEAD):
+                    line = json.loads(raw)
+                    found[line["video_id"]] = line["notes"]
+            except (ValueError, KeyError):
+                continue  # a line cut short by a killed writer
     return found
 
 
@@ -135,7 +145,7 @@ def read(folder: Path, wanted: Collection[str] | None = None) -> Lines:
             pairs += found_here
             continue
         text = path.read_text(encoding="utf-8")
-        found = LINE.findall(text)
+        found = pairs_of(text)
         if fields is not None:
             keep(text, found, wanted or (), fields)
         pairs += found
@@ -181,12 +191,14 @@ def close(
         folder.mkdir(parents=True, exist_ok=True)
         write_text_atomic(folder / END, "".join(extra) + "".join(settled[v] for v in sorted(settled)))
         for line in extra:
-            vid, _, text = line.partition("\t")
-            lines.status[vid] = json.loads(text)["status"]
+            found = LINE.match(line)
+            if found is not None:
+                lines.status[id_of(found)] = found.group(3)
         if lines.fields is not None:  # the end's own segment is read last: its lines are the videos' last
             for line in [*extra, *(settled[v] for v in sorted(settled))]:
-                vid, _, text = line.rstrip("\n").partition("\t")
-                lines.fields[vid] = text
+                found = LINE.match(line)
+                if found is not None:
+                    lines.fields[id_of(found)] = fields_text(line.rstrip("\n"))
     if folder == live:
         _rename(live, final)
     return final, lines
@@ -228,8 +240,8 @@ def _winners(folder: Path, wanted: dict[str, str]) -> dict[str, str]:
     found: dict[str, str] = {}
     for path in segments(folder):
         for match in LINE.finditer(path.read_text(encoding="utf-8")):
-            if wanted.get(match.group(1)) == match.group(2):
-                found[match.group(1)] = match.group(0)
+            if wanted.get(id_of(match)) == match.group(3):
+                found[id_of(match)] = match.group(0)
     return found
 
 

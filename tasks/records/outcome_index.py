@@ -14,9 +14,28 @@ from typing import Any
 from tasks.records.manifest import SEGMENT
 
 INDEX = ".index"  # beside a segment: <host>-<pid>-<token>.index
-# A whole line (a killed writer leaves a last line without its newline): id, tab, fields starting with the status.
-LINE = re.compile(r'^([^\t\n]+)\t\{"status": "([a-z_]+)"[^\n]*\}\n', re.M)
+HEAD = '{"video_id": "'  # how a line begins (tasks.records.outcome_files.line_of): its id and status come first
+# A whole line (a killed writer leaves a last line without its newline): a JSON object whose first keys are the
+# id and the status, or an earlier version's line (id, tab, the fields starting with the status). Groups: the
+# id of a line of this version, the id of an earlier version's line, the status.
+LINE = re.compile(r'^(?:\{"video_id": "([^"\\\n]+)", |([^\t\n]+)\t\{)"status": "([a-z_]+)"[^\n]*\}\n', re.M)
 _ROW = re.compile(r"([^\t\n]+)\t([a-z_]+)\t[0-9]+\n")  # a row (id, status): each begins a line
+
+
+def pairs(text: str) -> list[tuple[str, str]]:
+    """(id, status) of each whole line of ``text`` (a segment or its tail), of either form, in order."""
+    return [(vid or old, status) for vid, old, status in LINE.findall(text)]
+
+
+def id_of(line: re.Match[str]) -> str:
+    """The video id of a line ``LINE`` matched."""
+    return line.group(1) or line.group(2)
+
+
+def fields_text(line: str) -> str:
+    """The fields (JSON text) a whole line (without its newline) sets over its video's manifest entry: the line
+    itself, or what follows an earlier version's tab."""
+    return line if line.startswith(HEAD) else line.partition("\t")[2]
 
 
 def row_of(video_id: str, status: str, end: int) -> str:
@@ -29,9 +48,10 @@ def index_of(lines: Sequence[str]) -> str:
     rows, end = [], 0
     for line in lines:
         end += len(line.encode())
-        vid, _, text = line.partition("\t")
-        status = text[12 : text.index('"', 12)]  # {"status": "<status>"
-        rows.append(row_of(vid, status, end))
+        found = LINE.match(line)
+        if found is None:
+            raise ValueError(f"not a whole outcomes line: {line[:80]!r}")
+        rows.append(row_of(id_of(found), found.group(3), end))
     return "".join(rows)
 
 
@@ -59,7 +79,7 @@ def indexed(path: Path, wanted: Collection[str] | None, fields: dict[str, str] |
             return found
         fh.seek(covered)
         tail = fh.read().decode("utf-8")
-    more = LINE.findall(tail)
+    more = pairs(tail)
     if fields is not None:
         keep(tail, more, wanted or (), fields)
     return found + more
@@ -82,9 +102,10 @@ def _fetch(fh: Any, raw: str, found: list[tuple[str, str]], wanted: Collection[s
         stop = int(raw[raw.rindex("\t", start, end) + 1 : end])
         fh.seek(begin)
         line = fh.read(stop - begin).decode("utf-8")
-        if not line.startswith(vid + "\t") or LINE.fullmatch(line) is None:
+        whole = LINE.fullmatch(line)
+        if whole is None or id_of(whole) != vid:
             return False
-        fields[vid] = line[len(vid) + 1 : -1]
+        fields[vid] = fields_text(line[:-1])
         at = end + 1
     return True
 
@@ -93,16 +114,21 @@ def keep(text: str, found: list[tuple[str, str]], wanted: Collection[str], field
     """Put in ``fields`` the fields of each line of ``text`` (a segment; ``found``: its lines' ids and statuses,
     in order) whose video is ``wanted`` or whose status is low_quality: each found by a search forward from
     the one before, so the segment is scanned once at most."""
-    at = 0
-    for vid, status in [pair for pair in found if pair[1] == "low_quality" or pair[0] in wanted]:
-        head = vid + "\t"
+    at, ours = 0, text.startswith(HEAD)
+    for vid, _status in [pair for pair in found if pair[1] == "low_quality" or pair[0] in wanted]:
+        # Its line as this version writes it or as an earlier one did: the form of the segment's first line
+        # searched for first, the other only up to where that one is (a search to the end for each video
+        # would read the segment again for each).
+        first, other = (HEAD + vid + '", ', vid + "\t") if ours else (vid + "\t", HEAD + vid + '", ')
         while True:  # the next whole line of this video (a torn line or another id's tail is passed over)
-            start = text.find(head, at)
+            start = text.find(first, at)
+            before = text.find(other, at, start if start >= 0 else len(text))
+            start = before if before >= 0 else start
             if start < 0:
                 return
-            if (start == 0 or text[start - 1] == "\n") and (line := LINE.match(text, start)) is not None:
+            line = LINE.match(text, start) if start == 0 or text[start - 1] == "\n" else None
+            if line is not None and id_of(line) == vid:
                 break
             at = start + 1
         at = line.end()
-        if status == "low_quality" or vid in wanted:
-            fields[vid] = text[start + len(head) : at - 1]
+        fields[vid] = fields_text(text[start : at - 1])
