@@ -397,3 +397,23 @@ def test_install_replaces_a_redis_transport_resolved_before_it(monkeypatch):
     assert kombu_transport.get_transport_cls("redis") is transport.Transport
     assert kombu_transport.get_transport_cls("rediss") is transport.Transport
     assert kombu_transport.get_transport_cls("sentinel") is transport.SentinelTransport
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["alone", "batch"])
+def test_a_send_rings_its_queue_on_its_priority_list_with_the_queues_expiry_alone_or_in_a_batch(broker, batch):
+    """Each message rings its queue in the same step as its LPUSH, on the list of its priority, and a queue declared
+    with an expiry keeps it on every priority list; kombu's Producer.batch sends them all at its end."""
+    conn, _ = broker
+    channel = conn.default_channel
+    client = channel.client
+    queue = kombu.Queue("q", kombu.Exchange("q", "direct"), "q", expires=60)
+    queue(channel).declare()
+    producer = kombu.Producer(channel)
+    with producer.batch() if batch else contextlib.nullcontext():
+        for n in range(3):
+            producer.publish({"n": n}, exchange="q", routing_key="q", priority=n * 4)
+        assert client.llen(transport.bell_key("q")) == (0 if batch else 3)
+    keys = ["q", *(f"q{channel.sep}{p}" for p in (3, 6))]
+    assert [client.llen(k) for k in keys] == [1, 1, 1] and client.llen(transport.bell_key("q")) == 3
+    assert all(0 < client.pttl(k) <= 60_000 for k in keys)  # the queue's expiry (x-expires) on each list
+    assert [queue(channel).get(no_ack=True).payload["n"] for _ in range(3)] == [0, 1, 2]
