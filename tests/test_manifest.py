@@ -30,7 +30,7 @@ def test_videos_added_from_another_folder_follow_the_first_folders_and_an_enqueu
     from tasks.records import manifest
     from tasks.run.dataset import DatasetError, write_manifest
 
-    first, added, out = tmp_path / "first", tmp_path / "added", tmp_path / "out"
+    first, added, out = tmp_path / "first", tmp_path / "added", tmp_path / "outs" / "out"  # made with its parent
     ours = _videos(first, ["a.mp4", "z.mp4"])
     write_manifest(first, out, ours, "run-1")
     write_manifest(added, out, _videos(added, ["b.mp4"]), "run-2")
@@ -39,7 +39,7 @@ def test_videos_added_from_another_folder_follow_the_first_folders_and_an_enqueu
     root = str(added.resolve())
     want = [(None, "a.mp4"), (None, "z.mp4"), (None, "zz.mp4"), (root, "b.mp4")]
     assert _listed(out) == want
-    assert manifest.head(out)["roots"] == [str(first.resolve()), root]
+    assert manifest.head(out)["roots"] == [str(first.resolve()), root] and manifest.head(out)["order"] == "parts"
     assert not list((out / "runs").glob(".manifest.json.*"))
 
     before = (out / "manifest.json").read_text()
@@ -66,7 +66,9 @@ def test_what_runs_recorded_is_read_for_each_video_whatever_its_id(tmp_path, mon
     recorded = {ids[0]: "done", ids[1]: "failed", ids[2]: "low_quality", ids[3]: "done"}
     for vid, status in recorded.items():
         outcome_files.append(out, "run-1", vid, status, {"quality": {"q": vid}})
-    outcome_files.close(out, "run-1", [])
+    ended, _ = outcome_files.close(out, "run-1", [])
+    (ended / "0-empty.jsonl").touch()  # a segment with nothing in it, read first
+    (ended / "zz-torn.jsonl").write_text(f'{ids[4]}\t{{"status": "do\n')  # a line cut short, read last
     found = manifest.outcomes(out)
     assert len(found) == 4 and found.get(ids[4]) is None and found.get("v9") is None and found.get(None) is None
     want = [(vid, recorded.get(vid), {"q": vid} if recorded.get(vid, "failed") != "failed" else None) for vid in ids]
@@ -81,3 +83,43 @@ def test_a_folder_with_recorded_outcomes_and_no_manifest_reads_as_none(tmp_path)
     outcome_files.append(out, "run-1", "v0", "done", {})
     outcome_files.close(out, "run-1", [])
     assert manifest.read(out) == {} and list(manifest.lines(out)) == [] and manifest.head(out) == {}
+
+
+def test_a_video_whose_entry_changed_keeps_what_runs_recorded_and_is_listed_once(tmp_path):
+    from tasks.records import lineage, manifest
+    from tasks.run.dataset import write_manifest
+
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    videos = _videos(raw, ["a.mp4", "b.mp4", "c.mp4"])
+    write_manifest(raw, out, videos, "run-1")
+    entries = [json.loads(line) for line in manifest.lines(out)]
+    entries[1].update(status="done", quality={"q": 1})
+    lineage.write(out, manifest.head(out), entries)  # what a run's end recorded, in the file
+    videos[1].write_bytes(b"replaced by a longer video")
+    write_manifest(raw, out, videos, "run-2")
+    after = [json.loads(line) for line in manifest.lines(out)]
+    assert [e["path"] for e in after] == ["a.mp4", "b.mp4", "c.mp4"]
+    assert (after[1]["bytes"], after[1]["status"], after[1]["quality"]) == (26, "done", {"q": 1})
+
+
+def test_a_manifest_of_an_earlier_version_is_read_in_order_and_rewritten_in_this_versions_form(tmp_path):
+    """An earlier version wrote indented JSON, its videos in another order: read whole once and sorted by
+    (root, path parts); the next enqueue writes it one video a line, keeping what it recorded."""
+    from tasks.records import lineage, manifest
+    from tasks.run.dataset import write_manifest
+
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    videos = _videos(raw, ["a-b/c.mp4", "a/z.mp4", "a.mp4"])
+    write_manifest(raw, out, videos, "run-1")
+    entries = [json.loads(line) for line in manifest.lines(out)]
+    entries[0]["status"] = "done"
+    top = {"dataset_root": str(raw.resolve()), "last_run": "run-1"}
+    (out / "manifest.json").write_text(json.dumps({**top, "videos": entries[::-1]}, indent=2))
+    assert manifest.head(out) == top
+    assert list(manifest.lines(out)) == [json.dumps(e) for e in entries]
+    assert [e["path"] for e in entries] == ["a/z.mp4", "a-b/c.mp4", "a.mp4"]  # by parts: "a" < "a-b" < "a.mp4"
+    write_manifest(raw, out, videos, "run-2")
+    assert manifest.head(out)["order"] == "parts" and list(manifest.lines(out)) == [json.dumps(e) for e in entries]
+
+    lineage.write(out, {"order": manifest.ORDER}, [])  # a manifest of no videos
+    assert list(manifest.lines(out)) == [] and manifest.read(out)["videos"] == []
