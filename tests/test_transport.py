@@ -417,3 +417,22 @@ def test_a_send_rings_its_queue_on_its_priority_list_with_the_queues_expiry_alon
     assert [client.llen(k) for k in keys] == [1, 1, 1] and client.llen(transport.bell_key("q")) == 3
     assert all(0 < client.pttl(k) <= 60_000 for k in keys)  # the queue's expiry (x-expires) on each list
     assert [queue(channel).get(no_ack=True).payload["n"] for _ in range(3)] == [0, 1, 2]
+
+
+def test_a_worker_of_two_queues_takes_from_each_in_turn_at_one_priority(broker):
+    """After a message of one queue the next poll asks the other first (kombu's round robin), so a busy queue
+    does not starve the worker's other queue."""
+    conn, _ = broker
+    channel = conn.default_channel
+    a, b = (kombu.Queue(n, kombu.Exchange(n, "direct"), n) for n in ("a", "b"))
+    producer = kombu.Producer(channel)
+    for _ in range(3):
+        for queue in (a, b):
+            producer.publish({"q": queue.name}, exchange=queue.name, routing_key=queue.name, declare=[queue])
+    got: list[str] = []
+    consumer = kombu.Consumer(channel, [a, b], callbacks=[lambda body, m: (got.append(body["q"]), m.ack())])
+    consumer.qos(prefetch_count=1)
+    consumer.consume()
+    while len(got) < 6:
+        conn.drain_events(timeout=5)
+    assert all(x != y for x, y in zip(got, got[1:], strict=False)), got
