@@ -436,3 +436,36 @@ def test_a_worker_of_two_queues_takes_from_each_in_turn_at_one_priority(broker):
     while len(got) < 6:
         conn.drain_events(timeout=5)
     assert all(x != y for x, y in zip(got, got[1:], strict=False)), got
+
+
+def test_a_taken_message_is_written_into_unacked_by_the_pop_script_alone(broker):
+    """The registration is one step with the pop: every write of the delivery into ``unacked`` is a command of
+    the script (Redis's MONITOR names it ``lua``), none a client's own after it, so there is no moment when the
+    message is in neither its queue nor ``unacked``."""
+    import threading
+
+    conn, _ = broker
+    channel = conn.default_channel
+    url = conn.as_uri(include_password=True)
+    queue = kombu.Queue("q", kombu.Exchange("q", "direct"), "q")
+    kombu.Producer(channel).publish({"n": 1}, exchange="q", routing_key="q", declare=[queue])
+    seen: list[dict] = []
+    with redis.Redis.from_url(url).monitor() as monitor:
+
+        def record() -> None:
+            for command in monitor.listen():
+                seen.append(command)
+                if command["command"].lower() == "echo end-of-test":
+                    return
+
+        reader = threading.Thread(target=record, daemon=True)
+        reader.start()
+        kombu.Consumer(channel, [queue], callbacks=[lambda body, m: None]).consume()
+        conn.drain_events(timeout=5)
+        redis.Redis.from_url(url).echo("end-of-test")
+        reader.join(10)
+    keys = {channel.unacked_key, channel.unacked_index_key}
+    writes = [
+        c for c in seen if c["command"].split()[0].upper() in ("HSET", "ZADD") and c["command"].split()[1] in keys
+    ]
+    assert len(writes) == 2 and all(c["client_type"] == "lua" for c in writes), writes
