@@ -409,10 +409,13 @@ def test_a_send_rings_its_queue_on_its_priority_list_with_the_queues_expiry_alon
     queue = kombu.Queue("q", kombu.Exchange("q", "direct"), "q", expires=60)
     queue(channel).declare()
     producer = kombu.Producer(channel)
+    plain = kombu.Queue("plain", kombu.Exchange("plain", "direct"), "plain")  # no expiry
     with producer.batch() if batch else contextlib.nullcontext():
         for n in range(3):
             producer.publish({"n": n}, exchange="q", routing_key="q", priority=n * 4)
+        producer.publish({"n": 3}, exchange="plain", routing_key="plain", declare=[plain])
         assert client.llen(transport.bell_key("q")) == (0 if batch else 3)
+    assert client.llen("plain") == 1 and client.pttl("plain") == -1 and client.llen(transport.bell_key("plain")) == 1
     keys = ["q", *(f"q{channel.sep}{p}" for p in (3, 6))]
     assert [client.llen(k) for k in keys] == [1, 1, 1] and client.llen(transport.bell_key("q")) == 3
     assert all(0 < client.pttl(k) <= 60_000 for k in keys)  # the queue's expiry (x-expires) on each list
