@@ -264,6 +264,9 @@ def test_a_runs_outcomes_are_read_with_the_manifest_and_folded_into_it_by_the_ne
     outcome_files.append(out, "run-3", ids[3], "failed", {})
     outcome_files.close(out, "run-3", [])
     assert status(manifest.read(out)["videos"]) == {**want, ids[3]: "failed"}
+    write_manifest(raw, out, videos, "run-4")  # run 1's folder is still there: still named, so still not merged
+    assert manifest.head(out)["folded"] == ["run-1", "run-3"]
+    assert status(manifest.read(out)["videos"]) == {**want, ids[3]: "failed"}
 
 
 def test_a_status_a_later_run_changes_is_the_later_runs_in_both_readers_and_in_the_folded_file(tmp_path):

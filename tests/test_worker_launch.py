@@ -77,6 +77,10 @@ def test_only_the_options_given_count_whether_named_or_as_the_pool_class_and_que
     )
     assert "pool" not in typed and "concurrency" not in typed  # -P solo -c 1: as given
     assert "concurrency" not in design_options(conf, {"queues": ["cpu"], "pool": "prefork"}, {"queues", "pool"})
+    # -P solo without -c: one process, not Celery's per-core count (a solo worker prefetches that many tasks).
+    for queues in (["cpu"], ["gpu0"]):
+        solo = design_options(conf, {"queues": queues, "pool": "solo", "concurrency": 16}, {"queues", "pool"})
+        assert "pool" not in solo and solo["concurrency"] == 1
     with pytest.raises(WorkerDesignError):
         design_options(conf, {"queues": "gpu0,gpu0.hands"}, {"queues"})
 
@@ -100,6 +104,9 @@ def test_a_gpu_worker_with_more_processes_starts_when_a_setting_says_it_is_on_pu
         conf, {"queues": ["gpu0"], "pool": "prefork", "concurrency": 2}, {"queues", "pool", "concurrency"}
     )
     assert "pool" not in changes and "concurrency" not in changes
+    # -c 2 alone on a GPU queue: still the solo pool (one process), fetching two tasks ahead.
+    changes = design_options(conf, {"queues": ["gpu0"], "pool": "prefork", "concurrency": 2}, {"queues", "concurrency"})
+    assert changes["pool"] == "solo" and "concurrency" not in changes
 
 
 def test_the_plain_command_runs_a_video_with_one_solo_process_and_logs_its_stages(
