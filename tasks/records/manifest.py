@@ -132,9 +132,8 @@ class Recorded:
             while (end := data.find(b"\n", at)) >= 0:
                 if data[end - 1 : end] == b"}":
                     if data[at : at + len(_LINE_HEAD)] == _LINE_HEAD:  # {"video_id": "<id>", "status": …}
-                        stop = data.find(b'"', at + len(_LINE_HEAD), end)
-                        if stop > at + len(_LINE_HEAD):
-                            self._put(data[at + len(_LINE_HEAD) : stop].decode(), (index << 40) | at)
+                        if (vid := _line_id(data, at + len(_LINE_HEAD), end)) is not None:
+                            self._put(vid, (index << 40) | at)
                     elif (tab := data.find(b"\t", at, end)) > at:  # an earlier version's: id, tab, fields
                         self._put(data[at:tab].decode(), (index << 40) | at)
                 at = end + 1
@@ -150,7 +149,7 @@ class Recorded:
     def _id_at(self, where: int) -> str:
         data, at = self._maps[where >> 40], where & ((1 << 40) - 1)
         if data[at : at + len(_LINE_HEAD)] == _LINE_HEAD:
-            return data[at + len(_LINE_HEAD) : data.find(b'"', at + len(_LINE_HEAD))].decode()
+            return _line_id(data, at + len(_LINE_HEAD), data.find(b"\n", at)) or ""
         return data[at : data.find(b"\t", at)].decode()
 
     def get(self, vid: str | None) -> str | None:
@@ -174,6 +173,21 @@ class Recorded:
 def outcomes(out_dir: Path, top: dict[str, Any] | None = None) -> Recorded:
     """What the runs' ends recorded that the manifest does not hold yet (``Recorded``)."""
     return Recorded(outcome_files(out_dir, top))
+
+
+def _line_id(data: mmap.mmap, start: int, end: int) -> str | None:
+    """The id of an outcomes line whose id's text begins at ``start`` (json.dumps escapes a quote or a backslash
+    in it: the id ends at the first quote after an even number of backslashes), or None."""
+    stop = data.find(b'"', start, end)
+    while stop > start and data[stop - 1] == 0x5C:  # a backslash before the quote: count them
+        slashes = len(data[start:stop]) - len(data[start:stop].rstrip(b"\\"))
+        if slashes % 2 == 0:
+            break
+        stop = data.find(b'"', stop + 1, end)
+    if stop <= start:
+        return None
+    text = data[start:stop].decode()
+    return json.loads(f'"{text}"') if "\\" in text else text
 
 
 def video_id_of(line: str) -> str | None:

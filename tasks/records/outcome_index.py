@@ -6,6 +6,7 @@ the segment's tail past its last row; an index that does not describe its segmen
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -18,18 +19,27 @@ HEAD = '{"video_id": "'  # how a line begins (tasks.records.outcome_files.line_o
 # A whole line (a killed writer leaves a last line without its newline): a JSON object whose first keys are the
 # id and the status, or an earlier version's line (id, tab, the fields starting with the status). Groups: the
 # id of a line of this version, the id of an earlier version's line, the status.
-LINE = re.compile(r'^(?:\{"video_id": "([^"\\\n]+)", |([^\t\n]+)\t\{)"status": "([a-z_]+)"[^\n]*\}\n', re.M)
+# The id as json.dumps writes it: escapes only where an id holds a quote or a backslash (ids the job gate lets in
+# hold neither; a manifest of an earlier version or edited by hand may).
+LINE = re.compile(
+    r'^(?:\{"video_id": "([^"\\\n]*(?:\\.[^"\\\n]*)*)", |([^\t\n]+)\t\{)"status": "([a-z_]+)"[^\n]*\}\n', re.M
+)
 _ROW = re.compile(r"([^\t\n]+)\t([a-z_]+)\t[0-9]+\n")  # a row (id, status): each begins a line
 
 
 def pairs(text: str) -> list[tuple[str, str]]:
     """(id, status) of each whole line of ``text`` (a segment or its tail), of either form, in order."""
-    return [(vid or old, status) for vid, old, status in LINE.findall(text)]
+    return [(_unescaped(vid) if vid else old, status) for vid, old, status in LINE.findall(text)]
 
 
 def id_of(line: re.Match[str]) -> str:
     """The video id of a line ``LINE`` matched."""
-    return line.group(1) or line.group(2)
+    return _unescaped(line.group(1)) if line.group(1) else line.group(2)
+
+
+def _unescaped(vid: str) -> str:
+    """An id as a line of this version holds it, as the id (json.dumps escaped a quote or a backslash in it)."""
+    return json.loads(f'"{vid}"') if "\\" in vid else vid
 
 
 def fields_text(line: str) -> str:
