@@ -71,14 +71,14 @@ system-packages:
 	echo "framefleet: installing $(PACKAGES) (apt-get)"; \
 	$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $(PACKAGES) >/dev/null
 
-# Everything but GPU tests, those marked slow and the fault suite (tests/faults: `make test-ci-faults`).
+# Everything but GPU tests and the slow fault scenarios (Redis away for 30 s, visibility timeout).
 # TEST_WORKERS pytest sessions side by side (pytest-xdist), each with its own redis-server and
 # workers, a test file to each: most tests wait on workers rather than compute, so 3 fit 2 cores.
 # Installs what it needs first (need-test-tools, install): on a fresh clone it is the only command.
 # Under tests/session_guard.py: stopped by a CI timeout (SIGTERM) or Ctrl-C, it leaves no process behind.
 GUARD = $(PY) tests/session_guard.py
 test: need-test-tools install
-	$(GUARD) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not gpu and not slow" --ignore=tests/faults tests
+	$(GUARD) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not gpu and not slow" tests
 
 # Every adapter through the real upstream model code (random weights, CPU): the sources come from
 # ../shared/upstream (or $$FRAMEFLEET_UPSTREAM_SRC), unpacked once under the temp folder. `make test`
@@ -96,15 +96,13 @@ test-upstream: need-test-tools need-egl install-upstream
 test-faults: need-test-tools need-slurm install
 	$(GUARD) $(PY) -m pytest -q -m "not gpu" tests/faults
 
-# The fault suite's fast part (every fault test not marked slow: Redis away past the lease TTL with two GPU
-# workers, killed workers, forged and damaged inputs, ...; 3 sessions side by side, as `make test`), then one
-# slow fault scenario of each kind (Redis down 30 s, a restart without persistence, Redis errors as tasks run
-# and end, a task past the visibility timeout, a CPU stage longer than the TTL enqueued twice, recycling above
-# the RSS limit), the two-host host-killed and fence tests and the sbatch scripts serving a dataset under a
-# private Slurm (tests/faults/test_slurm.py), one at a time: what CI runs after `make test`. They need root
-# (network namespaces); FRAMEFLEET_CI=1 makes a missing privilege fail them instead of skipping.
+# One slow fault scenario of each kind (Redis down 30 s, a restart without persistence, Redis errors as tasks
+# run and end, a task past the visibility timeout, a CPU stage longer than the TTL enqueued twice, recycling
+# above the RSS limit), the two-host host-killed and fence tests and the sbatch scripts serving a dataset under a
+# private Slurm (tests/faults/test_slurm.py): what CI runs after `make test` (which
+# already runs Redis away past the lease TTL with two GPU workers once). They need root (network namespaces);
+# FRAMEFLEET_CI=1 makes a missing privilege fail them instead of skipping.
 test-ci-faults: need-test-tools need-slurm install
-	$(GUARD) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not gpu and not slow" tests/faults
 	$(GUARD) $(PY) -m pytest -q -m "ci_fault and not gpu" tests/faults
 
 test-gpu: install
