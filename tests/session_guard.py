@@ -95,16 +95,22 @@ def main(argv: list[str]) -> int:
         return 2
     token = f"{os.getpid()}-{secrets.token_hex(4)}"
     subreaper()
-    child = subprocess.Popen(argv, env={**os.environ, TAG: token})
     signalled: list[float] = []
+    started: list[subprocess.Popen[bytes]] = []
 
     def on_signal(signum: int, _frame: object) -> None:
         signalled.append(time.monotonic())
         with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
+            for child in started:
+                child.send_signal(signum)
 
+    # Handled before the command starts, so that it starts with each signal's default action even when this
+    # guard inherited SIGINT ignored (a command started with & by a script): the tests that press Ctrl-C on
+    # a command they start need it delivered.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
+    child = subprocess.Popen(argv, env={**os.environ, TAG: token})
+    started.append(child)
     while child.poll() is None:
         if signalled and time.monotonic() - signalled[0] > GRACE_S:
             child.kill()
