@@ -191,3 +191,34 @@ def test_a_run_that_cannot_confirm_its_claim_is_sent_again_10_s_later(app_on_tes
     sent = [json.loads(raw) for raw in r.lrange(conf.cpu_queue, 0, -1)]
     assert [m["headers"]["retries"] for m in sent] == [2, 1]  # the second retry is the newest, at the left
     claims.HELD.clear()
+
+
+def test_a_run_whose_confirm_is_answered_after_another_host_finished_publishes_nothing(late_writer, monkeypatch):
+    """hostB, cut off, sends its confirm; Redis answers only once hostB is back, after hostA has claimed, finished
+    and released the stage. The confirm then finds the claim free and takes it: the marker must be read after it.
+    (Seen on two namespaced hosts: the stage ran to its output on both, hostA's output overwritten.)"""
+    w = late_writer
+    made: dict[str, Any] = {}
+
+    def host_a_finishes() -> None:
+        w.r.set(w.key, "cpu@hostA task-1")
+        execute(StageCall(None, "preprocess", w.job, w.job))  # type: ignore[arg-type]
+        w.r.delete(w.key)
+        made.update(output=_stamp(w.output), marker=_stamp(w.marker))
+
+    class SlowConfirm(Claim):
+        """The Claim hook's fence, whose round trip hostA's whole run overtakes (once)."""
+
+        overtaken = False
+
+        def fence(self, call: StageCall) -> None:
+            if not self.overtaken:
+                self.overtaken = True
+                host_a_finishes()
+            super().fence(call)
+
+    monkeypatch.setitem(worker.STAGES, "preprocess", worker.load_stage("preprocess", "cpu"))
+    with pytest.raises(ClaimLost, match="completed by another run"):
+        execute(StageCall(None, "preprocess", w.job, w.job), [SlowConfirm()])  # type: ignore[arg-type]
+    assert (_stamp(w.output), _stamp(w.marker)) == (made["output"], made["marker"])  # hostA's files, untouched
+    assert [p.name for p in w.output.parent.iterdir() if p.name.endswith(".tmp")] == []

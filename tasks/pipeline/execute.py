@@ -63,10 +63,12 @@ def execute(call: StageCall, hooks: Sequence[StageHook] = ()) -> dict[str, Any]:
 
     def fence_output() -> None:
         # A run that lost its claim for a while may find the stage finished by the run that took over:
-        # a marker written since this run looked is another run's completion.
+        # a marker written since this run looked is another run's completion. The claim is confirmed
+        # first: a confirm answered only once a cut-off host is back (seconds later) may find the claim
+        # free again and take it, and only from then can no other run publish, so the marker is read after.
+        fence()
         if not job.force and _stamp(marker) not in (None, seen):
             raise ClaimLost(f"{stage_name} of {vid} was completed by another run meanwhile; output discarded")
-        fence()
 
     def on_progress(done_frames: int, total_frames: int) -> None:
         for hook in hooks:
