@@ -191,6 +191,17 @@ class TwoHosts:
                     runs[(stage, vid.strip())] += 1
         return runs
 
+    def ran_where(self, runs: Counter[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
+        """For each (stage, video) of ``runs`` that ran more than once: the log lines that say so, with their worker."""
+        twice = {k for k, n in runs.items() if n > 1}
+        found: dict[tuple[str, str], list[str]] = {k: [] for k in twice}
+        for log in (self.tmp / "logs").glob("*/*.log"):
+            for line in log.read_text(errors="replace").splitlines():
+                stage, _, vid = line.partition("] ran ")[2].partition(" of ")
+                if (stage, vid.strip()) in twice:
+                    found[(stage, vid.strip())].append(f"{log.parent.name}/{log.name}: {line}")
+        return found
+
     def ran_on(self) -> Counter[str]:
         """GPU stage runs per GPU worker (host and GPU), from the logs."""
         counts: Counter[str] = Counter()
@@ -253,7 +264,7 @@ def test_a_dataset_from_a_third_host_runs_on_both_hosts_and_all_three_gpus(two_h
     assert_nothing_lost(two_hosts.out)
     assert assert_markers_match_outputs(two_hosts.out) == 6 * 5
     runs = two_hosts.stage_runs()
-    assert len(runs) == 6 * 5 and set(runs.values()) == {1}, runs
+    assert len(runs) == 6 * 5 and set(runs.values()) == {1}, two_hosts.ran_where(runs) or runs
     spread = two_hosts.ran_on()
     assert {k for k, v in spread.items() if v} == {"gpu0-1@hostA", "gpu1-1@hostA", "gpu0-1@hostB"}, spread
     record("two hosts, normal run", f"6 videos; GPU stage runs {dict(spread)}", two_hosts.out, None, None)
@@ -281,7 +292,7 @@ def test_host_b_killed_mid_run_its_tasks_finish_on_host_a(two_hosts, fault_raw):
     assert_nothing_lost(two_hosts.out)
     assert_markers_match_outputs(two_hosts.out)
     runs = two_hosts.stage_runs()
-    assert len(runs) == 4 * 5 and set(runs.values()) == {1}, runs
+    assert len(runs) == 4 * 5 and set(runs.values()) == {1}, two_hosts.ran_where(runs) or runs
     record(
         "two hosts: hostB SIGKILLed",
         f"{killed} processes killed holding {len(held)} task(s); started on "
@@ -312,7 +323,7 @@ def test_host_b_cut_off_mid_run_then_back_writes_no_second_copy(two_hosts, fault
     assert_markers_match_outputs(two_hosts.out)
     runs = two_hosts.stage_runs()
     video = busy["current"]["video"]
-    assert len(runs) == 4 * 5 and set(runs.values()) == {1}, {k: v for k, v in runs.items() if v != 1} or video
+    assert len(runs) == 4 * 5 and set(runs.values()) == {1}, two_hosts.ran_where(runs) or (len(runs), video)
     assert json.loads((two_hosts.out / "run_summary.json").read_text())["done"] == 4
     record(
         "two hosts: hostB cut off, then back",
@@ -344,7 +355,7 @@ def test_host_b_with_its_clock_off_by_more_than_the_lease_ttl(tmp_path, fault_ra
         assert_nothing_lost(cluster.out)
         assert_markers_match_outputs(cluster.out)
         runs = cluster.stage_runs()  # while both ran, neither host's reaper took a live task of the other
-        assert len(runs) == 4 * 5 and set(runs.values()) == {1}, runs
+        assert len(runs) == 4 * 5 and set(runs.values()) == {1}, cluster.ran_where(runs) or runs
         record(
             f"two hosts: hostB's clock {skew_s:+.0f} s, then SIGKILLed",
             f"lease TTL {LEASE_TTL_S:.0f} s; started "
