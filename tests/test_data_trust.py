@@ -98,6 +98,10 @@ def test_every_file_carries_its_provenance_and_verify_prints_it_and_checks_the_s
     assert attrs["framefleet_version"] and attrs["run_id"] and len(attrs["settings_sha256"]) == 64
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     assert attrs["framefleet_commit"] == head.strip()  # the tests run from a checkout
+    changed = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+    ).stdout
+    assert attrs["framefleet_modified_files"] == len(changed.splitlines())  # 0 in a clean clone (CI)
     whole = json.loads(attrs["framefleet_provenance"])
     hands = whole["stages"]["hands"]
     assert hands["settings"]["params"]["wrist"] == "pnp" and hands["package"].startswith("mediapipe")

@@ -25,7 +25,10 @@ def describe(meta: dict[str, Any]) -> str:
     """One line: run, framefleet, each stage's backend and version, the settings hash."""
     short = provenance.summary(meta)
     made = short["framefleet"]
-    version = made.get("version", "?") + (f" (commit {made['commit'][:12]})" if made.get("commit") else "")
+    commit = made.get("commit")
+    version = made.get("version", "?") + (
+        f" (commit {provenance.with_changes(commit, made.get('modified_files', 0))})" if commit else ""
+    )
     stages = " ".join(
         f"{stage}={name}" + (f" ({short['versions'][stage]})" if short["versions"].get(stage) else "")
         for stage, name in short["backends"].items()

@@ -36,27 +36,51 @@ CHECKOUT = Path(__file__).resolve().parents[2]  # the repository, when frameflee
 
 def git_commit(folder: str | os.PathLike[str]) -> str | None:
     """The commit checked out in ``folder`` (a git checkout), or None when it is not one."""
+    state = git_state(folder)
+    return state[0] if state else None
+
+
+def git_state(folder: str | os.PathLike[str]) -> tuple[str, int] | None:
+    """The commit checked out in ``folder`` and how many tracked files differ from it (edited, added or
+    removed, staged or not; untracked files aside), or None when it is not a checkout. A tree copied with
+    its ``.git`` (a GPU host given a working copy) names its commit and says it was changed."""
     if not (Path(folder) / ".git").exists():
         return None
     try:
-        done = subprocess.run(
+        head = subprocess.run(
             ["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        )
+        changed = subprocess.run(
+            ["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return done.stdout.strip() or None
+    commit = head.stdout.strip()
+    return (commit, len(changed.stdout.splitlines())) if commit else None
+
+
+def with_changes(commit: str, modified: int) -> str:
+    """A commit as provenance shows it: its first 12 characters, and how many tracked files differed."""
+    return commit[:12] + (f", {modified} tracked file(s) changed" if modified else "")
 
 
 @cache
-def framefleet_version() -> dict[str, str]:
-    """framefleet's package version, and its commit when it runs from a git checkout."""
+def framefleet_version() -> dict[str, Any]:
+    """framefleet's package version, and when it runs from a git checkout its commit and (if any) how many
+    tracked files differ from it (``modified_files``): outputs of an edited tree do not pass for the commit's."""
     try:
-        found = {"version": version("framefleet")}
+        found: dict[str, Any] = {"version": version("framefleet")}
     except PackageNotFoundError:
         found = {"version": "unknown"}
-    commit = git_commit(CHECKOUT)
-    if commit:
-        found["commit"] = commit
+    state = git_state(CHECKOUT)
+    if state:
+        found["commit"] = state[0]
+        if state[1]:
+            found["modified_files"] = state[1]
     return found
 
 
@@ -115,8 +139,10 @@ def _identity(model: Any) -> dict[str, Any]:
     if found["package"] is None:
         found["package"] = f"framefleet=={framefleet_version()['version']}"
     repo = getattr(model, "repo_dir", None)
-    if repo and (commit := git_commit(Path(repo).expanduser())):
-        found["upstream_commit"] = commit
+    if repo and (state := git_state(Path(repo).expanduser())):
+        found["upstream_commit"] = state[0]
+        if state[1]:
+            found["upstream_modified_files"] = state[1]
     weights = getattr(model, "weights_dir", None)
     if weights and Path(weights).expanduser().is_dir():
         found["weights"] = hash_tree(weights)

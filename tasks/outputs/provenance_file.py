@@ -36,11 +36,19 @@ def summary(meta: dict[str, Any]) -> dict[str, Any]:
     return {
         "framefleet": meta.get("framefleet", {}),
         "backends": {n: s["backend"] for n, s in stages.items()},
-        "versions": {n: s.get("upstream_commit") or s.get("package") for n, s in stages.items() if "package" in s},
+        "versions": {n: _version(s) for n, s in stages.items() if "package" in s},
         "settings_sha256": whole,
         "source": meta.get("source", {}),
         "run_id": meta.get("run_id"),
     }
+
+
+def _version(stage: dict[str, Any]) -> str | None:
+    """A stage's upstream commit (with how many of its tracked files were changed, if any), else its package."""
+    if commit := stage.get("upstream_commit"):
+        changed = stage.get("upstream_modified_files", 0)
+        return commit + (f" ({changed} tracked file(s) changed)" if changed else "")
+    return stage.get("package")
 
 
 def write_attrs(f: Any, meta: dict[str, Any]) -> None:
@@ -51,6 +59,7 @@ def write_attrs(f: Any, meta: dict[str, Any]) -> None:
     flat: dict[str, Any] = {
         "framefleet_version": short["framefleet"].get("version", ""),
         "framefleet_commit": short["framefleet"].get("commit", ""),
+        "framefleet_modified_files": int(short["framefleet"].get("modified_files", 0)),
         "run_id": short["run_id"] or "",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "settings_sha256": short["settings_sha256"],

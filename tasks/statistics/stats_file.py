@@ -233,10 +233,11 @@ def _added_sets(
 def stats_header(out_root: Path, sets: list[dict[str, Any]] | None = None) -> list[str]:
     """The statistics file's comment lines: the framefleet that wrote it and the backend sets of its videos
     (``sets``: as ``lineage.backend_sets`` lists them, which is read when not given)."""
-    from tasks.outputs.provenance import framefleet_version
+    from tasks.outputs.provenance import framefleet_version, with_changes
 
     made = framefleet_version()
-    lines = [f"framefleet {made['version']}" + (f" (commit {made['commit'][:12]})" if "commit" in made else "")]
+    commit = f" (commit {with_changes(made['commit'], made.get('modified_files', 0))})" if "commit" in made else ""
+    lines = [f"framefleet {made['version']}{commit}"]
     if sets is None:
         sets = lineage.backend_sets(out_root)
     if sets:
