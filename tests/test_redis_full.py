@@ -1,5 +1,6 @@
 """Redis full (maxmemory reached, noeviction) or read-only: named with its fix, and a worker started then stops with
-its own exit status; a real redis-server, `CONFIG SET maxmemory`. The enqueuer's stop and `--continue` once Redis
+its own exit status; a heartbeat and a stage's unsendable retry name it too; a real redis-server, `CONFIG SET
+maxmemory`. The enqueuer's stop and `--continue` once Redis
 has room: tests/faults/test_redis_full_faults.py."""
 
 from __future__ import annotations
@@ -116,3 +117,19 @@ def test_a_stage_whose_retry_redis_refuses_fails_naming_the_full_redis_its_fix_a
     assert isinstance(failure, RedisUnavailable)
     assert "Redis is full" in str(failure) and "CONFIG SET maxmemory" in str(failure)
     assert str(failure).endswith("enqueue again with --continue once Redis takes writes")
+
+
+def test_a_heartbeat_on_a_full_redis_logs_the_cause_and_fix_without_a_traceback(app_on_own_redis, caplog):
+    """A worker whose Redis fills up mid-task logged a traceback for each part of each tick (three every heartbeat)."""
+    from tasks import app
+    from tasks.celery_app import settings
+    from tasks.workers.heartbeat import Heartbeat
+
+    fill(app_on_own_redis)
+    beat = Heartbeat(app, lambda: {"hostname": "gpu0@test", "busy": True})
+    with caplog.at_level("WARNING", logger="framefleet.heartbeat"):
+        beat.tick(settings())
+    failed = [rec for rec in caplog.records if rec.name == "framefleet.heartbeat"]
+    assert [rec.getMessage().partition(":")[0] for rec in failed] == ["publishing the worker state failed (1 so far)"]
+    assert "Redis is full" in failed[0].getMessage() and "CONFIG SET maxmemory" in failed[0].getMessage()
+    assert failed[0].exc_info is None and beat.redis_back_at is None  # no reaping until Redis has taken writes again
