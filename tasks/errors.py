@@ -115,14 +115,15 @@ def is_gpu_oom(exc: BaseException) -> bool:
     By type: torch.OutOfMemoryError (and the fake GPU's, named alike) and a torch.AcceleratorError whose
     ``error_code`` is cudaErrorMemoryAllocation; by message: cuBLAS, cuSOLVER, cuSPARSE, cuFFT and cuDNN
     allocation failures and the CUDA runtime's and driver's "out of memory", which torch raises as plain
-    RuntimeError. A host's MemoryError or torch's CPU allocator failing is not a GPU OOM.
+    RuntimeError. A host's MemoryError or torch's CPU allocator failing is not a GPU OOM, nor is a full Redis
+    (redis-py's OutOfMemoryError, a ResponseError: the name alone would take it for one).
     """
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         names = {cls.__name__ for cls in type(current).__mro__}
-        if "OutOfMemoryError" in names:
+        if "OutOfMemoryError" in names and isinstance(current, RuntimeError):  # torch's, the fake GPU's; not redis-py's
             return True
         if "AcceleratorError" in names and getattr(current, "error_code", None) == CUDA_ERROR_MEMORY_ALLOCATION:
             return True

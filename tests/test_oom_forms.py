@@ -9,9 +9,10 @@ libraries' TORCH_CHECKs) and the message torch builds, from torch's sources at t
 from __future__ import annotations
 
 import pytest
+import redis
 import torch
 
-from tasks.errors import BadInput, GpuOutOfMemory, is_gpu_oom
+from tasks.errors import BadInput, ClaimUnconfirmed, GpuOutOfMemory, is_gpu_oom
 from tasks.errors import as_framefleet_error as _as_framefleet_error
 from tasks.gpu.fake import OutOfMemoryError as FakeOutOfMemoryError
 from tasks.pipeline.oom import stage_peak_mib
@@ -71,6 +72,8 @@ NOT_OOM = {
     ),
     "host memory": MemoryError("Unable to allocate 315. MiB for an array with shape (21, 1024, 1280, 3)"),
     "a model's own error": ValueError("expected 3 channels, got 4"),
+    # redis-py's class for Redis's "OOM command not allowed when used memory > 'maxmemory'": a full Redis
+    "a full Redis": redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
 }
 
 
@@ -118,3 +121,12 @@ def test_an_oom_a_backend_wrapped_in_its_own_error_is_still_an_oom():
 def test_the_peak_a_message_reports_is_read_from_torch_s_wording():
     exc = raised(OOM_FORMS["caching allocator"])
     assert stage_peak_mib(object(), str(exc)) == 2048.0
+
+
+def test_a_claim_unconfirmed_because_redis_is_full_is_not_a_gpu_oom():
+    """The fence before publishing, when Redis refuses to take the lapsed claim back: retried as what it is, not
+    with halved chunks on another GPU (a worker whose Redis filled up mid-task logged GpuOutOfMemory)."""
+    unconfirmed = ClaimUnconfirmed("cannot confirm the claim ff:claim:x before publishing", 10.0)
+    unconfirmed.__cause__ = raised(NOT_OOM["a full Redis"])  # as claims.confirm raises it: ``from`` Redis's refusal
+    caught = raised(unconfirmed)
+    assert not is_gpu_oom(caught) and _as_framefleet_error(caught) is caught

@@ -1,5 +1,6 @@
 """Redis full (maxmemory reached, noeviction) or read-only: named with its fix, and a worker started then stops with
-its own exit status; a real redis-server, `CONFIG SET maxmemory`. The enqueuer's stop and `--continue` once Redis
+its own exit status; a heartbeat and a stage's unsendable retry name it too; a real redis-server, `CONFIG SET
+maxmemory`. The enqueuer's stop and `--continue` once Redis
 has room: tests/faults/test_redis_full_faults.py."""
 
 from __future__ import annotations
@@ -73,3 +74,62 @@ def test_framefleet_run_on_a_full_redis_stops_before_starting_a_worker(own_redis
     assert "Redis is full" in done.stderr and "Traceback" not in done.stderr
     assert f"--out {out} --continue` finishes the run" in done.stderr
     assert not list((out / "logs").glob("cpu*.log")) and not list((out / "logs").glob("gpu*.log"))
+
+
+@pytest.fixture
+def app_on_own_redis(own_redis, monkeypatch):
+    """This process's Celery app and settings on ``own_redis``; put back on the tests' Redis afterwards."""
+    from tasks import configure
+    from worker_config.settings import load_settings
+
+    monkeypatch.setenv("REDIS_URL", own_redis)
+    configure(load_settings())
+    yield redis.Redis.from_url(own_redis)
+    monkeypatch.undo()
+    configure(load_settings())
+
+
+def test_a_stage_whose_retry_redis_refuses_fails_naming_the_full_redis_its_fix_and_continue(app_on_own_redis):
+    """A claim that lapsed while Redis was full cannot be confirmed, and its retry cannot be sent: the video's failure
+    record says why, the fix and that --continue finishes it (it said "the stage will run again")."""
+    from tasks.delivery import claims
+    from tasks.errors import ClaimUnconfirmed, RedisUnavailable
+    from tasks.job import Job
+    from tasks.pipeline import STAGE_TASKS
+    from tasks.pipeline.hooks import StageCall
+    from tasks.pipeline.retries import Retries
+
+    key = claims.claim_key("/data/out", "clip_00", "depth")
+    claims.HELD[key] = "gpu0@hostB task-1"  # held, and lapsed (not in Redis) while Redis was full
+    fill(app_on_own_redis)
+    try:
+        with pytest.raises(ClaimUnconfirmed) as unconfirmed:
+            claims.confirm(app_on_own_redis, key, 30)
+        task = STAGE_TASKS["depth"]
+        job = Job("run-1", "clip_00", video="clip_00.mp4", output_root="/data/out", chain=("preprocess", "depth"))
+        task.push_request(id="task-1", retries=0, args=(job.to_dict(),), kwargs={}, called_directly=False)
+        try:
+            failure = Retries().after_failure(StageCall(task, "depth", job, job), unconfirmed.value)
+        finally:
+            task.pop_request()
+    finally:
+        claims.HELD.clear()
+    assert isinstance(failure, RedisUnavailable)
+    assert "Redis is full" in str(failure) and "CONFIG SET maxmemory" in str(failure)
+    assert str(failure).endswith("enqueue again with --continue once Redis takes writes")
+
+
+def test_a_heartbeat_on_a_full_redis_logs_the_cause_and_fix_without_a_traceback(app_on_own_redis, caplog):
+    """A worker whose Redis fills up mid-task logged a traceback for each part of each tick (three every heartbeat)."""
+    from tasks import app
+    from tasks.celery_app import settings
+    from tasks.workers.heartbeat import Heartbeat
+
+    fill(app_on_own_redis)
+    beat = Heartbeat(app, lambda: {"hostname": "gpu0@test", "busy": True})
+    with caplog.at_level("WARNING", logger="framefleet.heartbeat"):
+        beat.tick(settings())
+    failed = [rec for rec in caplog.records if rec.name == "framefleet.heartbeat"]
+    assert [rec.getMessage().partition(":")[0] for rec in failed] == ["publishing the worker state failed (1 so far)"]
+    assert "Redis is full" in failed[0].getMessage() and "CONFIG SET maxmemory" in failed[0].getMessage()
+    assert failed[0].exc_info is None and beat.redis_back_at is None  # no reaping until Redis has taken writes again

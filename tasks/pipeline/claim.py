@@ -12,7 +12,7 @@ from tasks.delivery import claims, leases, marks
 from tasks.errors import ClaimLost, RedisUnavailable, WorkerLost
 from tasks.observe.flower_view import finished_earlier
 from tasks.pipeline.hooks import StageCall, StageFailed, StageHook
-from tasks.pipeline.retries import wait
+from tasks.pipeline.retries import not_sent, wait
 from tasks.redis_client import get_redis
 from tasks.redis_refusal import refusal
 from tasks.run import cancel
@@ -28,14 +28,7 @@ class Claim(StageHook):
         try:
             _claim_or_wait(call)
         except Reject as exc:
-            why = refusal(exc.reason) if isinstance(exc.reason, BaseException) else None
-            raise StageFailed(
-                RedisUnavailable(
-                    f"{call.stage_name} of {call.job.video}: {why or 'Redis did not answer'}, and the task could "
-                    f"not be retried ({exc.reason}); enqueue again with --continue once Redis "
-                    f"{'takes writes' if why else 'is back'}"
-                )
-            ) from exc
+            raise StageFailed(RedisUnavailable(f"{call.stage_name} of {call.job.video}: {not_sent(exc)}")) from exc
 
     def fence(self, call: StageCall) -> None:
         conf = settings()

@@ -13,6 +13,7 @@ from tasks.delivery.routing import route_task
 from tasks.errors import PermanentError, RedisUnavailable, RetryableError, error_class
 from tasks.job import Job
 from tasks.pipeline.hooks import StageCall, StageHook
+from tasks.redis_refusal import refusal
 
 log = logging.getLogger("framefleet.pipeline")
 
@@ -45,6 +46,15 @@ def retry_later(
     )
 
 
+def not_sent(reject: Reject) -> str:
+    """Why a task's retry could not be sent (``reject``, raised by Celery's retry when the send failed), with the
+    fix, and that --continue finishes the video: its failure record says what the user does next."""
+    reason = reject.reason
+    if why := refusal(reason) if isinstance(reason, BaseException) else None:
+        return f"the retry could not be sent: {why}; enqueue again with --continue once Redis takes writes"
+    return f"the retry could not be sent: Redis did not answer ({reason}); enqueue again with --continue once it does"
+
+
 def wait(call: StageCall, countdown_s: float, queue: str | None = None) -> None:
     """Send this task again after ``countdown_s`` (to ``queue``, else routed afresh); waiting does not use up
     its retries for failures."""
@@ -73,5 +83,5 @@ class Retries(StageHook):
         try:
             retry_later(call.task, call.job, delay * 2**tries, call.job.claim_waits + stage_conf.max_retries, failure)
         except Reject as exc:
-            return RedisUnavailable(f"{failure}; and the retry could not be sent ({exc.reason})")
+            return RedisUnavailable(f"{failure}; {not_sent(exc)}")
         return failure  # not reached: retry_later raises

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from tasks.delivery import claims, leases, routing
 from tasks.delivery.rebalance import rebalance
 from tasks.observe import flower_view
 from tasks.redis_client import get_redis
+from tasks.redis_refusal import refusal
 from tasks.run import sweep
 from tasks.workers import registry
 
@@ -74,8 +76,12 @@ class Heartbeat(threading.Thread):
             self.dispatcher.close()
 
     def failed(self, what: str) -> None:
-        """Log and count a failed part of a tick (published as heartbeat_errors, a metric)."""
+        """Log and count a failed part of a tick (published as heartbeat_errors, a metric); called in its except."""
         self.errors += 1
+        exc = sys.exc_info()[1]
+        if exc is not None and (why := refusal(exc)):  # full or read-only: the cause and fix, not a traceback a tick
+            log.warning("%s failed (%d so far): %s", what, self.errors, why)
+            return
         log.warning("%s failed (%d so far)", what, self.errors, exc_info=True)
 
     def tick(self, conf: Any) -> None:
