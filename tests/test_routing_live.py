@@ -137,6 +137,20 @@ def test_rebalancer_evens_out_live_queues_respecting_gpu_restrictions(app_on_tes
     assert rebalance(r, conf) == 0  # balanced: nothing moves back and forth
 
 
+def test_live_queues_are_evened_out_per_worker_counting_the_tasks_running(app_on_test_redis):
+    """gpu0's two workers, one running a task, have four waiting; gpu1's three are idle: three move, and each
+    worker then has one task, running or waiting."""
+    conf, r = app_on_test_redis
+    register(r, "gpu0@a", 0, busy=True)
+    register(r, "gpu0@b", 0)
+    for name in ("gpu1@a", "gpu1@b", "gpu1@c"):
+        register(r, name, 1)
+    for i in range(4):
+        STAGE_TASKS["depth"].apply_async(args=(job(video_id=f"v{i}"),), queue="gpu0")
+    assert rebalance(r, conf) == 3
+    assert (_ids(r, "gpu0"), _ids(r, "gpu1")) == (["v3"], ["v0", "v1", "v2"])
+
+
 def test_the_rebalancer_never_moves_a_task_to_workers_with_other_settings_than_its_runs(app_on_test_redis):
     """Routing sends a task only where the workers run its run's settings; the rebalancer keeps to the same rule,
     both when it evens out live queues and when it empties a queue whose workers are gone."""
@@ -191,13 +205,13 @@ def test_tasks_on_a_settings_queue_no_worker_consumes_move_to_their_settings_bes
 
 def test_tasks_moved_off_a_parked_settings_queue_keep_their_order_past_those_that_stay(app_on_test_redis):
     """The oldest moves first, so it starts first where it lands; a task restricted to the GPU it waited on is
-    stepped over wherever it sits, the oldest or between the others."""
+    stepped over wherever it sits, the oldest or between the others (one whose run may use both GPUs moves)."""
     conf, r = app_on_test_redis
     depth = STAGE_TASKS["depth"]
     lost, found = settings_queue("gpu1", "depth", SHA["aaa"]), settings_queue("gpu0", "depth", SHA["aaa"])
     register(r, "gpu0@a", 0, settings={"depth": {"sha256": SHA["aaa"]}}, settings_queues=[found])
     r.sadd(keys.SETTINGS_QUEUES, lost)
-    for vid, gpus in (("s0", [1]), ("a", None), ("s1", [1]), ("b", None), ("c", None)):
+    for vid, gpus in (("s0", [1]), ("a", None), ("s1", [1]), ("b", [0, 1]), ("c", None)):
         depth.apply_async(args=(job(video_id=vid, gpus=gpus, settings={"depth": SHA["aaa"]}),), queue=lost)
     assert rebalance(r, conf) == 3
     assert (_ids(r, found), _ids(r, lost)) == (["a", "b", "c"], ["s0", "s1"])
