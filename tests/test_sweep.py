@@ -60,6 +60,18 @@ def test_a_video_missing_on_two_sweeps_is_sent_again_from_its_first_unfinished_s
     assert [e["video_id"] for e in sweep.resent(r, "r1")] == ["b"]
 
 
+def test_a_video_missed_once_is_resent_only_by_a_sweep_confirm_s_after_the_first_miss(swept, tmp_path, monkeypatch):
+    """Two sightings CONFIRM_S apart, not two sweeps in a row: a video nowhere for a moment is not taken for lost."""
+    conf, r = swept
+    monkeypatch.setattr(sweep, "CONFIRM_S", 5.0)
+    completion.note_sent(r, [_job(tmp_path, "b")], 3600)
+    assert sweep.sweep(r, r, conf, force=True) == []
+    first_miss = float(r.hget("ff:sweep:r1", "b"))
+    assert sweep.sweep(r, r, conf, force=True) == []  # less than CONFIRM_S later
+    r.hset("ff:sweep:r1", "b", first_miss - sweep.CONFIRM_S)  # as if the first sweep had run CONFIRM_S earlier
+    assert [e["video_id"] for e in sweep.sweep(r, r, conf, force=True)] == ["b"]
+
+
 def test_a_video_found_again_is_forgotten_and_finished_or_cancelled_runs_are_not_swept(swept, tmp_path):
     conf, r = swept
     job = _job(tmp_path, "a")
