@@ -52,6 +52,13 @@ def job(**extra):
     return {"run_id": "r", "video_id": "v", "video": "v.mp4", "gpus": None, "gpu": None, **extra}
 
 
+def _ids(r, queue: str) -> list[str]:
+    """The video ids of the tasks waiting in ``queue``, oldest first (the order its worker takes them)."""
+    from tasks.delivery.rebalance import _decode
+
+    return [_decode(raw)[1].video_id for _, raw in reversed(queues.waiting(r, queue))]
+
+
 def test_router_sends_gpu_stages_to_the_least_loaded_live_queue(app_on_test_redis):
     _, r = app_on_test_redis
     register(r, "gpu0@a", 0, busy=True)
@@ -130,6 +137,20 @@ def test_rebalancer_evens_out_live_queues_respecting_gpu_restrictions(app_on_tes
     assert rebalance(r, conf) == 0  # balanced: nothing moves back and forth
 
 
+def test_live_queues_are_evened_out_per_worker_counting_the_tasks_running(app_on_test_redis):
+    """gpu0's two workers, one running a task, have four waiting; gpu1's three are idle: three move, and each
+    worker then has one task, running or waiting."""
+    conf, r = app_on_test_redis
+    register(r, "gpu0@a", 0, busy=True)
+    register(r, "gpu0@b", 0)
+    for name in ("gpu1@a", "gpu1@b", "gpu1@c"):
+        register(r, name, 1)
+    for i in range(4):
+        STAGE_TASKS["depth"].apply_async(args=(job(video_id=f"v{i}"),), queue="gpu0")
+    assert rebalance(r, conf) == 3
+    assert (_ids(r, "gpu0"), _ids(r, "gpu1")) == (["v3"], ["v0", "v1", "v2"])
+
+
 def test_the_rebalancer_never_moves_a_task_to_workers_with_other_settings_than_its_runs(app_on_test_redis):
     """Routing sends a task only where the workers run its run's settings; the rebalancer keeps to the same rule,
     both when it evens out live queues and when it empties a queue whose workers are gone."""
@@ -182,6 +203,20 @@ def test_tasks_on_a_settings_queue_no_worker_consumes_move_to_their_settings_bes
     assert rebalance(r, conf) == 0
 
 
+def test_tasks_moved_off_a_parked_settings_queue_keep_their_order_past_those_that_stay(app_on_test_redis):
+    """The oldest moves first, so it starts first where it lands; a task restricted to the GPU it waited on is
+    stepped over wherever it sits, the oldest or between the others (one whose run may use both GPUs moves)."""
+    conf, r = app_on_test_redis
+    depth = STAGE_TASKS["depth"]
+    lost, found = settings_queue("gpu1", "depth", SHA["aaa"]), settings_queue("gpu0", "depth", SHA["aaa"])
+    register(r, "gpu0@a", 0, settings={"depth": {"sha256": SHA["aaa"]}}, settings_queues=[found])
+    r.sadd(keys.SETTINGS_QUEUES, lost)
+    for vid, gpus in (("s0", [1]), ("a", None), ("s1", [1]), ("b", [0, 1]), ("c", None)):
+        depth.apply_async(args=(job(video_id=vid, gpus=gpus, settings={"depth": SHA["aaa"]}),), queue=lost)
+    assert rebalance(r, conf) == 3
+    assert (_ids(r, found), _ids(r, lost)) == (["a", "b", "c"], ["s0", "s1"])
+
+
 def test_routing_and_the_rebalancer_read_queue_lengths_on_the_broker_when_it_is_another_redis(redis_url, monkeypatch):
     """broker_url names another database: the queues are there, the registry on redis_url."""
     broker_url = redis_url.rsplit("/", 1)[0] + f"/{TEST_DB + 1}"
@@ -210,6 +245,119 @@ def test_routing_and_the_rebalancer_read_queue_lengths_on_the_broker_when_it_is_
         broker.flushdb()
         monkeypatch.delenv("FRAMEFLEET_BROKER_URL")
         configure(load_settings())
+
+
+def test_two_rebalancers_at_once_move_no_more_than_the_imbalance(app_on_test_redis, monkeypatch):
+    """Each host's heartbeat rebalances: a second rebalancer that started from the same loads would move the
+    same share again, and the tasks would only change sides."""
+    import threading
+
+    conf, r = app_on_test_redis
+    register(r, "gpu0@a", 0)
+    register(r, "gpu1@a", 1)
+    for i in range(6):
+        STAGE_TASKS["depth"].apply_async(args=(job(video_id=f"v{i}"),), queue="gpu0")
+    here = threading.current_thread()
+    read, other_done = threading.Event(), threading.Event()
+    real = registry.queue_loads
+
+    def held_after_reading(*args, **kwargs):
+        loads = real(*args, **kwargs)
+        if threading.current_thread() is not here and not read.is_set():
+            read.set()  # the first rebalancer has read the loads it will act on: the other starts now
+            other_done.wait(30)
+        return loads
+
+    monkeypatch.setattr(registry, "queue_loads", held_after_reading)
+    moved = {}
+    first = threading.Thread(target=lambda: moved.setdefault("first", rebalance(r, conf)))
+    first.start()
+    assert read.wait(30), "the first rebalancer never read the queues' loads"
+    moved["other"] = rebalance(r, conf)
+    other_done.set()
+    first.join(30)
+    assert moved == {"first": 3, "other": 0}
+    assert (queues.length(r, "gpu0"), queues.length(r, "gpu1")) == (3, 3)
+
+
+def test_a_rebalancer_that_stopped_holding_the_lock_holds_the_others_off_for_one_heartbeat_interval(
+    app_on_test_redis,
+):
+    """The lock is never released, only left to expire: a heartbeat interval (at least a second) after a rebalance
+    the next may run, on any host."""
+    from tasks.delivery.rebalance import LOCK_KEY
+
+    conf, r = app_on_test_redis
+    conf = conf.model_copy(update={"heartbeat_interval_s": 0.5})
+    register(r, "gpu0@a", 0)
+    STAGE_TASKS["depth"].apply_async(args=(job(video_id="a"),), queue="gpu1")  # where no worker consumes
+    assert rebalance(r, conf) == 1
+    assert 0 < r.pttl(LOCK_KEY) <= 1000
+    STAGE_TASKS["depth"].apply_async(args=(job(video_id="b"),), queue="gpu1")
+    assert rebalance(r, conf) == 0  # within the interval
+    wait_until(lambda: not r.exists(LOCK_KEY), 5, "the rebalance lock to expire")
+    assert rebalance(r, conf) == 1
+    assert _ids(r, "gpu0") == ["a", "b"]
+
+
+def test_a_heartbeats_rebalance_moves_at_most_100_tasks_off_queues_without_workers_and_the_rest_at_the_next(
+    app_on_test_redis,
+):
+    conf, r = app_on_test_redis
+    depth = STAGE_TASKS["depth"]
+    register(r, "gpu0@a", 0)
+    for queue, n in (("gpu2", 60), ("gpu3", 41)):  # sent while their workers lived
+        for i in range(n):
+            depth.apply_async(args=(job(video_id=f"{queue}-{i}"),), queue=queue)
+    assert rebalance(r, conf) == 100
+    assert _ids(r, "gpu2") == [] and _ids(r, "gpu3") == ["gpu3-40"]
+    r.delete("ff:rebalance-lock")
+    assert rebalance(r, conf) == 1 and queues.length(r, "gpu0") == 101
+
+
+def test_the_move_cap_counts_every_kind_of_move_of_a_pass(app_on_test_redis):
+    """Off a queue without workers, off a parked settings queue, between live queues: max_moves in all per pass."""
+    conf, r = app_on_test_redis
+    depth = STAGE_TASKS["depth"]
+    lost, found = settings_queue("gpu2", "depth", SHA["aaa"]), settings_queue("gpu0", "depth", SHA["aaa"])
+    register(r, "gpu0@a", 0, settings={"depth": {"sha256": SHA["aaa"]}}, settings_queues=[found])
+    register(r, "gpu1@a", 1, settings={"depth": {"sha256": SHA["aaa"]}})
+    r.sadd(keys.SETTINGS_QUEUES, lost)
+    for i in range(6):
+        depth.apply_async(args=(job(video_id=f"b{i}"),), queue="gpu0")
+    depth.apply_async(args=(job(video_id="d"),), queue="gpu2")  # no worker on gpu2
+    for i in range(3):
+        depth.apply_async(args=(job(video_id=f"p{i}", settings={"depth": SHA["aaa"]}),), queue=lost)
+    passes = []
+    for _ in range(4):
+        r.delete("ff:rebalance-lock")
+        passes.append(rebalance(r, conf, max_moves=2))
+    # d and p0 first, then p1 and p2, then two of gpu0's six to gpu1 (d is there already), then balanced.
+    assert passes == [2, 2, 2, 0]
+    assert (_ids(r, found), _ids(r, "gpu1"), _ids(r, "gpu0")) == (
+        ["p0", "p1", "p2"],
+        ["d", "b0", "b1"],
+        ["b2", "b3", "b4", "b5"],
+    )
+
+
+def test_a_message_the_rebalancer_cannot_read_stays_where_it_is_and_the_tasks_behind_it_move(app_on_test_redis):
+    """Off a queue without workers and between live queues alike, in their order."""
+    conf, r = app_on_test_redis
+    depth = STAGE_TASKS["depth"]
+    register(r, "gpu0@a", 0)
+    register(r, "gpu1@a", 1)
+    for queue, prefix in (("gpu2", "d"), ("gpu0", "b")):
+        for i in range(2 if queue == "gpu2" else 4):
+            depth.apply_async(args=(job(video_id=f"{prefix}{i}"),), queue=queue)
+        [key] = {key for key, _raw in queues.waiting(r, queue)}
+        r.rpush(key, "not a kombu message")  # the oldest: another program's, or damaged
+    # gpu2's two to gpu1 (gpu0 holds five), then one of gpu0's: 4 waiting against 3.
+    assert rebalance(r, conf) == 3
+    assert _ids(r, "gpu1") == ["d0", "d1", "b0"]
+    for queue, left in (("gpu2", 0), ("gpu0", 3)):
+        [key] = {key for key, _raw in queues.waiting(r, queue)}
+        assert r.lindex(key, -1) == "not a kombu message" and r.llen(key) == left + 1
 
 
 def test_a_job_sent_as_a_keyword_is_routed_as_one_sent_positionally(app_on_test_redis):

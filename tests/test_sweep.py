@@ -5,7 +5,10 @@ A real Redis; the last two tests run real workers and a real run.
 
 from __future__ import annotations
 
+import base64
 import json
+import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -55,6 +58,18 @@ def test_a_video_missing_on_two_sweeps_is_sent_again_from_its_first_unfinished_s
     assert sorted(_waiting_videos(r, conf.cpu_queue)) == ["a", "b"]
     assert sweep.sweep(r, r, conf, force=True) == []  # its message is there now
     assert [e["video_id"] for e in sweep.resent(r, "r1")] == ["b"]
+
+
+def test_a_video_missed_once_is_resent_only_by_a_sweep_confirm_s_after_the_first_miss(swept, tmp_path, monkeypatch):
+    """Two sightings CONFIRM_S apart, not two sweeps in a row: a video nowhere for a moment is not taken for lost."""
+    conf, r = swept
+    monkeypatch.setattr(sweep, "CONFIRM_S", 5.0)
+    completion.note_sent(r, [_job(tmp_path, "b")], 3600)
+    assert sweep.sweep(r, r, conf, force=True) == []
+    first_miss = float(r.hget("ff:sweep:r1", "b"))
+    assert sweep.sweep(r, r, conf, force=True) == []  # less than CONFIRM_S later
+    r.hset("ff:sweep:r1", "b", first_miss - sweep.CONFIRM_S)  # as if the first sweep had run CONFIRM_S earlier
+    assert [e["video_id"] for e in sweep.sweep(r, r, conf, force=True)] == ["b"]
 
 
 def test_a_video_found_again_is_forgotten_and_finished_or_cancelled_runs_are_not_swept(swept, tmp_path):
@@ -133,6 +148,97 @@ def test_nothing_is_swept_while_either_redis_is_younger_than_a_lease_ttl(swept, 
         stop()
     assert sweep.sweep(r, r, conf, force=True) == []  # both old: b's first miss, then its resend
     assert [e["video_id"] for e in sweep.sweep(r, r, conf, force=True)] == ["b"]
+
+
+def _made(job: Job, *stages: str) -> None:
+    """Write each of ``stages``' outputs of ``job``'s video with its completion marker, as a finished stage does."""
+    from tasks.outputs.stage_io import marker_of, output_path
+    from tasks.outputs.storage import sha256_file, write_marker
+
+    out_root = Path(job.output_root)
+    for stage in stages:
+        output = output_path(out_root, job.video_id, stage)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_bytes(f"{job.video_id} {stage}".encode())
+        marker = marker_of(out_root, job.video_id, stage)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        write_marker(output, sha256_file(output), marker)
+
+
+def test_no_video_is_resent_whose_message_waits_third_in_its_list_or_behind_one_the_sweep_cannot_read(swept, tmp_path):
+    conf, r = swept
+    jobs = [_job(tmp_path, vid) for vid in ("a", "b", "c")]
+    completion.note_sent(r, jobs, 3600)
+    from tasks.run.dataset import video_chain
+
+    for job in jobs:
+        video_chain(job).apply_async()  # all three wait in one list of the cpu queue
+    [key] = {key for key, _raw in queues.waiting(r, conf.cpu_queue)}
+    r.lpush(key, "not a kombu message")  # another program's, or damaged: read before the three
+    assert sweep.sweep(r, r, conf, force=True) == [] and not r.hkeys("ff:sweep:r1")
+    assert sweep.sweep(r, r, conf, force=True) == [] and sweep.resent(r, "r1") == []  # none sent twice
+    assert r.lindex(key, 0) == "not a kombu message"  # left where it was
+
+
+def test_a_lost_video_is_sent_again_with_the_rest_of_its_chain_and_every_resend_is_recorded(swept, tmp_path):
+    conf, r = swept
+    made, fresh, third = _job(tmp_path, "b"), _job(tmp_path, "c"), _job(tmp_path, "d")
+    _made(made, "preprocess")  # its preprocess finished before its depth message was lost
+    completion.note_sent(r, [made, fresh, third], 3600)
+    assert sweep.sweep(r, r, conf, force=True) == []
+    before = time.time()
+    again = sweep.sweep(r, r, conf, force=True)
+    after = time.time()
+    assert [(e["video_id"], e["video"], e["stage"]) for e in again] == [
+        ("b", "b.mp4", "depth"),
+        ("c", "c.mp4", "preprocess"),
+        ("d", "d.mp4", "preprocess"),
+    ]
+    assert all(before <= e["time"] <= after for e in again)
+    assert sweep.resent(r, "r1") == again  # the run's summary lists all three, oldest first
+    [(_key, raw)] = queues.waiting(r, "gpu0")  # no GPU worker: depth waits on the first GPU
+    name, _id, args = cancel.decode(raw)
+    assert (name, Job.peek(args[0]).video_id) == ("framefleet.depth", "b")
+    _args, _kwargs, embed = json.loads(base64.b64decode(json.loads(raw)["body"]))
+    # Celery keeps the stages still to come last first.
+    assert [task["task"] for task in reversed(embed["chain"])] == [
+        "framefleet.tracks",
+        "framefleet.hands",
+        "framefleet.h5",
+    ]
+
+
+def test_a_lost_video_with_every_output_made_is_sent_to_its_last_stage_and_one_of_a_forced_run_to_its_first(
+    swept, tmp_path
+):
+    """The last stage of a video whose outputs are all made still counts its end; a forced run makes them again."""
+    import dataclasses
+
+    conf, r = swept
+    made = _job(tmp_path, "a")
+    forced = dataclasses.replace(_job(tmp_path, "b", "r2"), force=True)
+    for job in (made, forced):
+        _made(job, *job.chain)
+    completion.note_sent(r, [made, forced], 3600)
+    assert sweep.sweep(r, r, conf, force=True) == []
+    assert [(e["video_id"], e["stage"]) for e in sweep.sweep(r, r, conf, force=True)] == [
+        ("a", "h5"),
+        ("b", "preprocess"),
+    ]
+
+
+def test_runs_whose_videos_are_all_counted_or_whose_statistics_were_sent_are_not_swept(swept, tmp_path):
+    """Whichever run comes first in the set, the runs after it are still read."""
+    _, r = swept
+    from tasks import keys
+    from tasks.run import runs
+
+    completion.note_sent(r, [_job(tmp_path, "a", run) for run in ("r1", "r2", "r3", "r4")], 3600)
+    r.delete(completion.sent_key("r1"))  # its videos all counted
+    r.hset(runs.redis_key("r2"), keys.RUN_AGGREGATED_FIELD, "sent cb")  # its statistics callback sent
+    r.hset(runs.redis_key("r3"), keys.RUN_ENDED_FIELD, "1")  # its files written (the flag above then goes)
+    assert sweep.active_runs(r) == ["r4"]
+    assert r.smembers(keys.RUNS_SENDING) == {"r2", "r3", "r4"}
 
 
 VIDEO_TIMEOUT_S = 240
