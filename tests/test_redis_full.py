@@ -117,6 +117,7 @@ def test_a_stage_whose_retry_redis_refuses_fails_naming_the_full_redis_its_fix_a
     assert isinstance(failure, RedisUnavailable)
     assert "Redis is full" in str(failure) and "CONFIG SET maxmemory" in str(failure)
     assert str(failure).endswith("enqueue again with --continue once Redis takes writes")
+    assert "will run again" not in str(failure)  # its retry was refused: nothing runs it again but --continue
 
 
 def test_a_heartbeat_on_a_full_redis_logs_the_cause_and_fix_without_a_traceback(app_on_own_redis, caplog):

@@ -217,7 +217,7 @@ def confirm(r: redis.Redis, key: str, ttl_s: float) -> None:
         holder = holder if holder is not None else r.get(key)
     except redis.RedisError as exc:
         raise ClaimUnconfirmed(
-            f"cannot confirm the claim {key} before publishing ({exc}); output discarded, the stage will run again",
+            f"cannot confirm the claim {key} before publishing ({exc}); output discarded",
             10.0,
         ) from exc
     if holder != owner:
