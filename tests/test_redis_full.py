@@ -131,6 +131,18 @@ def test_a_heartbeat_on_a_full_redis_logs_the_cause_and_fix_without_a_traceback(
     with caplog.at_level("WARNING", logger="framefleet.heartbeat"):
         beat.tick(settings())
     failed = [rec for rec in caplog.records if rec.name == "framefleet.heartbeat"]
-    assert [rec.getMessage().partition(":")[0] for rec in failed] == ["publishing the worker state failed (1 so far)"]
+    assert [rec.getMessage().partition(":")[0] for rec in failed] == [
+        "publishing the worker state failed (1 so far; said again in 60 s if it lasts)"
+    ]
     assert "Redis is full" in failed[0].getMessage() and "CONFIG SET maxmemory" in failed[0].getMessage()
     assert failed[0].exc_info is None and beat.redis_back_at is None  # no reaping until Redis has taken writes again
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="framefleet.heartbeat"):
+        beat.tick(settings())  # still full, a tick later: counted, not said again within the minute
+    assert [rec for rec in caplog.records if rec.name == "framefleet.heartbeat"] == [] and beat.errors == 2
+    beat.refusal_said["publishing the worker state"] -= 60  # a minute later it is said again
+    with caplog.at_level("WARNING", logger="framefleet.heartbeat"):
+        beat.tick(settings())
+    assert [rec.getMessage().partition(":")[0] for rec in caplog.records] == [
+        "publishing the worker state failed (3 so far; said again in 60 s if it lasts)"
+    ]

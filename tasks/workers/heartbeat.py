@@ -28,6 +28,9 @@ from tasks.workers import registry
 log = logging.getLogger("framefleet.heartbeat")
 
 
+REFUSAL_REPEAT_S = 60.0  # a refused part of the tick is logged once in this long (a tick is ~1 s)
+
+
 class Heartbeat(threading.Thread):
     """Every ``heartbeat_interval_s``: send worker-heartbeat, re-assert leases, publish state, read the registry
     for routing, reap, rebalance."""
@@ -45,6 +48,8 @@ class Heartbeat(threading.Thread):
         self.redis_back_at: float | None = -float("inf")
         # Since when heartbeat events fail (epoch s): task ends sent meanwhile may be lost to Flower.
         self.events_lost_since: float | None = None
+        # When each part's refusal (a full or read-only Redis) was last logged (monotonic s): once a minute is enough.
+        self.refusal_said: dict[str, float] = {}
 
     @classmethod
     def start_for(cls, app: celery.Celery, state: Callable[[], dict[str, Any]]) -> Heartbeat:
@@ -80,7 +85,16 @@ class Heartbeat(threading.Thread):
         self.errors += 1
         exc = sys.exc_info()[1]
         if exc is not None and (why := refusal(exc)):  # full or read-only: the cause and fix, not a traceback a tick
-            log.warning("%s failed (%d so far): %s", what, self.errors, why)
+            now = time.monotonic()
+            if now - self.refusal_said.get(what, -REFUSAL_REPEAT_S) >= REFUSAL_REPEAT_S:
+                self.refusal_said[what] = now
+                log.warning(
+                    "%s failed (%d so far; said again in %g s if it lasts): %s",
+                    what,
+                    self.errors,
+                    REFUSAL_REPEAT_S,
+                    why,
+                )
             return
         log.warning("%s failed (%d so far)", what, self.errors, exc_info=True)
 
