@@ -86,6 +86,27 @@ def test_a_video_found_again_is_forgotten_and_finished_or_cancelled_runs_are_not
     assert sweep.active_runs(r) == ["r1"]
 
 
+def test_a_video_counted_in_any_shard_of_a_large_run_is_not_in_flight(swept, tmp_path):
+    """A run of many videos keeps its order in shards (its record fixes how many): a finished video is looked up
+    in its own shard; looked up as for a one-shard run, most finished videos would seem lost and be sent again."""
+    from tasks.run import runs
+    from tasks.statistics import sums
+
+    conf, r = swept
+    runs.publish(r, {"run_id": "big-run", "started": time.time(), "shards": 8}, 3600)
+    jobs = [_job(tmp_path, f"v{i:02d}", "big-run") for i in range(24)]
+    completion.note_sent(r, jobs, 3600)
+    finished = [job.video_id for job in jobs[:18]]
+    for vid in finished:
+        r.hset(*completion.order_of("big-run", vid, 8), 1)
+    assert len({completion.order_of("big-run", vid, 8)[0] for vid in finished}) > 1  # spread over shards
+    assert sums.run_shards(r, "big-run") == 8
+    assert sorted(sweep.in_flight(r, "big-run")) == [job.video_id for job in jobs[18:]]
+    sweep.sweep(r, r, conf, force=True)
+    resent = {e["video_id"] for e in sweep.sweep(r, r, conf, force=True)}
+    assert resent == {job.video_id for job in jobs[18:]}  # the lost ones only, never a finished one
+
+
 def test_the_sweep_finds_its_runs_without_a_scan_of_every_key(swept, tmp_path):
     """The runs in flight come from the set of runs that sent videos; one whose sent hash is gone leaves it.
     Beside a million-video run's 130,000 keys a scan of every key took a round trip per 500 keys."""
