@@ -77,3 +77,51 @@ def test_a_guard_that_cannot_read_flowers_options_refuses(pipeline_env):
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert "could not tell whether Flower would listen beyond loopback" in done.stderr
     assert "ValueError" in done.stderr and "Traceback" not in done.stderr
+
+
+def _over_socket(path: Path, url: str) -> str:
+    """The status line of a GET of ``url`` from an HTTP server on the Unix socket ``path``, "" when none answers."""
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(str(path))
+            s.sendall(f"GET {url} HTTP/1.0\r\nHost: flower\r\n\r\n".encode())
+            return s.recv(4096).decode(errors="replace").partition("\r\n")[0]
+    except OSError:
+        return ""
+
+
+def test_flower_on_a_unix_socket_without_auth_serves_only_from_a_folder_no_one_else_can_enter(pipeline_env, tmp_path):
+    """Flower makes its Unix socket mode 0777: in a folder others can enter, any user of the host could drive it."""
+    from tests.conftest import wait_until
+
+    env = {k: v for k, v in pipeline_env.items() if not k.startswith("FLOWER_")}
+    shared, private = tmp_path / "shared", tmp_path / "private"
+    shared.mkdir(mode=0o755)
+    private.mkdir(mode=0o700)
+    shared.chmod(0o755)  # whatever the umask
+    private.chmod(0o700)
+    command = [sys.executable, "-m", "celery", "-A", "tasks", "flower"]
+    refused = subprocess.run(
+        [*command, f"--unix-socket={shared / 'flower.sock'}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    assert f"Flower would listen on the Unix socket {shared / 'flower.sock'} without authentication" in refused.stderr
+    assert "mkdir -m 700" in refused.stderr and not (shared / "flower.sock").exists()
+    sock, log = private / "flower.sock", tmp_path / "flower.log"
+    with open(log, "wb") as out:
+        served = subprocess.Popen(
+            [*command, f"--unix-socket={sock}"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_until(lambda: "200" in _over_socket(sock, "/healthcheck") or served.poll() is not None, 60, "Flower")
+        assert served.poll() is None, log.read_text()
+        assert _over_socket(sock, "/tasks").endswith("200 OK")  # no login: the folder is the lock
+    finally:
+        served.terminate()
+        served.wait(timeout=30)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -57,10 +58,12 @@ def is_loopback(address: str) -> bool:
 
 def options_problem(options: Any) -> str | None:
     """Why Flower with the resolved ``options`` (tornado's) may not start, or None when it may."""
-    if options.unix_socket or is_loopback(options.address):
-        return None
     basic = [pair for pair in options.basic_auth or [] if _user_and_password(pair)]
     if basic or options.auth or options.auth_provider:
+        return None
+    if options.unix_socket:
+        return _socket_problem(Path(options.unix_socket))
+    if is_loopback(options.address):
         return None
     where = f"{options.address}:{options.port}" if options.address else f"port {options.port} of every interface"
     return (
@@ -68,6 +71,25 @@ def options_problem(options: Any) -> str | None:
         "FLOWER_BASIC_AUTH=user:password in its environment (or --basic-auth=user:password; "
         "OAuth through --auth and --auth_provider also counts), or bind it to loopback with "
         "--address=127.0.0.1."
+    )
+
+
+def _socket_problem(path: Path) -> str | None:
+    """Why Flower may not serve on the Unix socket ``path`` without a login, or None: Flower makes the socket mode
+    0777 (flower/app.py, ``start_http_server``), so only its folder can keep other users of the host out, and
+    it must be this user's and closed to everyone else."""
+    folder = path.expanduser().absolute().parent
+    try:
+        st = folder.stat()
+    except OSError as exc:
+        return f"cannot read the folder of Flower's Unix socket {path} ({exc}); Flower does not start"
+    if st.st_uid == os.getuid() and not st.st_mode & 0o077:
+        return None
+    return (
+        f"Flower would listen on the Unix socket {path} without authentication, and Flower makes that socket "
+        f"mode 0777: any user of this host who can enter {folder} could read it (every task, its video and run). "
+        f"Put the socket in a folder only you can enter (mkdir -m 700 DIR), or set FLOWER_BASIC_AUTH=user:password "
+        "in its environment (or --basic-auth=user:password)."
     )
 
 
