@@ -366,6 +366,19 @@ def task_result(url: str, task_id: str) -> dict | None:
     return meta if meta.get("status") in ("SUCCESS", "FAILURE") else None
 
 
+def enqueue_and_watch(raw: Path, out: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """``scripts/enqueue_dataset.py RAW --out OUT`` started as a user would, following its run to the end: the
+    process, its output (stdout and stderr together) to read with ``communicate``."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(raw), "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def run_script(script: str, *args: str, env: dict[str, str], timeout_s: float = 240) -> subprocess.CompletedProcess:
     """Run ``scripts/<script>`` as a user would; return the completed process (text output)."""
     return subprocess.run(

@@ -4,14 +4,12 @@ are finished by another GPU's worker."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 
 import redis
 
 from tasks.delivery import queues
 from tasks.workers import registry
-from tests.conftest import ROOT, wait_until
+from tests.conftest import enqueue_and_watch, wait_until
 
 
 def test_tasks_of_a_gpu_queue_whose_worker_died_before_it_was_ready_are_finished_on_another_gpu(
@@ -24,14 +22,7 @@ def test_tasks_of_a_gpu_queue_whose_worker_died_before_it_was_ready_are_finished
     dead.send_signal(signal.SIGKILL)  # before it could register: no worker ever consumed gpu0
     dead.wait(timeout=30)
     out = tmp_path / "out"
-    run = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(raw), "--out", str(out)],
-        cwd=ROOT,
-        env=pipeline_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    run = enqueue_and_watch(raw, out, pipeline_env)
     try:
         # With no live GPU worker, routing sends the GPU stages to gpu0, the first GPU's queue.
         wait_until(lambda: queues.length(r, "gpu0") == 2 or run.poll() is not None, 120, "2 tasks waiting on gpu0")

@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.conftest import ROOT, run_script, settings_env, wait_until
+from tests.conftest import enqueue_and_watch, run_script, settings_env, wait_until
 from tests.faults.conftest import assert_nothing_lost, record, stage_runs, twice, wait_for_summary
 
 # 4 s of depth per video, waited rather than computed: as long on a loaded machine as on an idle one.
 SLOW = "stages:\n  depth:\n    params: {seconds_per_frame: 0.25}\n"
-
-
-def _enqueue_and_watch(raw, out, env):
-    """The enqueue script, waiting: it must ride out the broker fault itself."""
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(raw), "--out", str(out)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
 
 
 @pytest.mark.parametrize("down_s", [0, pytest.param(30, marks=[pytest.mark.slow, pytest.mark.ci_fault])])
@@ -36,7 +22,7 @@ def test_redis_restarted_or_away_mid_run(
     fault_workers.start("cpu", env=env)
     fault_workers.start("gpu0", env=env)
     out = tmp_path / "out"
-    watcher = _enqueue_and_watch(fault_raw, out, {**fault_env, **env})
+    watcher = enqueue_and_watch(fault_raw, out, {**fault_env, **env})
     wait_until(lambda: len(list(out.glob("work/*/depth.done.json"))) >= 1, 120, "the run to be under way")
     redis_server.stop()
     time.sleep(down_s)

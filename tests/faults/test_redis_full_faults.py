@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -15,7 +14,15 @@ import redis
 
 from tasks.delivery import claims
 from tasks.redis_refusal import EXIT_STATUS
-from tests.conftest import ROOT, Workers, process_env, run_script, settings_env, start_redis_server, wait_until
+from tests.conftest import (
+    Workers,
+    enqueue_and_watch,
+    process_env,
+    run_script,
+    settings_env,
+    start_redis_server,
+    wait_until,
+)
 from tests.faults.conftest import assert_nothing_lost, record, stage_runs, twice
 from tests.test_redis_full import fill
 
@@ -83,14 +90,7 @@ def test_redis_full_while_a_stage_runs_fails_that_video_clearly_and_continue_fin
         workers.start("cpu")
         workers.start("gpu0")
         raw, out = video_factory(2), tmp_path / "out"
-        following = subprocess.Popen(
-            [sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(raw), "--out", str(out)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        following = enqueue_and_watch(raw, out, env)
         vid = wait_until(lambda: _running(workers, "gpu0", "framefleet.depth"), 120, "depth under way")
         r = redis.Redis.from_url(own_redis)
         claim = claims.claim_key(str(out.resolve()), vid, "depth")

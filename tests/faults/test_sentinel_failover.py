@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -22,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tasks.redis_client import connect
-from tests.conftest import ROOT, Workers, settings_env, wait_until
+from tests.conftest import Workers, enqueue_and_watch, settings_env, wait_until
 from tests.faults.conftest import assert_nothing_lost, env_for, record, stage_runs, twice
 from tests.redis_servers import SentinelGroup
 
@@ -67,14 +65,7 @@ def test_the_primary_lost_mid_run_loses_nothing(loss, group, fault_raw, referenc
             workers.start(queue, wait=False)
         for queue in ("cpu", "gpu0", "gpu1"):
             wait_until(lambda q=queue: workers.state(q) or workers.procs[q].poll() is not None, 90, f"{queue} up")
-        watcher = subprocess.Popen(
-            [sys.executable, str(ROOT / "scripts" / "enqueue_dataset.py"), str(fault_raw), "--out", str(out)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        watcher = enqueue_and_watch(fault_raw, out, env)
         wait_until(lambda: len(list(out.glob("work/*/depth.done.json"))) >= 1, 180, "the run to be under way")
         old, replica = group.primary_port(), group.ports[1]
         assert old == group.ports[0]
