@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, wait_until
 from tests.test_flower_monitoring import Flower
 
 pytestmark = pytest.mark.timeout(120)
@@ -30,6 +30,16 @@ def launcher(how: str, tmp_path: Path) -> list[str]:
     return [str(script)]
 
 
+def without_flower_settings(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without FLOWER_* variables (the test's own settings decide whether Flower has a login)."""
+    return {k: v for k, v in env.items() if not k.startswith("FLOWER_")}
+
+
+def run_flower(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Flower started with ``argv`` and run to its end (a refused one exits at once; a served one times out)."""
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
+
+
 def listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -37,23 +47,16 @@ def listening(port: int) -> bool:
 
 @pytest.mark.parametrize("how", ["python -m flower", "celery", "flower", "another name"])
 def test_flower_beyond_loopback_without_auth_refuses_however_it_is_started(pipeline_env, tmp_path, how):
-    env = {k: v for k, v in pipeline_env.items() if not k.startswith("FLOWER_")}
+    env = without_flower_settings(pipeline_env)
     port = free_port()
-    done = subprocess.run(
-        [*launcher(how, tmp_path), "-A", "tasks", "flower", "--address=0.0.0.0", f"--port={port}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    done = run_flower([*launcher(how, tmp_path), "-A", "tasks", "flower", "--address=0.0.0.0", f"--port={port}"], env)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert f"Flower would listen on 0.0.0.0:{port}, beyond loopback, without authentication" in done.stderr
     assert "FLOWER_BASIC_AUTH=user:password" in done.stderr and not listening(port)
 
 
 def test_python_m_flower_with_auth_serves_only_who_logs_in(pipeline_env, tmp_path):
-    env = {k: v for k, v in pipeline_env.items() if not k.startswith("FLOWER_")}
+    env = without_flower_settings(pipeline_env)
     app = Flower(env, tmp_path / "flower.log", "ops:s3cret", "--address=0.0.0.0", program=("-m", "flower"))
     try:
         app.wait_ready()
@@ -64,15 +67,11 @@ def test_python_m_flower_with_auth_serves_only_who_logs_in(pipeline_env, tmp_pat
 
 
 def test_a_guard_that_cannot_read_flowers_options_refuses(pipeline_env):
-    env = {k: v for k, v in pipeline_env.items() if not k.startswith("FLOWER_")}
+    env = without_flower_settings(pipeline_env)
     argv = ["celery", "-A", "tasks", "flower", "--address=0.0.0.0"]
-    done = subprocess.run(
+    done = run_flower(
         [sys.executable, "-c", f"from tasks.observe.flower_guard import check; check({argv!r})"],
-        cwd=ROOT,
-        env={**env, "FLOWER_PORT": "not-a-port"},  # Flower's own parser raises on it
-        capture_output=True,
-        text=True,
-        timeout=60,
+        {**env, "FLOWER_PORT": "not-a-port"},  # Flower's own parser raises on it
     )
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert "could not tell whether Flower would listen beyond loopback" in done.stderr
@@ -92,24 +91,15 @@ def _over_socket(path: Path, url: str) -> str:
 
 
 def test_flower_on_a_unix_socket_without_auth_serves_only_from_a_folder_no_one_else_can_enter(pipeline_env, tmp_path):
-    """Flower makes its Unix socket mode 0777: in a folder others can enter, any user of the host could drive it."""
-    from tests.conftest import wait_until
-
-    env = {k: v for k, v in pipeline_env.items() if not k.startswith("FLOWER_")}
+    """Flower makes its Unix socket mode 0777: in a folder others can enter, any user of the host could read it."""
+    env = without_flower_settings(pipeline_env)
     shared, private = tmp_path / "shared", tmp_path / "private"
     shared.mkdir(mode=0o755)
     private.mkdir(mode=0o700)
     shared.chmod(0o755)  # whatever the umask
     private.chmod(0o700)
     command = [sys.executable, "-m", "celery", "-A", "tasks", "flower"]
-    refused = subprocess.run(
-        [*command, f"--unix-socket={shared / 'flower.sock'}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    refused = run_flower([*command, f"--unix-socket={shared / 'flower.sock'}"], env)
     assert refused.returncode == 2, (refused.stdout, refused.stderr)
     assert f"Flower would listen on the Unix socket {shared / 'flower.sock'} without authentication" in refused.stderr
     assert "mkdir -m 700" in refused.stderr and not (shared / "flower.sock").exists()
