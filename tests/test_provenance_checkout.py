@@ -61,6 +61,6 @@ def test_an_upstream_checkout_with_changes_says_so_in_the_stage_version(checkout
     head = _git(checkout, "rev-parse", "HEAD")
     assert found["upstream_commit"] == head and found["upstream_modified_files"] == 1
     meta = {"stages": {"depth": {"backend": "vipe", **found, "settings_sha256": "0" * 64}}}
-    assert summary(meta)["versions"]["depth"] == f"{head} (1 tracked file(s) changed)"
+    assert summary(meta)["versions"]["depth"] == f"{head}, 1 tracked file(s) changed"
     assert provenance.with_changes(head, 1) == f"{head[:12]}, 1 tracked file(s) changed"
     assert provenance.with_changes(head, 0) == head[:12]

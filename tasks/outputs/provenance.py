@@ -26,6 +26,7 @@ from tasks.outputs.provenance_file import (  # noqa: F401  (what readers of a fi
     encode,
     read_attrs,
     summary,
+    with_changes,
     write_attrs,
 )
 from worker_config.settings import Settings, resolved_stage
@@ -61,11 +62,6 @@ def git_state(folder: str | os.PathLike[str]) -> tuple[str, int] | None:
         return None
     commit = head.stdout.strip()
     return (commit, len(changed.stdout.splitlines())) if commit else None
-
-
-def with_changes(commit: str, modified: int) -> str:
-    """A commit as provenance shows it: its first 12 characters, and how many tracked files differed."""
-    return commit[:12] + (f", {modified} tracked file(s) changed" if modified else "")
 
 
 @cache

@@ -43,11 +43,16 @@ def summary(meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def with_changes(commit: str, modified: int, length: int | None = 12) -> str:
+    """A commit as provenance shows it (its first ``length`` characters; None: whole), and how many tracked files
+    of its checkout differed from it."""
+    return commit[:length] + (f", {modified} tracked file(s) changed" if modified else "")
+
+
 def _version(stage: dict[str, Any]) -> str | None:
     """A stage's upstream commit (with how many of its tracked files were changed, if any), else its package."""
     if commit := stage.get("upstream_commit"):
-        changed = stage.get("upstream_modified_files", 0)
-        return commit + (f" ({changed} tracked file(s) changed)" if changed else "")
+        return with_changes(commit, stage.get("upstream_modified_files", 0), None)
     return stage.get("package")
 
 
