@@ -113,9 +113,10 @@ def _runs_here(python: str) -> bool:
 
 
 def _check_stages(stages: dict[str, Any]) -> None:
-    """Refuse unknown backends, interpreters for CPU stages and chains with a missing stage."""
+    """Refuse unknown backends, unknown or mistyped parameters, interpreters for CPU stages and chains with a
+    missing stage; each stage's parameters are replaced by their typed values (tasks.stages.params)."""
     from tasks.backends import available
-    from tasks.stages import chain_order, stage_class
+    from tasks.stages import chain_order, stage_class, typed_params
 
     for name, stage in stages.items():
         cls = stage_class(name)
@@ -128,6 +129,8 @@ def _check_stages(stages: dict[str, Any]) -> None:
                 f"stage {name!r} has unknown backend {stage['backend']!r} (stages.{name}.backend, "
                 f"${'FRAMEFLEET_STAGES__' + name.upper() + '__BACKEND'}); available: {', '.join(choices)}"
             )
+        if not elsewhere:  # a stage with its own environment: its worker checks them when it starts
+            stage["params"] = typed_params(name, stage["backend"], stage.get("params") or {})
         if stage.get("python") and cls.device != "gpu":
             raise ValueError(
                 f"stages.{name}.python: {name} runs on the cpu queue, in the main environment; "

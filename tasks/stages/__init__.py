@@ -49,6 +49,7 @@ __all__ = [
     "dataset_stage",
     "source_stage",
     "stage_class",
+    "typed_params",
     "report",
     "require",
     *(cls.__name__ for cls in ALL),
@@ -108,10 +109,27 @@ def _check_order() -> None:
 _check_order()
 
 
+def typed_params(name: str, backend: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Stage ``name``'s ``params`` (with ``backend``) typed as its constructors want them; raises ValueError
+    naming an unknown parameter and those that exist, or a mistyped value (tasks.stages.params)."""
+    from tasks.stages import params as checked
+
+    cls = stage_class(name)
+    model = None
+    if issubclass(cls, ModelStage):
+        from tasks.backends import backend_class
+
+        try:
+            model = backend_class(name, backend)
+        except ImportError:  # its package is not installed here: the names cannot be read, the worker checks
+            return dict(params)
+    return checked.check(name, backend, cls, model, dict(params))
+
+
 def build(name: str, conf: Any) -> Stage:
     """Return an unloaded stage ``name`` configured by ``conf`` (its StageSettings: backend and params)."""
     cls = stage_class(name)
-    params: dict[str, Any] = dict(conf.params)
+    params: dict[str, Any] = typed_params(name, conf.backend, conf.params)
     if issubclass(cls, ModelStage):
         params["backend"] = conf.backend
     return cls(**params)
