@@ -2,9 +2,12 @@
 
     framefleet cancel RUN | --out OUT [--config FILE]
 
-Every complete output stays valid (outputs are written atomically), so `framefleet run` or
-`framefleet enqueue` with --continue finishes the rest later. The run's record
-(OUT/runs/<run>.json) says it was cancelled. Exit status 0; 2 when the run or Redis cannot be found.
+With --out, the run is OUT's newest (or RUN of OUT) and its Redis is found from OUT: $REDIS_URL when
+set, else the private Redis of the `framefleet run` that started it (OUT/logs/redis-auth.txt), else the
+settings' redis_url; a Redis that does not know the run is not touched. Every complete output stays
+valid (outputs are written atomically), so `framefleet run` or `framefleet enqueue` with --continue
+finishes the rest later. The run's record (OUT/runs/<run>.json) says it was cancelled. Exit status 0;
+1 when the run has finished; 2 when the run, or a Redis that knows it, cannot be found.
 """
 
 from __future__ import annotations
@@ -77,14 +80,25 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.run and args.out is None:
         parser.error("name the run: RUN or --out OUT")
-    conf = common.settings_from(args)
-    if (why := common.check_redis(conf)) is not None:
-        return common.fail(why)
-    r = get_redis(conf.redis_url)
-    try:
-        record = runs.find(r, args.run, args.out)
-    except runs.RunNotFound as exc:
-        return common.fail(str(exc))
+    if args.out is not None:
+        # OUT names the run and the Redis that holds it (tasks.run.own_redis), which must know the run.
+        found = common.record_of(args.out, args.run)
+        if isinstance(found, str):
+            return common.fail(found)
+        if found.get("status") == "finished":
+            return common.fail(f"run {found['run_id']} has finished already; nothing to cancel", code=1)
+        conf, choice = common.settings_for_run(args, args.out, found)
+        if (why := common.reach_run(conf, choice, found, args.out)) is not None:
+            return common.fail(why)
+        record = runs.lookup(get_redis(conf.redis_url), found["run_id"]) or found
+    else:
+        conf = common.settings_from(args)
+        if (why := common.check_redis(conf)) is not None:
+            return common.fail(why)
+        try:
+            record = runs.find(get_redis(conf.redis_url), args.run, None)
+        except runs.RunNotFound as exc:
+            return common.fail(str(exc))
     run_id = record["run_id"]
     out = Path(record.get("output_root") or args.out)
     if record.get("status") == "finished":
@@ -99,9 +113,5 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             else ""
         )
     )
-    raw = record.get("raw_dir", "RAW_DIR")
-    print(
-        f"complete outputs in {out} are kept; `framefleet enqueue {raw} --out {out} --continue` "
-        "(or `framefleet run` with --continue) finishes the rest"
-    )
+    print(f"complete outputs in {out} are kept; `{common.finish_command(record, out)}` finishes the rest")
     return 0

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from tasks import redis_refusal
+from tasks.run import own_redis
 from worker_config.settings import (
     CONFIG_ENV,
     ConfigError,
@@ -52,6 +55,48 @@ def settings_from(args: argparse.Namespace, celery: bool = True) -> Settings:
     return conf
 
 
+def settings_for_run(
+    args: argparse.Namespace, out: Path, record: dict[str, Any] | None, celery: bool = True
+) -> tuple[Settings, own_redis.Choice]:
+    """The settings, as ``settings_from``, with redis_url the Redis of ``record``'s run of ``out``
+    (tasks.run.own_redis: $REDIS_URL, else the private Redis its `framefleet run` keeps in OUT), and that choice."""
+    choice = own_redis.choose(out, record)
+    if choice.url is not None:
+        os.environ["REDIS_URL"] = choice.url  # this process's settings and the Celery app it configures
+    return settings_from(args, celery), choice
+
+
+def reach_run(conf: Settings, choice: own_redis.Choice, record: dict[str, Any], out: Path) -> str | None:
+    """Why the Redis of ``conf`` cannot act on ``record``'s run (unreachable, or it does not know the run), with
+    the fix; None when it can."""
+    from tasks.redis_client import get_redis
+
+    return own_redis.unknown_run(get_redis(conf.redis_url), conf.redis_url, choice, record, out)
+
+
+def record_of(out: Path, run_id: str | None) -> dict[str, Any] | str:
+    """The record of ``run_id`` (else the newest run) in OUT/runs/, or why there is none."""
+    from tasks.run import runs
+
+    record = runs.read(out, run_id) if run_id else runs.latest(out)
+    if record is not None:
+        return record
+    if run_id:
+        return f"no run {run_id} in {runs.path(out, run_id)}; give the run's own output folder with --out OUT"
+    return f"no run record in {out / runs.FOLDER}; is {out} a framefleet output folder?"
+
+
+def finish_command(record: dict[str, Any], out: Path | str, quarantined: bool = False) -> str:
+    """The command that finishes ``record``'s run in ``out`` for the user who started it: `framefleet run …
+    --continue` after a `framefleet run` (its workers ended with it), else `framefleet enqueue … --continue`
+    (``quarantined``: `--retry-quarantined`, the quarantined videos alone), with its settings file."""
+    started_by = "run" if record.get("command") == "run" else "enqueue"
+    mode = "--retry-quarantined" if quarantined and started_by == "enqueue" else "--continue"
+    raw = shlex.quote(str(record.get("raw_dir") or "RAW_DIR"))
+    config = f" --config {shlex.quote(record['config'])}" if record.get("config") else ""
+    return f"framefleet {started_by} {raw} --out {shlex.quote(str(out))} {mode}{config}"
+
+
 def print_backends(conf: Settings) -> None:
     """Say on stderr, before anything runs, which backend each model stage uses and what it is not (stdout's
     first line stays the run's)."""
@@ -85,20 +130,22 @@ def positive_int(text: str) -> int:
 REDIS_REFUSED = redis_refusal.EXIT_STATUS
 
 
-def stop_if_redis_refused(exc: BaseException, raw_dir: Path, out: Path) -> int:
-    """Print why Redis refused a write (full, read-only, MISCONF), its fix and how to finish the run; return
-    exit status 5. Re-raises ``exc`` when it is no such refusal."""
+def stop_if_redis_refused(exc: BaseException, raw_dir: Path, out: Path, command: str = "enqueue") -> int:
+    """Print why Redis refused a write (full, read-only, MISCONF), its fix and how to finish the run (with
+    `framefleet ``command``` … --continue); return exit status 5. Re-raises ``exc`` when it is no such refusal."""
     why = redis_refusal.refusal(exc)
     if why is None:
         raise exc
-    return redis_refused(why, raw_dir, out)
+    return redis_refused(why, raw_dir, out, command)
 
 
-def redis_refused(why: str, raw_dir: Path, out: Path) -> int:
-    """Print ``why`` (``tasks.redis_refusal``), that nothing sent is lost and how to finish the run; return 5."""
+def redis_refused(why: str, raw_dir: Path, out: Path, command: str = "enqueue") -> int:
+    """Print ``why`` (``tasks.redis_refusal``), that nothing sent is lost and how to finish the run (with
+    `framefleet ``command``` … --continue); return 5."""
+    finish = finish_command({"raw_dir": str(raw_dir), "command": command}, out)
     return fail(
         f"{why}. Nothing sent is lost: what was sent waits in Redis and complete outputs stay in {out}; once "
-        f"Redis takes writes again, `framefleet enqueue {raw_dir} --out {out} --continue` finishes the run",
+        f"Redis takes writes again, `{finish}` finishes the run",
         code=REDIS_REFUSED,
     )
 

@@ -11,9 +11,11 @@ import os
 import secrets
 from pathlib import Path
 
+from tasks.run import own_redis
+
 FLOWER_USER = "framefleet"
 FLOWER_FILE = "flower-auth.txt"
-REDIS_FILE = "redis-auth.txt"
+REDIS_FILE = own_redis.FILE_NAME
 SECRET_FILES = (FLOWER_FILE, REDIS_FILE)  # kept in OUT/logs across runs, not rotated to previous/
 
 

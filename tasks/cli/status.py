@@ -6,8 +6,13 @@
 GPU readings come from NVML (or the fake GPU ledger $FRAMEFLEET_FAKE_GPU); workers, queues and
 progress from Redis. The run shown is RUN, else the newest run of OUT, else the newest run in
 Redis. With --out the quarantine is read from OUT; without it, it is counted from Redis over
-every output root. A machine without a GPU says so. Exit status 0 (with --watch: as the enqueue
-command's); 2 when Redis cannot be reached, the run is unknown or the settings are bad.
+every output root. A machine without a GPU says so.
+
+With --out, a run that has ended is shown from OUT's own records (no Redis needed); a live one is read
+from its own Redis: $REDIS_URL when set, else the private Redis of the `framefleet run` that started it
+(OUT/logs/redis-auth.txt), else the settings' redis_url, and only when that Redis knows the run.
+Exit status 0 (with --watch: as the enqueue command's); 2 when Redis cannot be reached or does not
+know the run, the run is unknown or the settings are bad.
 """
 
 from __future__ import annotations
@@ -170,14 +175,19 @@ def _last_ends(r: Any, out: Path | None, run_id: str) -> dict[str, float]:
     return ends
 
 
+def quarantine_in(out: Path) -> str:
+    """How many videos OUT's quarantine lists, and where."""
+    path = out / "quarantine.jsonl"
+    try:
+        count = sum(1 for line in path.read_text().splitlines() if line.strip())
+    except OSError:
+        count = 0
+    return f"quarantined: {count} (in {path})"
+
+
 def quarantine_line(conf: Settings, out: Path | None) -> str:
     if out is not None:
-        path = out / "quarantine.jsonl"
-        try:
-            count = sum(1 for line in path.read_text().splitlines() if line.strip())
-        except OSError:
-            count = 0
-        return f"quarantined: {count} (in {path})"
+        return quarantine_in(out)
     counts = quarantine.counts(get_redis(conf.redis_url))  # one read, not a scan of every key
     return f"quarantined: {sum(counts.values())} (in Redis, {len(counts)} output folder(s); --out OUT for one)"
 
@@ -218,6 +228,36 @@ def render(conf: Settings, out: Path | None, chosen: dict[str, Any] | None = Non
     return "\n".join(parts)
 
 
+def ended_view(out: Path, record: dict[str, Any], stages: tuple[str, ...]) -> str:
+    """A run of ``out`` that has ended, from OUT's own records alone: its record, run_summary.json and stage log
+    (no Redis: a `framefleet run`'s private one ends with it)."""
+    run_id = record["run_id"]
+    try:
+        summary = json.loads((out / "run_summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    if summary.get("run_id") != run_id:
+        summary = {}
+    counts: dict[tuple[str, bool], int] = {}
+    for entry in runs.stage_log(None, out, run_id)[0]:
+        key = (entry.get("stage", "?"), bool(entry.get("ok")))
+        counts[key] = counts.get(key, 0) + 1
+    rows = [[stage, counts.get((stage, True), 0), counts.get((stage, False), 0)] for stage in stages]
+    began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(record.get("started") or 0)))
+    total = record.get("videos")
+    size = _cli.plural(total, "video") if total is not None else "size unknown"
+    parts = [f"run {run_id} (in {out}), {size}, started {began}, {record.get('status')}"]
+    parts.append(table(["STAGE", "DONE", "FAILED"], rows))
+    if summary:
+        parts.append(
+            f"done: {summary.get('done')} of {_cli.plural(summary.get('videos', 0), 'video')}, "
+            f"failed {len(summary.get('failed') or [])}; summary: {out / 'run_summary.json'}"
+        )
+    if record.get("status") != "finished":
+        parts.append(f"`{_cli.finish_command(record, out)}` finishes it")
+    return "\n".join([*parts, "", quarantine_in(out)])
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=_cli.HelpFormatter)
     parser.add_argument("run", nargs="?", metavar="RUN", help="a run id (default: the newest of OUT, or in Redis)")
@@ -225,15 +265,29 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--watch", action="store_true", help="follow the run's progress until it ends, as enqueue does")
     _cli.add_config_argument(parser)
     args = parser.parse_args(argv)
-    conf = _cli.settings_from(args, celery=args.watch)
-    if (why := check_redis(conf)) is not None:
-        return _cli.fail(why)
-    chosen = None
-    if args.run or args.out is not None or args.watch:
-        try:
-            chosen = runs.find(get_redis(conf.redis_url), args.run, args.out)
-        except runs.RunNotFound as exc:
-            return _cli.fail(str(exc))
+    if args.out is not None:
+        found = _cli.record_of(args.out, args.run)
+        if isinstance(found, str):
+            return _cli.fail(found)
+        if found.get("status") not in (None, "running"):  # ended: OUT's records say all, no Redis needed
+            conf = _cli.settings_from(args, celery=False)
+            print(ended_view(args.out, found, conf.enabled_stages()))
+            return 0
+        # A live run: its own Redis (tasks.run.own_redis), which must know it.
+        conf, choice = _cli.settings_for_run(args, args.out, found, celery=args.watch)
+        if (why := _cli.reach_run(conf, choice, found, args.out)) is not None:
+            return _cli.fail(why)
+        chosen: dict[str, Any] | None = found
+    else:
+        conf = _cli.settings_from(args, celery=args.watch)
+        if (why := check_redis(conf)) is not None:
+            return _cli.fail(why)
+        chosen = None
+        if args.run or args.watch:
+            try:
+                chosen = runs.find(get_redis(conf.redis_url), args.run, None)
+            except runs.RunNotFound as exc:
+                return _cli.fail(str(exc))
     if args.watch:
         if chosen is None:
             return _cli.fail("no run to watch: name one (RUN or --out OUT)")

@@ -50,7 +50,12 @@ def load(out: Path, conf: Settings) -> dict[str, Any]:
     r = None
     try:
         r = get_redis(conf.redis_url)
-        r.ping()
+        if runs.lookup(r, summary["run_id"]) is None:  # another Redis: nothing of it is this run's
+            print(
+                f"framefleet: Redis not read (it does not know run {summary['run_id']}); using the files",
+                file=sys.stderr,
+            )
+            r = None
     except Exception as exc:  # a report from the files alone is still a report
         print(f"framefleet: Redis not read ({type(exc).__name__}); using the files", file=sys.stderr)
         r = None
@@ -271,7 +276,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     )
     _cli.add_config_argument(parser)
     args = parser.parse_args(argv)
-    conf = _cli.settings_from(args)
+    # The run's own Redis (tasks.run.own_redis) while it lasts, for its stage log; the files otherwise.
+    conf, _ = _cli.settings_for_run(args, args.out, runs.latest(args.out))
     table = None
     if args.table is not None:
         import matplotlib  # before the wait: the run's end starts this process early, for this

@@ -27,7 +27,7 @@ import redis
 from tasks import keys
 from tasks.errors import DatasetError
 from tasks.outputs.storage import write_text_atomic
-from tasks.run import runs
+from tasks.run import own_redis, runs
 from tasks.workers.node_name import pid_alive
 from worker_config.settings import redact_url
 from worker_config.settings_match import start_command
@@ -162,7 +162,9 @@ def refusal(
     (``record``: the holder's run record, for the settings a joining worker needs)."""
     run_id = holder["run_id"]
     began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("started") or 0)))
-    where = f"REDIS_URL={redis_shown} "
+    where, which = f"REDIS_URL={redis_shown} ", run_id
+    if (kept := own_redis.kept(out_dir)) is not None and redact_url(kept) == redis_shown:
+        where, which = "", f"--out {out_dir}"  # a `framefleet run`'s private Redis: OUT finds it
     if record is not None:
         tag = str((record.get("stage_settings") or {}).get("sha256", ""))[:8] or run_id[-6:]
         worker = start_command(
@@ -175,8 +177,8 @@ def refusal(
         f"{out_dir} is held by run {run_id} (started {began} by pid {holder.get('pid')} on {holder.get('host')}, "
         f"Redis {redis_shown}; {why}); one live run per output folder, so nothing was sent.\n"
         f"  join it:   {join}\n"
-        f"  watch it:  {where}framefleet status --watch {run_id}\n"
-        f"  cancel it: {where}framefleet cancel {run_id}   (complete outputs stay; then --continue finishes it)"
+        f"  watch it:  {where}framefleet status --watch {which}\n"
+        f"  cancel it: {where}framefleet cancel {which}   (complete outputs stay; then --continue finishes it)"
     )
 
 
@@ -190,11 +192,15 @@ def held_elsewhere(out_dir: Path, ours: str | None) -> tuple[dict[str, Any], str
     shown = str(holder.get("redis"))
     if (runs.read(out_dir, holder["run_id"]) or {}).get("status", "running") != "running":
         return None
-    if "***" in shown:  # its password is not written down: its Redis cannot be asked here
-        gone = f"its Redis cannot be asked from here; if that Redis is gone for good, delete {file_path(out_dir)}"
-        return holder, gone, shown
+    url = shown
+    if "***" in shown:  # its password is not written down here, unless it is a `framefleet run`'s private Redis
+        kept = own_redis.kept(out_dir)
+        if kept is None or redact_url(kept) != shown:
+            gone = f"its Redis cannot be asked from here; if that Redis is gone for good, delete {file_path(out_dir)}"
+            return holder, gone, shown
+        url = kept
     try:
-        theirs = redis.Redis.from_url(shown, socket_timeout=2, socket_connect_timeout=2, decode_responses=True)
+        theirs = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2, decode_responses=True)
         why = why_live(theirs, holder)
     except redis.ConnectionError:
         return None  # its Redis is gone (a `framefleet run`'s private one): so is its run
