@@ -56,7 +56,7 @@ from tasks.run.metadata import DEFAULT_NAME, MetadataError, texts_for
 from tasks.run.send import RunSender
 from tasks.statistics import sums
 from tasks.workers import confinement, registry
-from worker_config.settings import Settings, resolved_dict
+from worker_config.settings import Settings, redact_url, resolved_dict
 
 CANCEL_CHECK_EVERY = 4096  # videos walked between two looks at the run's cancel flag
 
@@ -77,6 +77,7 @@ def enqueue(
     window: int | None = None,
     mixed: bool = False,
     wait_for_workers: bool = False,
+    command: str = "enqueue",
 ) -> dict[str, Any]:
     """Send the run as its folder is walked: its first ``window`` videos' chains at once, the others held in
     Redis (tasks.run.send, tasks.run.pending), the manifest written as it goes (tasks.records.manifest); return
@@ -93,6 +94,7 @@ def enqueue(
     The run's stage settings are recorded with it; when live workers host a stage, none under the run's
     settings, the run is refused (WorkersDiffer) unless ``wait_for_workers``: then the record's
     ``settings_warnings`` say what differs.
+    ``command``: the framefleet command that sends it ("run" or "enqueue"), which the hints to finish it name.
     Raises DatasetError (SettingsChanged and WorkersDiffer among them) or MetadataError.
     """
     stream = first_video(raw_dir)  # a missing or empty folder is refused before anything else
@@ -160,6 +162,8 @@ def enqueue(
             "intermediates": keep,
             "window": width,
             "status": "running",
+            "command": command,  # what finishes it: `framefleet <command> … --continue` (common.finish_command)
+            "redis": redact_url(conf.redis_url),  # which Redis holds it, for a command given OUT (tasks.run.own_redis)
             **ran_with,  # each stage's settings and hash, that every stage task runs under
             "settings_warnings": differ,
             # The running sums' merged marks are sharded by a count fixed now: a video may reach its h5 stage
@@ -205,6 +209,27 @@ def enqueue(
         completion.listed(r, record, conf.result_expires_s)  # the run's size: the last video to finish ends it
     release_result_subscriptions()
     return record
+
+
+def nothing_left(raw_dir: Path, out_dir: Path, limit: int | None) -> int | None:
+    """The number of ``raw_dir``'s videos (its first ``limit``) when every one is complete in ``out_dir`` (a
+    --continue would send none: no run is started, and OUT's summary and report stay); else None."""
+    check = Completed(out_dir)
+    count = 0
+    for found in itertools.islice(first_video(raw_dir), limit):
+        if not check.done(video_id_of(found.path)):
+            return None
+        count += 1
+    return count
+
+
+def nothing_to_do(raw_dir: Path, out_dir: Path, count: int) -> int:
+    """Say that a --continue has nothing to send and that OUT's run stays as it was; return 0."""
+    print(
+        f"nothing to do: every one of the {common.plural(count, 'video')} of {raw_dir} is complete in {out_dir}; "
+        f"its summary ({out_dir / 'run_summary.json'}) and report stay as they are (--force redoes them)"
+    )
+    return 0
 
 
 def end_stale(conf: Settings, out_dir: Path, stale: dict[str, Any], taker: str) -> None:
@@ -339,6 +364,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         parser.error("--retry-quarantined goes alone (it continues the run for the quarantined videos)")
     conf = common.settings_from(args)
     common.print_backends(conf)
+    try:
+        if args.resume and not args.add and (count := nothing_left(args.raw_dir, args.out, args.limit)):
+            return nothing_to_do(args.raw_dir, args.out, count)
+    except DatasetError as exc:
+        return common.fail(str(exc))
     if (why := common.check_redis(conf)) is not None:
         return common.fail(why)
     try:
@@ -392,8 +422,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return common.stop_if_redis_refused(exc, args.raw_dir, args.out)
 
 
-def resender(conf: Settings, args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
-    """What enqueues the unfinished videos of the run ``args`` sent again, as --continue would."""
+def resender(conf: Settings, args: argparse.Namespace, command: str = "enqueue") -> Callable[[], dict[str, Any]]:
+    """What enqueues the unfinished videos of the run ``args`` sent again, as --continue would (for ``command``)."""
 
     def resend() -> dict[str, Any]:
         return enqueue(
@@ -410,6 +440,7 @@ def resender(conf: Settings, args: argparse.Namespace) -> Callable[[], dict[str,
             window=args.window,
             mixed=args.mixed,
             wait_for_workers=True,  # the run was accepted once; its workers may be restarting
+            command=command,
         )
 
     return resend
@@ -430,15 +461,14 @@ def follow(
     """
     while True:
         try:
-            return watch.report(watch.wait_for(conf, record), out)
+            return watch.report(watch.wait_for(conf, record), out, record)
         except cancel.RunCancelled:
             return watch.cancelled(record, out)
         except stall.RunLost as exc:
             runs.update(out, record["run_id"], status="lost", lost=time.time())
             if resend is None:
                 return common.fail(
-                    f"{exc}. Complete outputs are kept: `framefleet enqueue {record['raw_dir']} --out {out} "
-                    "--continue` finishes the run",
+                    f"{exc}. Complete outputs are kept: `{common.finish_command(record, out)}` finishes the run",
                     code=3,
                 )
             record = resend()

@@ -31,11 +31,19 @@ from pathlib import Path
 
 import redis
 
-from tasks.autoscaler.supervisor import CPU_GROUP, Supervisor, cpu_worker_count, worker_argv
+from tasks.autoscaler.supervisor import CPU_GROUP, Slot, Supervisor, cpu_worker_count, worker_argv
 from tasks.cli import common as _cli
 from tasks.cli import install_backends
 from tasks.cli.common import parse_gpus
-from tasks.cli.enqueue import add_run_arguments, check_run_arguments, enqueue, follow, resender
+from tasks.cli.enqueue import (
+    add_run_arguments,
+    check_run_arguments,
+    enqueue,
+    follow,
+    nothing_left,
+    nothing_to_do,
+    resender,
+)
 from tasks.cli.local_auth import REDIS_FILE, SECRET_FILES, flower_auth, redis_config, redis_url, write_secret
 from tasks.cli.shutdown import Hurry
 from tasks.gpu import open_probe
@@ -146,6 +154,9 @@ class Cluster:
             if set(names) <= live:
                 return
             for slot in supervisor.slots if supervisor else []:
+                if slot.name not in live and cannot_start(slot):
+                    log = self.logs / (slot.name + ".log")
+                    raise DatasetError(f"worker {slot.name} cannot start: {own_words(log)} (its log: {log})")
                 if slot.failures >= START_ATTEMPTS and slot.name not in live:
                     raise DatasetError(
                         f"worker {slot.name} failed to start {slot.failures} times (last: {slot.last_exit}); "
@@ -182,6 +193,22 @@ class Cluster:
 
 
 START_ATTEMPTS = 3  # a worker that exits this many times in a row before it is ready ends the run (exit 2)
+
+
+def cannot_start(slot: Slot) -> bool:
+    """Whether ``slot``'s worker exited saying it cannot start here (EXIT_CANNOT_START: a model that does not
+    load, bad settings), which the supervisor does not restart: waiting longer would change nothing."""
+    return slot.proc is None and slot.restart_at is None and "cannot start" in slot.last_exit
+
+
+def own_words(log: Path) -> str:
+    """The worker's last ``framefleet:`` line in ``log`` (why it exits), or a pointer to the log."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "see its log"
+    said = [line.removeprefix("framefleet: ") for line in lines if line.startswith("framefleet: ")]
+    return said[-1] if said else "see its log"
 
 
 def named_redis(conf: Settings) -> str | None:
@@ -256,6 +283,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
         first_video(args.raw_dir)  # a missing or empty folder: the folder is walked once, by the enqueue
         check_folders(args.raw_dir, args.out, args.resume, args.force, args.add)
+        # A --continue with nothing left starts nothing, and leaves OUT's summary and report as they are.
+        if args.resume and not args.add and (count := nothing_left(args.raw_dir, args.out, args.limit)):
+            return nothing_to_do(args.raw_dir, args.out, count)
         from tasks.run import hold
 
         # A live run of OUT (on its Redis, whichever) is refused before any process starts; the enqueue takes
@@ -301,7 +331,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             (cluster.logs / REDIS_FILE).unlink(missing_ok=True)  # an earlier run's private Redis is gone
             print("Redis: $REDIS_URL")
             if why := write_refused(get_redis(conf.redis_url)):  # full or read-only: no worker could start
-                return _cli.redis_refused(why, args.raw_dir, args.out)
+                return _cli.redis_refused(why, args.raw_dir, args.out, command="run")
         gpus = args.gpus if args.gpus is not None else list(range(visible_gpus()))
         per_gpu = args.gpu_workers or 1
         # Supervised solo workers: per_gpu per GPU queue (and one per stage with its own environment), one
@@ -391,9 +421,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             require_text=args.require_text,
             window=args.window,
             mixed=args.mixed,
+            command="run",
         )
         print(f"run {record['run_id']}: {_cli.plural(record['videos'], 'video')}", flush=True)
-        code = follow(conf, record, args.out, detachable=False, resend=resender(conf, args))  # workers stop with it
+        # Not detachable: the workers stop with this process.
+        code = follow(conf, record, args.out, detachable=False, resend=resender(conf, args, "run"))
         print(f"outputs: {args.out.resolve()}")
         if args.serve:
             serve(flower_line, exporter.url)
@@ -403,7 +435,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except (DatasetError, MetadataError) as exc:
         return _cli.fail(str(exc))
     except Exception as exc:  # Redis full or read-only: a clear stop; anything else is raised again
-        return _cli.stop_if_redis_refused(exc, args.raw_dir, args.out)
+        return _cli.stop_if_redis_refused(exc, args.raw_dir, args.out, command="run")
     except KeyboardInterrupt:
         print(
             "\ninterrupted: stopping the local cluster (complete outputs are kept; --continue finishes the run)",

@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from tasks.cli.common import fail, plural
+from tasks.cli.common import fail, finish_command, plural
 from tasks.delivery import requeues
 from tasks.observe import progress, stall
 from tasks.outputs.intermediates import summary_line
@@ -208,8 +208,9 @@ def _say(text: str, tty: bool, stream: Any = None) -> None:
     print(text, file=stream or sys.stdout, flush=True)
 
 
-def report(summary: dict[str, Any], out_dir: Path) -> int:
-    """Print how the run ended; return the exit status (1 when a video failed)."""
+def report(summary: dict[str, Any], out_dir: Path, record: dict[str, Any] | None = None) -> int:
+    """Print how the run ended (``record``: its run record, for the command that retries what failed); return
+    the exit status (1 when a video failed)."""
     print(
         f"done: {summary['done']} of {plural(summary['videos'], 'video')}; statistics over "
         f"{plural(summary['statistics_videos'], 'video')} in {out_dir / 'normalization_stats.yaml'}"
@@ -225,17 +226,17 @@ def report(summary: dict[str, Any], out_dir: Path) -> int:
         print(f"failed: {plural(len(summary['failed']), 'video')}:")
         for f in summary["failed"]:
             print(f"  {f['video']} ({f['video_id']}): {f['stage']}: {f['error_class']}: {f['reason']}")
-        print(f"quarantined: {out_dir / quarantine.FILE}; after fixing, enqueue them again with --retry-quarantined")
+        again = finish_command(record or {}, out_dir, quarantined=True)
+        print(f"quarantined: {out_dir / quarantine.FILE}; after fixing, `{again}` runs them again")
         return 1
     return 0
 
 
 def cancelled(record: dict[str, Any], out_dir: Path) -> int:
     """Print that the run was cancelled and how to finish it; return exit status 4."""
-    raw = record.get("raw_dir", "RAW_DIR")
     print(
         f"\nrun {record['run_id']} was cancelled; complete outputs in {out_dir} are kept. "
-        f"`framefleet enqueue {raw} --out {out_dir} --continue` finishes the rest",
+        f"`{finish_command(record, out_dir)}` finishes the rest",
         file=sys.stderr,
     )
     return 4
@@ -265,7 +266,7 @@ def follow(conf: Settings, record: dict[str, Any]) -> int:
         flush=True,
     )
     try:
-        return report(wait_for(conf, record), out)
+        return report(wait_for(conf, record), out, record)
     except cancel.RunCancelled:
         return cancelled(record, out)
     except stall.RunLost as exc:
