@@ -294,6 +294,15 @@ def verify(
         tt = next(iter(c.track_types))
         for path in files:
             c.problems += check_file(path, tt, out_dir / "work" / path.stem)
+        kept = sum(1 for path in files if (out_dir / "work" / path.stem).is_dir())
+        strict = (
+            f"y2r-strict: y2r's writer's rules hold in {c.files} files ({tt} windows, point counts), "
+            f"{kept} of them also against their intermediates (float32 K, the Lanczos resize)"
+        )
+        if kept < c.files:
+            strict += "; the others' intermediates are gone (--intermediates drop or `framefleet clean`)"
+    else:
+        strict = ""
     if not stats_path.exists():
         return c.problems + [f"{stats_path}: missing"]
     c.problems += check_mode(stats_path, files)
@@ -304,6 +313,7 @@ def verify(
     want = expected_stats(c, c.track_types.pop())
     if summary is not None:
         summary.append(f"{c.files} files, {c.windows} windows, {want['displacement_num_samples']} displacement rows")
+        summary += [strict] if strict and not c.problems else []
     return c.problems + compare(found, want, stats_path.name)
 
 
@@ -339,6 +349,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             f"OK: {summary[0]}; statistics match a one-pass float64 recomputation "
             f"(|a-b| <= {RTOL:g}*max(|a|,|b|) or <= {ATOL:g})"
         )
+        for line in summary[1:]:  # what --y2r-strict checked beyond the contract
+            print(line)
     print("\n".join(lines))
     return 1 if problems else 0
 

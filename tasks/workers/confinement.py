@@ -153,4 +153,7 @@ def announce(conf: Settings) -> None:
     """Say at start what this worker serves, on stderr and in its log (a warning unless it has its roots)."""
     line = describe(conf)
     print(line, file=sys.stderr, flush=True)
-    (log.info if "confined to" in line else log.warning)("%s", line.removeprefix("framefleet: "))
+    # Before Celery sets up logging (celeryd_init) a warning would reach stderr a second time (logging's
+    # last resort): the log gets it only where it has a handler of its own.
+    if log.hasHandlers():
+        (log.info if "confined to" in line else log.warning)("%s", line.removeprefix("framefleet: "))
