@@ -159,6 +159,16 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture
+def decoy() -> Iterator[str]:
+    """Another Redis that answers (no password), as one at the default address does on many machines; its URL."""
+    url, stop = start_redis_server()
+    try:
+        yield url + "/0"
+    finally:
+        stop()
+
+
+@pytest.fixture
 def app_on_test_redis(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> tuple[object, redis.Redis]:
     """This process's Celery app and settings pointed at the test's Redis: (settings, a decoding client)."""
     monkeypatch.setenv("REDIS_URL", redis_url)
