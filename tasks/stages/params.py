@@ -44,19 +44,18 @@ def _kind(param: inspect.Parameter) -> str | None:
 
 
 def _typed(value: Any, kind: str | None) -> Any:
-    """``value`` as ``kind``; raises ValueError when it is not one."""
+    """``value`` as ``kind``; raises ValueError when it is not one. A value of the right type is returned as it
+    is (an int for a float keyword stays an int: the run's settings hash is what it always was)."""
     if kind is None or value is None:
         return value
     if isinstance(value, str):  # from the environment (or quoted in YAML): read it as YAML reads a value
         with contextlib.suppress(yaml.YAMLError):  # not YAML: text, refused below
             value = yaml.safe_load(value)
-    if kind == "bool" and isinstance(value, bool):
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if (kind == "bool" and isinstance(value, bool)) or (kind == "float" and number):
         return value
-    if kind in ("int", "float") and isinstance(value, (int, float)) and not isinstance(value, bool):
-        if kind == "float":
-            return float(value)
-        if float(value).is_integer():
-            return int(value)
+    if kind == "int" and number and float(value).is_integer():
+        return int(value)
     raise ValueError({"bool": "true or false", "int": "a whole number", "float": "a number"}[kind])
 
 
