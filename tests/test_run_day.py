@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,17 @@ def printed_command(text: str) -> list[str]:
     assert found, text
     argv = shlex.split(found[-1])
     return [sys.executable, "-m", "tasks.cli.main", *argv[1:]]
+
+
+def stop(run: subprocess.Popen) -> None:
+    """End a `framefleet run` as Ctrl-C does (it ends every process it started), killing it only if it hangs."""
+    if run.poll() is None:
+        run.send_signal(signal.SIGINT)
+        try:
+            run.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            run.wait()
 
 
 def run_printed(argv: list[str], env: dict[str, str], timeout_s: float = 300) -> subprocess.CompletedProcess:
@@ -71,9 +83,7 @@ def start_and_cancel(raw: Path, out: Path, env: dict[str, str], decoy: str, tmp_
         assert f"`framefleet run {raw} --out {out} --continue` finishes the rest" in done.stdout, done.stdout
         assert run.wait(timeout=120) == 4, log_out.read_text() + log_err.read_text()
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
+        stop(run)
     assert not redis.Redis.from_url(decoy).keys("ff:*")  # nothing left in the other Redis
 
     # A run that has ended is shown from OUT's own records, whatever the other Redis says.
@@ -148,7 +158,7 @@ def test_a_worker_that_cannot_start_ends_the_run_at_once_with_its_own_words(vide
     missing = tmp_path / "no-such-cache"
     yaml_text = f"stages:\n  depth:\n    backend: vipe\n    params: {{weights_dir: {missing}}}\n"
     env = {**user_env(pipeline_env), **settings_env(tmp_path, yaml_text)}
-    done = ff("run", str(video_factory(1)), "--out", str(tmp_path / "out"), env=env, timeout_s=110)
+    done = ff("run", str(video_factory(1)), "--out", str(tmp_path / "out"), env=env, timeout_s=200)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "cannot start: the depth model (vipe backend" in done.stderr, done.stderr
     assert f"{missing} is not a folder" in done.stderr and "did not register" not in done.stderr, done.stderr
