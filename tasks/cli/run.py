@@ -283,15 +283,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
         first_video(args.raw_dir)  # a missing or empty folder: the folder is walked once, by the enqueue
         check_folders(args.raw_dir, args.out, args.resume, args.force, args.add)
-        # A --continue with nothing left starts nothing, and leaves OUT's summary and report as they are.
-        if args.resume and not args.add and (count := nothing_left(args.raw_dir, args.out, args.limit)):
-            return nothing_to_do(args.raw_dir, args.out, count)
         from tasks.run import hold
 
         # A live run of OUT (on its Redis, whichever) is refused before any process starts; the enqueue takes
         # the lock itself.
         if (holder := hold.held_elsewhere(args.out, None)) is not None:
             raise hold.OutHeld(hold.refusal(args.out, *holder))
+        # A --continue with nothing left starts nothing, and leaves OUT's summary and report as they are.
+        if args.resume and not args.add and (count := nothing_left(args.raw_dir, args.out, args.limit)):
+            return nothing_to_do(args.raw_dir, args.out, count)
         if not args.force:  # before any process starts, as the rest of these checks
             from tasks.records import lineage
 
