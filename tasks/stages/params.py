@@ -22,7 +22,7 @@ def accepted(stage_cls: type, backend_cls: type | None) -> dict[str, inspect.Par
     for cls in (stage_cls, backend_cls):
         if cls is None:
             continue
-        for name, param in inspect.signature(cls.__init__).parameters.items():
+        for name, param in inspect.signature(cls).parameters.items():  # its constructor's, without self
             if name not in ("self", "backend") and param.kind not in _NOT_NAMES:
                 found.setdefault(name, param)
     return found
