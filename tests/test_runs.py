@@ -185,11 +185,12 @@ def test_dropped_intermediates_keep_continue_and_statistics_whole(video_factory,
     )
 
     again = ff("enqueue", str(raw), "--out", str(out), "--continue", env=pipeline_env)
-    assert again.returncode == 0 and "2 already complete" in again.stdout, again.stdout + again.stderr
+    assert again.returncode == 0 and "nothing to do: every one of the 2 videos" in again.stdout, again.stdout
     assert yaml.safe_load((out / "normalization_stats.yaml").read_text()) == stats
 
     # An output folder of an earlier version: its markers directly in OUT/markers/, no partials file, no
-    # saved sums. The full pass pools in another order than the sums added up: the same to 1e-12.
+    # saved sums. A --continue pools the statistics again (with nothing else to do), in another order than the
+    # sums added up: the same to 1e-12.
     (out / "markers" / "partials.bin").unlink(missing_ok=True)
     shutil.rmtree(out / "markers" / "partials", ignore_errors=True)
     (out / "markers" / "sums.json").unlink()

@@ -212,8 +212,14 @@ def enqueue(
 
 
 def nothing_left(raw_dir: Path, out_dir: Path, limit: int | None) -> int | None:
-    """The number of ``raw_dir``'s videos (its first ``limit``) when every one is complete in ``out_dir`` (a
-    --continue would send none: no run is started, and OUT's summary and report stay); else None."""
+    """The number of ``raw_dir``'s videos (its first ``limit``) when every one is complete in ``out_dir`` and its
+    run's end has written its summary and saved statistics (a --continue would send none: no run is started, and
+    OUT's summary and report stay); else None (a folder of an earlier version, or whose end never came, gets a
+    run, whose end writes them)."""
+    from tasks.statistics import sums
+
+    if not (out_dir / "run_summary.json").is_file() or not (out_dir / "markers" / sums.FILE).is_file():
+        return None
     check = Completed(out_dir)
     count = 0
     for found in itertools.islice(first_video(raw_dir), limit):
