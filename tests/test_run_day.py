@@ -20,8 +20,9 @@ from tests.test_runs import ff
 
 pytestmark = pytest.mark.timeout(420)
 
-# About 8 s of depth per video, waited (text, as every environment gives it: typed at start-up).
-SLOW_DEPTH = {"FRAMEFLEET_STAGES__DEPTH__PARAMS__SECONDS_PER_FRAME": "0.5"}
+# About 16 s of depth per video, waited (text, as every environment gives it: typed at start-up): the second
+# terminal's commands come while the run is live.
+SLOW_DEPTH = {"FRAMEFLEET_STAGES__DEPTH__PARAMS__SECONDS_PER_FRAME": "1.0"}
 
 
 def user_env(pipeline_env: dict[str, str]) -> dict[str, str]:
@@ -75,6 +76,11 @@ def start_and_cancel(raw: Path, out: Path, env: dict[str, str], decoy: str, tmp_
         assert wrong.returncode == 2, wrong.stdout + wrong.stderr
         assert f"does not know run {run_id}" in wrong.stderr and "cancelled" not in wrong.stdout, wrong.stderr
         assert "redis-auth.txt: run the command without $REDIS_URL" in wrong.stderr, wrong.stderr
+
+        # A second run into OUT asks the live run's own Redis (through OUT) and is refused, naming commands that work.
+        second = ff("run", str(raw), "--out", str(out), "--continue", env=other, timeout_s=60)
+        assert second.returncode == 2 and f"is held by run {run_id}" in second.stderr, second.stdout + second.stderr
+        assert "its workers are running it" in second.stderr and f"framefleet cancel --out {out}" in second.stderr
 
         # No Redis named: OUT says which holds the run, whatever answers at the default address.
         done = ff("cancel", "--out", str(out), env=other, timeout_s=60)
