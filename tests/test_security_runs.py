@@ -243,7 +243,7 @@ def test_forged_jobs_and_callbacks_leave_a_finished_dataset_byte_identical(finis
     def replayed(run_id: str, entry: dict) -> str:
         """The seal of the finished run's own job of ``entry`` (a message seen in Redis once, sent again)."""
         job = Job(done_id, entry["video_id"], entry["path"], str(raw), str(out), chain=CHAIN, text=entry["text"])
-        return seal.seal_of(done_key, job) if run_id == done_id else "0" * 32
+        return seal.seal_of(done_key, job) if run_id == done_id else "0" * 24
 
     jobs = st.fixed_dictionaries(
         {
@@ -272,7 +272,7 @@ def test_forged_jobs_and_callbacks_leave_a_finished_dataset_byte_identical(finis
         job.update(output_root=f["output_root"], chain=list(CHAIN), force=f["force"], intermediates=f["intermediates"])
         job["text"] = entry["text"] if f["text"] is None else f["text"]
         if f["seal"] != "none":
-            job["seal"] = replayed(f["run_id"], entry) if f["seal"] == "replayed" else "ab" * 16
+            job["seal"] = replayed(f["run_id"], entry) if f["seal"] == "replayed" else "ab" * 12
         if f["failed"]:
             job["failed"] = {"stage": "depth", "error_class": "X", "reason": "", "attempts": 1, "worker": "", "time": 0}
         if f["redis_record"]:
@@ -298,7 +298,7 @@ def test_forged_jobs_and_callbacks_leave_a_finished_dataset_byte_identical(finis
         if f["seal"] == "replayed":
             run["seal"] = seal.callback_seal(done_key, done_id, str(out))  # the finished run's own callback, again
         elif f["seal"] == "made up":
-            run["seal"] = "cd" * 16
+            run["seal"] = "cd" * 12
         if f["redis_record"]:
             forged_run_record(f["run_id"])
         aggregate.aggregate.apply(args=(run,))  # refused, or the ended run's summary returned: nothing written

@@ -136,7 +136,9 @@ def check(job: Job, conf: Settings) -> None:
         )
     if found.ended:
         raise NotTheRunsJob(
-            "run_id", f"run {job.run_id} has ended (its record in {Path(job.output_root) / runs.FOLDER} says so)"
+            "run_id",
+            f"its run {job.run_id} has ended (its record in {Path(job.output_root) / runs.FOLDER} says so): "
+            "a finished run's files are not made again by a message",
         )
     if job.video_id != video_id_of(job.video):
         raise NotTheRunsJob("video_id", f"{job.video_id!r} is not the id of {job.video!r}")

@@ -50,11 +50,10 @@ def shared_part(job: Job) -> dict[str, Any]:
 
 
 def video_part(job: Job) -> list[str]:
-    """The video's own fields, shortest form: [id, path], or with text and noun when either is set, or with
-    text, noun and the job's seal (tasks.run.seal) when it has one."""
-    if job.seal:
-        return [job.video_id, job.video, job.text, job.noun, job.seal]
-    return [job.video_id, job.video, job.text, job.noun] if job.text or job.noun else [job.video_id, job.video]
+    """The video's own fields, shortest form: [id, path], or with text and noun when either is set; a sealed
+    job's seal (tasks.run.seal) follows as well: [id, path, seal], or [id, path, text, noun, seal]."""
+    part = [job.video_id, job.video, job.text, job.noun] if job.text or job.noun else [job.video_id, job.video]
+    return [*part, job.seal] if job.seal else part
 
 
 def encode(parts: list[list[str]]) -> str:
@@ -140,7 +139,8 @@ def take(r: redis.Redis, run_id: str, index: int) -> Job | None:
     if index % CHUNK >= len(parts) or not parts[index % CHUNK]:
         return None
     vid, path, *described = parts[index % CHUNK]
-    text, noun, sealed = [*described, "", "", ""][:3]
+    sealed = described.pop() if len(described) in (1, 3) else ""
+    text, noun = described if described else ("", "")
     fields = {"video_id": vid, "video": path, "text": text, "noun": noun}
     return Job.from_dict({**json.loads(shared), **fields, **({"seal": sealed} if sealed else {})})
 

@@ -1,7 +1,7 @@
 """A run's key and the seal on each of its jobs: what a worker takes for the run's own work comes from its disk.
 
 ``framefleet enqueue`` makes a random key for each run, OUT/runs/<run_id>.key (mode 0600), before it writes
-the run's record and sends anything. Each job it sends or holds carries a seal: an HMAC-SHA256 (first 128
+the run's record and sends anything. Each job it sends or holds carries a seal: an HMAC-SHA256 (first 96
 bits, hex) under that key over every field the enqueuer decides (run, roots, chain, settings hashes, GPUs,
 modes, and the video's id, path, text and noun). The key never enters Redis: whoever can only write to Redis
 cannot make a job its worker takes for the run's, nor change one field of a real one (tasks.pipeline.admission).
@@ -23,7 +23,7 @@ from tasks.outputs.storage import atomic_write
 
 KEY_SUFFIX = ".key"
 KEY_BYTES = 32
-SEAL_CHARS = 32  # hex characters kept of the HMAC: 128 bits
+SEAL_CHARS = 24  # hex characters kept of the HMAC: 96 bits (a held video costs ~12 B more in Redis, not 32)
 CALLBACK = b"framefleet.aggregate\x00"
 
 

@@ -39,10 +39,8 @@ class RunSender:
             video_chain(job).apply_async()
         else:
             vid, path = entry["video_id"], entry["path"]
-            if sealed:
-                self.holder.add_part([vid, path, text, noun, sealed])
-            else:
-                self.holder.add_part([vid, path, text, noun] if text or noun else [vid, path])
+            part = [vid, path, text, noun] if text or noun else [vid, path]
+            self.holder.add_part([*part, sealed] if sealed else part)
         self.count += 1
 
     def close(self) -> int:
