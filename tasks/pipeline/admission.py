@@ -62,9 +62,8 @@ _READ: dict[tuple[str, str], RunFacts] = {}
 def facts(output_root: str, run_id: str) -> RunFacts | None:
     """The record of ``run_id`` in ``output_root`` as this worker read it last (read again once it changed), or
     None when there is none. Raises NotTheRunsJob when its key cannot be read."""
-    out = Path(output_root)
-    try:
-        st = os.stat(runs.path(out, run_id))
+    try:  # a string, not a Path: this runs for every job
+        st = os.stat(f"{output_root}/{runs.FOLDER}/{run_id}.json")
     except OSError:
         _READ.pop((output_root, run_id), None)
         return None
@@ -72,6 +71,7 @@ def facts(output_root: str, run_id: str) -> RunFacts | None:
     known = _READ.get((output_root, run_id))
     if known is not None and known.stamp == stamp:
         return known
+    out = Path(output_root)
     record = runs.read(out, run_id)
     if record is None:
         return None
@@ -131,9 +131,7 @@ def check(job: Job, conf: Settings) -> None:
     if found is None:
         return
     if found.dataset_root != job.dataset_root:
-        raise NotTheRunsJob(
-            "dataset_root", f"run {job.run_id} reads {found.dataset_root!r}, not {job.dataset_root!r}"
-        )
+        raise NotTheRunsJob("dataset_root", f"run {job.run_id} reads {found.dataset_root!r}, not {job.dataset_root!r}")
     if found.ended:
         raise NotTheRunsJob(
             "run_id",

@@ -25,9 +25,8 @@ from tasks.errors import BadJobMessage, PathOutsideRoot
 from tasks.job_check import check_id, check_root
 from tasks.observe import progress
 from tasks.observe.flower_view import VideoTask
-from tasks.pipeline import admission
 from tasks.outputs.storage import write_text_atomic
-from tasks.pipeline import quality
+from tasks.pipeline import admission, quality
 from tasks.records import manifest, outcome_files, outcomes, quarantine
 from tasks.redis_client import get_redis
 from tasks.report import quality_table
@@ -142,7 +141,9 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     out_root = Path(check_root("output_root", run.get("output_root")))
     confinement.check_roots({"output_root": str(out_root)}, settings())
     if not admission.callback(run, settings()):  # raises NotTheRunsJob for a folder or a seal not the run's
-        log.warning("run %s has ended (its record in %s says so): its files stand, nothing is written", run_id, out_root)
+        log.warning(
+            "run %s has ended (its record in %s says so): its files stand, nothing is written", run_id, out_root
+        )
         return _short(_summary(out_root, run_id) or {"run_id": run_id})
     track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
     tally = Tally(run_id, settings().enabled_stages())

@@ -85,9 +85,25 @@ class Sealer:
         return mac.hexdigest()[:SEAL_CHARS]
 
 
+_SEALERS: dict[tuple[Any, ...], Sealer] = {}  # a worker's runs' shared parts, hashed once each
+SEALERS_KEPT = 64
+
+
 def seal_of(key: bytes, job: Job) -> str:
-    """The seal ``job`` must carry under ``key``."""
-    return Sealer(key, job).seal(job.video_id, job.video, job.text, job.noun)
+    """The seal ``job`` must carry under ``key`` (its run's shared part hashed once per process)."""
+    try:
+        shared = (key, job.run_id, job.dataset_root, job.output_root, job.chain, job.gpus, job.force)
+        ident = (*shared, job.intermediates, tuple(sorted(job.settings.items())))
+        sealer = _SEALERS.get(ident)
+    except TypeError:  # a field of a kind no enqueue sends (the schema refuses it first): not kept
+        ident, sealer = None, None
+    if sealer is None:
+        sealer = Sealer(key, job)
+        if ident is not None:
+            if len(_SEALERS) >= SEALERS_KEPT:
+                _SEALERS.clear()
+            _SEALERS[ident] = sealer
+    return sealer.seal(job.video_id, job.video, job.text, job.noun)
 
 
 def sealed(key: bytes, job: Job) -> Job:
