@@ -4,6 +4,7 @@ on a file made from another video or swapped with another together with their ma
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -193,6 +194,30 @@ def test_a_job_carrying_a_failure_meets_the_gate_too(served_here, tmp_path):
     result = STAGE_TASKS[dataset_stage().name].apply(args=({**job, "output_root": str(elsewhere)},))
     assert result.failed() and "is outside" in str(result.result), result.result
     assert not elsewhere.exists()
+
+
+def test_a_run_without_a_key_is_refused_naming_the_fix_and_its_video_counted(served_here, tmp_path):
+    """A run of an earlier version (its record, no key) still in flight after an upgrade: each job is refused
+    naming `--continue`, and counts as failed in its run (a real run's video, so the run ends); a job with no
+    record counts nothing."""
+    from tasks.job import Job
+    from tasks.pipeline import admission, gate
+    from tasks.pipeline.task import STAGE_TASKS
+    from tasks.run.dataset import video_id_of
+
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    raw.mkdir()
+    (raw / "v.mp4").write_bytes(b"not read")
+    runs.write(out, {"run_id": "r1", "raw_dir": str(raw), "output_root": str(out), "status": "running"})
+    served_here(raw, out)
+    job = Job("r1", video_id_of("v.mp4"), "v.mp4", str(raw), str(out), chain=CHAIN)
+    task = STAGE_TASKS[CHAIN[0]]
+    with pytest.raises(admission.RunRefused, match="--continue") as refused:
+        gate.admit(task, CHAIN[0], job)
+    assert not isinstance(refused.value, admission.NotTheRunsJob)  # counted: gate.refuse counts a real run's video
+    with pytest.raises(admission.NotTheRunsJob, match="no record of run r2"):
+        gate.admit(task, CHAIN[0], dataclasses.replace(job, run_id="r2"))
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["r1.json"]  # nothing written
 
 
 def test_a_folder_beside_the_served_one_whose_name_begins_alike_is_outside(tmp_path, monkeypatch):

@@ -35,13 +35,18 @@ log = logging.getLogger("framefleet.pipeline")
 ENQUEUE = "framefleet enqueue RAW --out OUT"
 
 
-class NotTheRunsJob(BadJobMessage):
-    """A job that no enqueue of its output folder made: no record of its run there, a seal that does not match,
-    or a run that has ended. Its video is not counted in any run (it names none truly)."""
+class RunRefused(BadJobMessage):
+    """A job of a real run that this worker cannot take as the run's (its key unreadable here, or a run of an
+    earlier version without one): its video counts as failed in its run, which then ends naming the fix."""
 
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"job refused: {field}: {reason}")
         self.field, self.rule = field, reason
+
+
+class NotTheRunsJob(RunRefused):
+    """A job that no enqueue of its output folder made as it is: no record of its run there, a seal that does
+    not match, or a run that has ended. Its video is not counted in any run (it names none truly)."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ _READ: dict[tuple[str, str], RunFacts] = {}
 
 def facts(output_root: str, run_id: str) -> RunFacts | None:
     """The record of ``run_id`` in ``output_root`` as this worker read it last (read again once it changed), or
-    None when there is none. Raises NotTheRunsJob when its key cannot be read."""
+    None when there is none. Raises RunRefused when its key cannot be read."""
     try:  # a string, not a Path: this runs for every job
         st = os.stat(f"{output_root}/{runs.FOLDER}/{run_id}.json")
     except OSError:
@@ -78,7 +83,7 @@ def facts(output_root: str, run_id: str) -> RunFacts | None:
     try:
         key = seal.read_key(out, run_id)
     except OSError as exc:
-        raise NotTheRunsJob(
+        raise RunRefused(
             "run_id",
             f"the key of run {run_id} ({seal.key_path(out, run_id)}) cannot be read by this worker ({exc.strerror}); "
             "start the workers as the user who enqueues, so they read OUT/runs/",
@@ -108,7 +113,7 @@ def _recorded(output_root: str, run_id: str, conf: Settings) -> RunFacts | None:
                 f"this job's: not an output folder {ENQUEUE} made for this run",
             )
         if found.key is None:
-            raise NotTheRunsJob(
+            raise RunRefused(
                 "run_id",
                 f"run {run_id} has no key in {seal.key_path(Path(output_root), run_id).parent} (enqueued by an "
                 f"earlier version): enqueue it again with `{ENQUEUE} --continue`",
@@ -124,7 +129,8 @@ def _recorded(output_root: str, run_id: str, conf: Settings) -> RunFacts | None:
 
 
 def check(job: Job, conf: Settings) -> None:
-    """Refuse ``job`` unless it is its run's own (module doc); raises NotTheRunsJob naming the field."""
+    """Refuse ``job`` unless it is its run's own (module doc); raises NotTheRunsJob naming the field, or
+    RunRefused for a real run's job this worker cannot check (no key, or one it cannot read)."""
     if not confinement.STATE["worker"]:
         return  # a program that runs a task's body itself: no message chose the job
     found = _recorded(job.output_root, job.run_id, conf)
@@ -165,7 +171,7 @@ def callback_seal(run_id: str, output_root: str) -> str | None:
     """The seal the statistics callback of ``run_id`` carries; None when the run has no key (or no record)."""
     try:
         found = facts(output_root, run_id)
-    except NotTheRunsJob:
+    except RunRefused:
         return None
     if found is None or found.key is None:
         return None
