@@ -24,6 +24,7 @@ from tasks.delivery import requeues
 from tasks.job_check import check_id, check_root
 from tasks.observe import progress
 from tasks.observe.flower_view import VideoTask
+from tasks.outputs import remote
 from tasks.outputs.storage import write_text_atomic
 from tasks.pipeline import quality
 from tasks.records import manifest, outcome_files, outcomes, quarantine
@@ -139,6 +140,7 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     run_id = check_id("run_id", run.get("run_id"))
     out_root = Path(check_root("output_root", run.get("output_root")))
     confinement.check_roots({"output_root": str(out_root)}, settings())
+    remote.pull(out_root)  # an object-store OUT: what other hosts published (tasks.outputs.remote)
     track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
     tally = Tally(run_id, settings().enabled_stages())
     extra = []
@@ -213,6 +215,7 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         if r is not None:
             _retire(r, out_root, run["run_id"])
         write_report(out_root, _quality_table(out_root, run_id, lines), report)
+        remote.push(out_root)  # an object-store OUT: what the end wrote without atomic_write, before the record
         runs.finished(out_root, run_id, summary)  # last: the record's "finished" says every file of the end is whole
         return _short(summary)
     finally:
