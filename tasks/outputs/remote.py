@@ -6,7 +6,7 @@ it as they name a shared disk's folder. The bucket is the truth and the folder i
 
 - a file written through ``storage.atomic_write`` is uploaded (``publish``) before it is renamed
   into place, so a failed upload changes nothing here either;
-- an exactly-once output (a dataset file, a completion marker under ``markers/``) is uploaded
+- an exactly-once output (a dataset file, its completion marker) is uploaded
   create-only (``If-None-Match: *``): the first writer wins, a second gets ``ClaimLost``; its
   marker is uploaded only after the object it names, so a reader that trusts an output only
   through its marker never sees a half-published one (an upload cut off publishes nothing);
@@ -39,6 +39,7 @@ DEFAULT_CACHE = "/var/tmp/framefleet-objects"
 LOCAL_ONLY = ("work", "logs")  # top folders of a root that stay on the host that wrote them
 HOST_ONLY = ("runs/live.hold",)  # files that mean something only to the host that holds them
 DATA_SUFFIXES = (".hdf5",)  # what ``pull`` leaves to be fetched when read, unless asked for the data
+CREATE_ONLY_SUFFIXES = (".hdf5", ".hdf5.done.json")  # the dataset files and their markers (tasks.outputs.stage_io)
 
 
 class BucketUnreachable(DatasetError):
@@ -63,7 +64,7 @@ class Located:
     @property
     def create_only(self) -> bool:
         """Whether the key is an exactly-once output: published once, by the first writer."""
-        return self.key.endswith(DATA_SUFFIXES) or self.key.startswith("markers/")
+        return self.key.endswith(CREATE_ONLY_SUFFIXES)
 
 
 def is_url(text: str | os.PathLike[str]) -> bool:
