@@ -127,6 +127,12 @@ def test_a_run_from_s3_to_s3_equals_the_same_run_on_local_disk_and_verifies(s3, 
     summary = json.loads(s3.client().get_object(Bucket="data", Key="out/run_summary.json")["Body"].read())
     assert summary["done"] == summary["statistics_videos"] == 2 and summary["failed"] == []
 
-    # verify reads the bucket as another host would: from an empty object cache.
-    check = framefleet("verify", out, env={**workers.env, "FRAMEFLEET_OBJECT_CACHE": str(tmp_path / "elsewhere")})
+    # verify and videos read the bucket as another host would: from an empty object cache.
+    elsewhere = {**workers.env, "FRAMEFLEET_OBJECT_CACHE": str(tmp_path / "elsewhere")}
+    check = framefleet("verify", out, env=elsewhere)
     assert check.returncode == 0, check.stdout + check.stderr
+    listed = framefleet("videos", out, env={**elsewhere, "FRAMEFLEET_OBJECT_CACHE": str(tmp_path / "third")})
+    assert listed.returncode == 0, listed.stderr
+    assert {(v["video_id"], v["status"]) for v in map(json.loads, listed.stdout.splitlines())} == {
+        (vid, "done") for vid in ids
+    }
