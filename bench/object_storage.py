@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,6 +80,7 @@ def main() -> int:
     finally:
         server.terminate()
         server.wait()
+        shutil.rmtree(work, ignore_errors=True)
     n = args.videos
     print(f"{n} videos of {args.seconds} s; raw {raw_bytes / 1e6:.1f} MB")
     print(f"wall (enqueue to statistics): local {local_s:.1f} s, s3 {s3_s:.1f} s ({s3_s / local_s:.2f}x)")

@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 
 from tasks.cli import common
-from tasks.outputs import remote
+from tasks.outputs import buckets
 from tasks.outputs.intermediates import clean, human_bytes
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=common.HelpFormatter)
-    parser.add_argument("out", type=remote.root_arg, metavar="OUT", help="a run's output folder")
+    parser.add_argument("out", type=buckets.root_arg, metavar="OUT", help="a run's output folder")
     args = parser.parse_args(argv)
     if not (args.out / "manifest.json").is_file():
         return common.fail(f"{args.out} holds no framefleet run (no manifest.json); name a run's output folder")

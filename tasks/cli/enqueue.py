@@ -37,7 +37,7 @@ from celery.utils import uuid
 
 from tasks.cli import common, watch
 from tasks.observe import stall
-from tasks.outputs import intermediates, remote
+from tasks.outputs import buckets, intermediates, remote
 from tasks.outputs.storage import write_text_atomic
 from tasks.records import lineage, outcome_files, quarantine
 from tasks.redis_client import get_redis
@@ -261,8 +261,10 @@ def waiting_for_settings(record: dict[str, Any]) -> list[str]:
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options `framefleet enqueue` and `framefleet run` share: what to run and into which folder."""
-    parser.add_argument("raw_dir", type=remote.root_arg, metavar="RAW_DIR", help="the folder of raw videos (any depth)")
-    parser.add_argument("--out", type=remote.root_arg, required=True, metavar="OUT", help="the output folder")
+    parser.add_argument(
+        "raw_dir", type=buckets.root_arg, metavar="RAW_DIR", help="the folder of raw videos (any depth)"
+    )
+    parser.add_argument("--out", type=buckets.root_arg, required=True, metavar="OUT", help="the output folder")
     parser.add_argument("--limit", type=common.positive_int, metavar="N", help="only the first N videos (by path)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(

@@ -32,7 +32,7 @@ import h5py
 import numpy as np
 import yaml
 
-from tasks.outputs import remote
+from tasks.outputs import buckets
 
 RTOL, ATOL = 1e-9, 1e-12
 IMAGENET = {"imagenet_mean": [0.485, 0.456, 0.406], "imagenet_std": [0.229, 0.224, 0.225]}
@@ -312,7 +312,7 @@ def verify(
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument(
-        "out", type=remote.data_root_arg, help="the output folder holding *.hdf5 and normalization_stats.yaml"
+        "out", type=buckets.data_root_arg, help="the output folder holding *.hdf5 and normalization_stats.yaml"
     )
     parser.add_argument("--stats", help="statistics file (default OUT/normalization_stats.yaml)")
     parser.add_argument("--depth-min", type=float, default=0.1, help="metres (default 0.1)")

@@ -20,13 +20,13 @@ import json
 import sys
 
 from tasks.cli import common
-from tasks.outputs import remote
+from tasks.outputs import buckets
 from tasks.records import manifest
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=common.HelpFormatter)
-    parser.add_argument("out", type=remote.root_arg, metavar="OUT", help="a run's output folder")
+    parser.add_argument("out", type=buckets.root_arg, metavar="OUT", help="a run's output folder")
     parser.add_argument(
         "--status", action="append", metavar="STATUS", help="only videos of this status (repeat for several)"
     )

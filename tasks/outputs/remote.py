@@ -23,7 +23,6 @@ framefleet writes.
 
 from __future__ import annotations
 
-import argparse
 import os
 import uuid
 from collections.abc import Iterator
@@ -261,8 +260,9 @@ def withdraw(output: Path, marker: Path, replace: bool) -> None:
     if where is None or marked is None or where.local_only:
         return
     fs = filesystem(where.url)
+    if replace and fs.exists(_bare(marked.url)):
+        fs.rm_file(_bare(marked.url))
     if replace:
-        fs.rm_file(_bare(marked.url)) if fs.exists(_bare(marked.url)) else None
         marker.unlink(missing_ok=True)
     if fs.exists(_bare(where.url)) and not fs.exists(_bare(marked.url)):
         fs.rm_file(_bare(where.url))
@@ -276,66 +276,6 @@ def _join(prefix: str, key: str) -> str:
 def _files(folder: Path) -> Iterator[Path]:
     if folder.is_dir():
         yield from (p for p in folder.rglob("*") if p.is_file() and not p.name.endswith((".tmp", ".fetch")))
-
-
-def check_reachable(url: str) -> None:
-    """Raise BucketUnreachable, naming the bucket and the fix, unless ``url``'s bucket answers to these credentials."""
-    scheme, bucket, _ = split_url(url)
-    endpoint = os.environ.get("AWS_ENDPOINT_URL") if scheme == "s3" else None
-    where = f" at {endpoint}" if endpoint else ""
-    try:
-        filesystem(url).ls(bucket, refresh=True)
-    except FileNotFoundError as exc:
-        raise BucketUnreachable(
-            f"bucket {bucket!r}{where} does not exist ({url}); create it (aws s3 mb {scheme}://{bucket}) or "
-            "correct the URL"
-        ) from exc
-    except PermissionError as exc:
-        raise BucketUnreachable(
-            f"bucket {bucket!r}{where} refuses these credentials ({_reason(exc)}); set the store's credentials "
-            "(for S3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) to ones allowed to list, read "
-            "and write it"
-        ) from exc
-    except BucketUnreachable:
-        raise
-    except Exception as exc:
-        raise BucketUnreachable(
-            f"bucket {bucket!r}{where} does not answer ({_reason(exc)}); check the network, or AWS_ENDPOINT_URL "
-            "for MinIO or another S3-compatible store"
-        ) from exc
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {text}"[:300]
-
-
-def open_root(text: str, data: bool = False) -> Path:
-    """The folder to work in for a root given by a user: itself when local; for a URL, its mirror, checked
-    reachable and pulled (``data``: with the dataset files)."""
-    if not is_url(text):
-        return Path(text)
-    check_reachable(text)
-    folder = mirror_of(text)
-    folder.mkdir(parents=True, exist_ok=True)
-    pull(folder, data=data)
-    return folder
-
-
-def root_arg(text: str) -> Path:
-    """argparse type of a folder argument that may be an object-store URL (module doc)."""
-    try:
-        return open_root(text)
-    except BucketUnreachable as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def data_root_arg(text: str) -> Path:
-    """As root_arg, with the dataset files fetched (for commands that read every one)."""
-    try:
-        return open_root(text, data=True)
-    except BucketUnreachable as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def shown(path: Path) -> str:
