@@ -120,6 +120,12 @@ def test_a_run_from_s3_to_s3_equals_the_same_run_on_local_disk_and_verifies(s3, 
     for name in ("normalization_stats.yaml", "run_summary.json", "manifest.json", "report.html"):
         assert name in keys, sorted(keys)
     assert not any(k.startswith(("work/", "logs/")) for k in keys), sorted(keys)
+    assert f"outputs in {out}" in run.stdout  # the URL a user gave, not this host's copy
+    # The credentials are in no published file and no log.
+    secret = s3.env["AWS_SECRET_ACCESS_KEY"].encode()
+    for key in keys:
+        assert secret not in s3.client().get_object(Bucket="data", Key=f"out/{key}")["Body"].read(), key
+    assert not [p for p in workers.logs.rglob("*.log") if secret in p.read_bytes()]
     got = s3.client().get_object(Bucket="data", Key="out/normalization_stats.yaml")["Body"].read().decode()
     assert_same_statistics(
         yaml.safe_load(got), yaml.safe_load((tmp_path / "local" / "normalization_stats.yaml").read_text())
@@ -131,6 +137,9 @@ def test_a_run_from_s3_to_s3_equals_the_same_run_on_local_disk_and_verifies(s3, 
     elsewhere = {**workers.env, "FRAMEFLEET_OBJECT_CACHE": str(tmp_path / "elsewhere")}
     check = framefleet("verify", out, env=elsewhere)
     assert check.returncode == 0, check.stdout + check.stderr
+    run_id = summary["run_id"]
+    status = framefleet("status", "--out", out, env={**elsewhere, "FRAMEFLEET_OBJECT_CACHE": str(tmp_path / "status")})
+    assert status.returncode == 0 and run_id in status.stdout, status.stdout + status.stderr
     listed = framefleet("videos", out, env={**elsewhere, "FRAMEFLEET_OBJECT_CACHE": str(tmp_path / "third")})
     assert listed.returncode == 0, listed.stderr
     assert {(v["video_id"], v["status"]) for v in map(json.loads, listed.stdout.splitlines())} == {

@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         skipped = f" ({record['already_complete']} already complete)" if record["already_complete"] else ""
         print(
             f"run {record['run_id']}: {common.plural(record['videos'], 'video')} enqueued{skipped}; "
-            f"outputs in {args.out}",
+            f"outputs in {remote.shown(args.out)}",
             flush=True,
         )
         if args.no_wait:
