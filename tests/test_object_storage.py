@@ -74,6 +74,16 @@ def test_intermediates_and_logs_stay_on_this_host(s3):
     assert s3.keys(url) == {"run_summary.json": 2}
 
 
+def test_an_output_prefix_inside_the_input_prefix_is_refused(monkeypatch, tmp_path):
+    from tasks.errors import DatasetError
+    from tasks.run.dataset import check_folders
+
+    monkeypatch.setenv(remote.CACHE_ENV, str(tmp_path))
+    with pytest.raises(DatasetError, match="s3://b/raw/out is inside the input folder s3://b/raw"):
+        check_folders(remote.mirror_of("s3://b/raw"), remote.mirror_of("s3://b/raw/out"), False, False)
+    check_folders(remote.mirror_of("s3://b/raw"), remote.mirror_of("s3://b/raw-out"), False, False)
+
+
 def test_a_missing_bucket_or_wrong_credentials_stop_before_anything_is_sent(s3, tmp_path):
     raw = s3.bucket("there") + "/raw"
     env = process_env("redis://127.0.0.1:1/0")  # no Redis: the bucket is checked first

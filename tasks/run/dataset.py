@@ -71,9 +71,10 @@ def check_folders(raw_dir: Path, out_dir: Path, resume: bool, force: bool, add: 
     raw, out = raw_dir.resolve(), out_dir.resolve()
     if out.exists() and not out.is_dir():
         raise DatasetError(f"the output folder {out_dir} is a file; name a folder (it is made if missing)")
-    if out == raw or raw in out.parents:
+    inside_url = remote.shown(out).startswith(remote.shown(raw).rstrip("/") + "/")  # two prefixes of one bucket
+    if out == raw or raw in out.parents or inside_url:
         raise DatasetError(
-            f"the output folder {out_dir} is inside the input folder {raw_dir}; "
+            f"the output folder {remote.shown(out_dir)} is inside the input folder {remote.shown(raw_dir)}; "
             "choose an output folder outside it, so outputs are never taken for inputs"
         )
     manifest = out / "manifest.json"
