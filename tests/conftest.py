@@ -347,6 +347,26 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
         redis.Redis.from_url(url).flushdb()
 
 
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """moto's S3 server for the session (tests/s3_server.py), stopped at its end; its environment (endpoint, a
+    valid key, the object cache) is this process's and every process's the tests start while it runs."""
+    from tests.s3_server import running
+
+    base = tmp_path_factory.mktemp("s3")
+    with running(base / "logs", base / "objects") as server:
+        saved = {key: os.environ.get(key) for key in server.env}
+        os.environ.update(server.env)
+        try:
+            yield server
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
 def send_task(url: str, name: str, args: tuple, queue: str, **options: object) -> str:
     """Send a task message to the Redis at ``url`` as a producer would; return its id.
 

@@ -25,6 +25,7 @@ from tasks.errors import BadJobMessage, PathOutsideRoot
 from tasks.job_check import check_id, check_root
 from tasks.observe import progress
 from tasks.observe.flower_view import VideoTask
+from tasks.outputs import remote
 from tasks.outputs.storage import write_text_atomic
 from tasks.pipeline import admission, quality
 from tasks.records import manifest, outcome_files, outcomes, quarantine
@@ -145,6 +146,7 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
             "run %s has ended (its record in %s says so): its files stand, nothing is written", run_id, out_root
         )
         return _short(_summary(out_root, run_id) or {"run_id": run_id})
+    remote.pull(out_root)  # an object-store OUT: what other hosts published (tasks.outputs.remote)
     track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
     tally = Tally(run_id, settings().enabled_stages())
     extra = []
@@ -219,6 +221,7 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         if r is not None:
             _retire(r, out_root, run["run_id"])
         write_report(out_root, _quality_table(out_root, run_id, lines), report)
+        remote.push(out_root)  # an object-store OUT: what the end wrote without atomic_write, before the record
         runs.finished(out_root, run_id, summary)  # last: the record's "finished" says every file of the end is whole
         return _short(summary)
     finally:

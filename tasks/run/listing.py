@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import NamedTuple
+
+from tasks.outputs import remote
 
 VIDEO_SUFFIXES = {".mp4", ".mov", ".mkv", ".webm", ".avi"}
 
@@ -28,9 +30,17 @@ def walk_videos(raw_dir: Path) -> Iterator[Found]:
     """Yield the videos under ``raw_dir`` (any depth, case-insensitive suffix) in sorted-path order.
 
     Symbolic links to files count as the files they lead to; links to folders are not followed
-    (as ``Path.rglob``). A folder that vanishes or cannot be read during the walk is skipped.
+    (as ``Path.rglob``). A folder that vanishes or cannot be read during the walk is skipped. An object-store
+    root's folder is listed from its bucket, once (tasks.outputs.remote): its videos are fetched when read.
     """
-    yield from _walk(str(raw_dir), "")
+    listed = remote.listing(raw_dir)
+    if listed is None:
+        yield from _walk(str(raw_dir), "")
+        return
+    for key, size in sorted(listed, key=lambda found: PurePosixPath(found[0]).parts):
+        name = key.rpartition("/")[2]
+        if (dot := name.rfind(".")) > 0 and name[dot:].lower() in VIDEO_SUFFIXES:
+            yield Found(key, size)
 
 
 def _walk(folder: str, prefix: str) -> Iterator[Found]:
