@@ -13,6 +13,7 @@ from tasks.errors import ClaimLost
 from tasks.outputs import remote
 from tasks.outputs.storage import read_marker, write_marker, write_text_atomic
 from tests.conftest import ROOT, process_env, run_script
+from tasks.run import seal
 
 MARKER = "markers/ab/v.hdf5.done.json"
 
@@ -65,11 +66,12 @@ def test_an_output_published_without_its_marker_is_withdrawn_by_the_next_claim_h
     assert set(s3.keys(url)) == {"v.hdf5", MARKER}
 
 
-def test_intermediates_and_logs_stay_on_this_host(s3):
+def test_intermediates_logs_and_run_keys_stay_on_this_host(s3):
     url = s3.bucket("local") + "/out"
     out = remote.mirror_of(url)
     write_text_atomic(out / "work" / "v" / "depth.done.json", "{}")
     write_text_atomic(out / "logs" / "x.log", "")
+    seal.create(out, "r1")  # the run's key: whoever reads the bucket must not be able to seal a job
     write_text_atomic(out / "run_summary.json", "{}")
     assert s3.keys(url) == {"run_summary.json": 2}
 
@@ -129,7 +131,7 @@ def test_a_run_from_s3_to_s3_equals_the_same_run_on_local_disk_and_verifies(s3, 
     assert len(ids) == 2 and {k[:-5] for k in keys if k.endswith(".hdf5")} == ids
     for name in ("normalization_stats.yaml", "run_summary.json", "manifest.json", "report.html"):
         assert name in keys, sorted(keys)
-    assert not any(k.startswith(("work/", "logs/")) for k in keys), sorted(keys)
+    assert not any(k.startswith(("work/", "logs/")) or k.endswith(".key") for k in keys), sorted(keys)
     assert f"outputs in {out}" in run.stdout  # the URL a user gave, not this host's copy
     # The credentials are in no published file and no log.
     secret = s3.env["AWS_SECRET_ACCESS_KEY"].encode()

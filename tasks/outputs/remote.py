@@ -37,6 +37,7 @@ CACHE_ENV = "FRAMEFLEET_OBJECT_CACHE"
 DEFAULT_CACHE = "/var/tmp/framefleet-objects"
 LOCAL_ONLY = ("work", "logs")  # top folders of a root that stay on the host that wrote them
 HOST_ONLY = ("runs/live.hold",)  # files that mean something only to the host that holds them
+SECRET_SUFFIXES = (".key",)  # a run's key (tasks.run.seal): it stays on the host's disk, never in the bucket
 DATA_SUFFIXES = (".hdf5",)  # what ``pull`` leaves to be fetched when read, unless asked for the data
 CREATE_ONLY_SUFFIXES = (".hdf5", ".hdf5.done.json")  # the dataset files and their markers (tasks.outputs.stage_io)
 
@@ -58,7 +59,9 @@ class Located:
 
     @property
     def local_only(self) -> bool:
-        return self.key.split("/", 1)[0] in LOCAL_ONLY or self.key in HOST_ONLY
+        top = self.key.split("/", 1)[0]
+        secret = top == "runs" and self.key.endswith(SECRET_SUFFIXES)
+        return top in LOCAL_ONLY or self.key in HOST_ONLY or secret
 
     @property
     def create_only(self) -> bool:
