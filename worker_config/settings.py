@@ -340,8 +340,15 @@ def _explain(exc: ValidationError, path: str | os.PathLike[str] | None) -> str:
         loc = ".".join(str(part) for part in err["loc"])
         env = "FRAMEFLEET_" + "__".join(str(part).upper() for part in err["loc"])
         where = f"`{loc}:` in {path}" if path else "the settings file (--config)"
-        lines.append(f"  {loc} = {err.get('input')!r}: {err['msg']}. Fix it in {where} or with ${env}.")
+        lines.append(f"  {loc} = {_shown_input(err.get('input'))}: {err['msg']}. Fix it in {where} or with ${env}.")
     return "\n".join(lines)
+
+
+def _shown_input(value: Any) -> str:
+    """A refused setting's value as its message shows it: a URL's passwords as *** (the message reaches logs)."""
+    if isinstance(value, str) and "://" in value:
+        return repr(redact_url(value))
+    return repr(value)
 
 
 def redact_url(url: str) -> str:
