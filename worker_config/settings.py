@@ -425,11 +425,19 @@ def resolved_stages(conf: Settings) -> dict[str, Any]:
 
 
 # Parameters that never change what a stage writes, by name, whoever declares them: the built-in backends'
-# ``local_params`` (paths on a host, batch sizes, the stand-ins' pacing). By name, so that an enqueuer that
+# ``local_params`` (paths on a host, batch sizes, the stand-ins' pacing; a checkpoint is pinned by the hash of
+# the weights folder in each output's provenance, not by its name). By name, so that an enqueuer that
 # cannot import a backend (a plugin installed only in its stage's own environment) hashes like its worker.
 LOCAL_PARAM_NAMES = (
     "weights_dir",
     "repo_dir",
+    # Files of a host's weights folder (checkpoints, a tokenizer's vocabulary, a model's config): never a run
+    # record's, since upstream loaders unpickle them (docs/models.md).
+    "checkpoint",
+    "sam2_checkpoint",
+    "sam2_config",
+    "detector",
+    "bpe_path",
     "batch_size",
     "detection_batch",
     "hold_mib",
