@@ -425,19 +425,11 @@ def resolved_stages(conf: Settings) -> dict[str, Any]:
 
 
 # Parameters that never change what a stage writes, by name, whoever declares them: the built-in backends'
-# ``local_params`` (paths on a host, batch sizes, the stand-ins' pacing; a checkpoint is pinned by the hash of
-# the weights folder in each output's provenance, not by its name). By name, so that an enqueuer that
+# ``local_params`` (paths on a host, batch sizes, the stand-ins' pacing). By name, so that an enqueuer that
 # cannot import a backend (a plugin installed only in its stage's own environment) hashes like its worker.
 LOCAL_PARAM_NAMES = (
     "weights_dir",
     "repo_dir",
-    # Files of a host's weights folder (checkpoints, a tokenizer's vocabulary, a model's config): never a run
-    # record's, since upstream loaders unpickle them (docs/models.md).
-    "checkpoint",
-    "sam2_checkpoint",
-    "sam2_config",
-    "detector",
-    "bpe_path",
     "batch_size",
     "detection_batch",
     "hold_mib",
@@ -446,6 +438,12 @@ LOCAL_PARAM_NAMES = (
     "matmul_size",
     "seconds_per_frame",
 )
+
+# Files a stage's loader opens (checkpoints, a model folder or config, a tokenizer's vocabulary): they change what
+# the stage writes, so they are hashed, but a worker opens only its own host's. A run's record names them for its
+# hash alone: an autoscaler writes its own host's value, and the record must agree (upstream loaders unpickle
+# checkpoints: a path from Redis would be code; docs/models.md).
+HOST_FILE_PARAMS = ("checkpoint", "sam2_checkpoint", "sam2_config", "detector", "bpe_path")
 
 
 def local_params(stage: str, backend: str) -> tuple[str, ...]:

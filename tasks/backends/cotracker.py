@@ -32,7 +32,7 @@ class CoTrackerTracks2D(Track2DBackend):
     ``visibility_threshold`` is y2r's 0.95 (a step is visible above it).
     """
 
-    local_params = ("weights_dir", "checkpoint")
+    local_params = ("weights_dir",)
 
     name = "cotracker"
     packages = ("cotracker",)  # whose installed version the provenance records

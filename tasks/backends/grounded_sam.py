@@ -99,7 +99,7 @@ class GroundedSamMasks(MasksBackend):
     fires on hundreds of boxes (an untrained one does) costs seconds per frame.
     """
 
-    local_params = ("weights_dir", "detector", "sam2_checkpoint", "sam2_config")
+    local_params = ("weights_dir",)
 
     name = "grounded_sam"
 

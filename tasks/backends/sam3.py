@@ -90,7 +90,7 @@ class Sam3Masks(MasksBackend):
     detects on first (-1: the middle frame). SAM 3's video predictor runs on CUDA only.
     """
 
-    local_params = ("weights_dir", "checkpoint", "bpe_path")
+    local_params = ("weights_dir",)
 
     name = "sam3"
 

@@ -52,7 +52,7 @@ class Tapip3dTracker(TrackBackend):
     (TAPIP3D sets the image size to the video's on every call).
     """
 
-    local_params = ("repo_dir", "weights_dir", "checkpoint")
+    local_params = ("repo_dir", "weights_dir")
 
     name = "tapip3d"
 
