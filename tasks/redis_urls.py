@@ -47,6 +47,8 @@ CERT_REQS = {
     "none": "none",
     "cert_none": "none",
 }
+# The spellings Celery's result backend takes (celery/backends/redis.py); others are rewritten for it.
+CELERY_CERT_REQS = ("required", "optional", "none", "CERT_REQUIRED", "CERT_OPTIONAL", "CERT_NONE")
 # Between two addresses of a Sentinel URL; a ";" elsewhere (in a password) is part of its address.
 _NEXT_SENTINEL = re.compile(r";(?=sentinel://)")
 _warned: set[str] = set()
@@ -136,8 +138,11 @@ def _encoded(url: str) -> str:
 
 
 def _with_cert_reqs(url: str) -> str:
-    """A ``rediss://`` ``url`` that names its ``ssl_cert_reqs`` (Celery's result backend refuses one that does not)."""
+    """A ``rediss://`` ``url`` that names its ``ssl_cert_reqs`` as Celery's result backend reads it (it refuses one
+    that does not); ``url`` itself when it does."""
     parts = urlsplit(url)
+    if dict(parse_qsl(parts.query)).get("ssl_cert_reqs") in CELERY_CERT_REQS:
+        return url
     query = [(k, v) for k, v in parse_qsl(parts.query) if k != "ssl_cert_reqs"]
     query.append(("ssl_cert_reqs", _cert_reqs(url)))
     return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), parts.fragment))
