@@ -29,6 +29,9 @@ os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="framefleet-state-")
 # The workers the tests start are confined, as every worker is: they read videos wherever the tests keep
 # them (shared clips included) and write only under the temp folder. A test of the other modes drops these.
 CONFINED_ENV = {"FRAMEFLEET_DATASET_ROOT": "/", "FRAMEFLEET_OUTPUT_ROOT": str(Path(tempfile.gettempdir()).resolve())}
+# The tests' workers also serve jobs sent by hand into folders without a run record (tasks.pipeline.admission);
+# the tests of that check start theirs without it (UNRECORDED_ENV removed), and a run enqueued is checked anyway.
+UNRECORDED_ENV = {"FRAMEFLEET_UNRECORDED_RUNS": "1"}
 sys.path.insert(0, str(ROOT))
 
 from tasks.cli.sample import make_video  # noqa: E402
@@ -182,6 +185,7 @@ def process_env(url: str) -> dict[str, str]:
         FRAMEFLEET_REGISTRY_TTL_S="3",
         PYTHONUNBUFFERED="1",
         **CONFINED_ENV,
+        **UNRECORDED_ENV,
     )
     return env
 

@@ -41,7 +41,7 @@ from tasks.outputs import intermediates
 from tasks.outputs.storage import write_text_atomic
 from tasks.records import lineage, outcome_files, quarantine
 from tasks.redis_client import get_redis
-from tasks.run import cancel, completion, hold, runs, settings_check
+from tasks.run import cancel, completion, hold, runs, seal, settings_check
 from tasks.run.dataset import (
     Completed,
     DatasetError,
@@ -169,9 +169,12 @@ def enqueue(
         # The record exists before the first task can finish, so cancel and status find the run at once,
         # and so do the tasks that count the run's videos.
         record["callback_id"] = uuid()
+        # The run's key, then its record, on disk before anything is sent: what workers take for this run's
+        # jobs comes from them (tasks.pipeline.admission), never from Redis.
+        key = seal.create(out_dir, run_id)
         runs.write(out_dir, record)
         runs.publish(r, record, conf.result_expires_s)
-        sender = RunSender(r, shared, width, conf.result_expires_s)
+        sender = RunSender(r, shared, width, conf.result_expires_s, key)
         complete, stopped = 0, False
         for n, found in enumerate(stream, 1):
             if n % CANCEL_CHECK_EVERY == 0 and cancel.is_cancelled(r, run_id):
