@@ -206,7 +206,12 @@ def run_sbatch(
     for name in drop:
         full_env.pop(name, None)
     return subprocess.Popen(
-        [*prefix, "bash", str(script)], env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*prefix, "bash", str(script)],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its workers too can be ended at once (``ended``)
     )
 
 
@@ -260,7 +265,7 @@ def test_sbatch_gives_up_on_a_worker_that_keeps_failing(tmp_path):
 
 def test_sbatch_refuses_a_job_without_gpus(tmp_path):
     job = run_sbatch(tmp_path, CUDA_VISIBLE_DEVICES="")
-    output, _ = job.communicate(timeout=30)
+    output = ended(job)
     assert job.returncode == 2 and "--gres=gpu:N" in output
     assert starts(tmp_path) == []
 
@@ -362,6 +367,15 @@ def test_sbatch_reads_the_env_file_as_data_values_kept_as_written(tmp_path, scri
     assert not list(tmp_path.rglob("PWNED*")) and not list(Path.cwd().glob("PWNED*"))
 
 
+def ended(job: subprocess.Popen[str], timeout_s: float = 30) -> str:
+    """The output of a job expected to stop by itself; one still running then is killed (the test fails)."""
+    try:
+        return job.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        return job.communicate()[0] + "\n(still running: killed)"
+
+
 @pytest.fixture
 def shared_folder() -> Iterator[Path]:
     """A folder every user may pass through (pytest's own are closed to others), for the job run as nobody."""
@@ -390,14 +404,14 @@ def test_sbatch_fails_naming_an_env_file_it_cannot_read_and_the_fix(tmp_path, sh
     env_file.chmod(0o600 if os.geteuid() == 0 else 0o000)
     prefix, runnable = as_another_user(shared_folder, script)
     job = run_sbatch(tmp_path, script=runnable, prefix=prefix, FRAMEFLEET_ENV_FILE=str(env_file))
-    output, _ = job.communicate(timeout=30)
+    output = ended(job)
     assert job.returncode == 2, output
     assert f"the environment file {env_file} cannot be read by" in output and "chmod 600" in output
     assert starts(tmp_path) == []
     missing = shared_folder / "missing-env"
     shutil.rmtree(tmp_path / "bin")
     job = run_sbatch(tmp_path, script=runnable, prefix=prefix, FRAMEFLEET_ENV_FILE=str(missing))
-    output, _ = job.communicate(timeout=30)
+    output = ended(job)
     assert job.returncode == 2 and f"the environment file {missing} does not exist" in output, output
     assert starts(tmp_path) == []
 
@@ -406,6 +420,6 @@ def test_sbatch_names_a_line_that_is_not_key_value(tmp_path):
     env_file = tmp_path / "env"
     env_file.write_text("REDIS_URL=redis://127.0.0.1:6379/0\nexport FRAMEFLEET_CONFIG=/etc/x.yaml\n")
     job = run_sbatch(tmp_path, FRAMEFLEET_ENV_FILE=str(env_file))
-    output, _ = job.communicate(timeout=30)
+    output = ended(job)
     assert job.returncode == 2 and f"{env_file}, line 2, is not KEY=VALUE" in output, output
     assert starts(tmp_path) == []
