@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             env.pop("FRAMEFLEET_REDIS_URL", None)
             os.environ["REDIS_URL"] = env["REDIS_URL"]
             conf = _cli.settings_from(args)
-            where = f"redis://127.0.0.1:{env['REDIS_URL'].rpartition('@')[2]}"
+            where = f"redis://{env['REDIS_URL'].rpartition('@')[2]}"  # the URL less its password
             print(f"Redis: a private redis-server at {where} (password in {cluster.logs / REDIS_FILE})")
         else:
             (cluster.logs / REDIS_FILE).unlink(missing_ok=True)  # an earlier run's private Redis is gone
