@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from tasks.cli.common import fail, finish_command, plural
+from tasks.cli.common import fail, finish_command, plural, printable
 from tasks.delivery import requeues
 from tasks.observe import progress, stall
 from tasks.outputs.intermediates import summary_line
@@ -225,7 +225,8 @@ def report(summary: dict[str, Any], out_dir: Path, record: dict[str, Any] | None
     if summary["failed"]:
         print(f"failed: {plural(len(summary['failed']), 'video')}:")
         for f in summary["failed"]:
-            print(f"  {f['video']} ({f['video_id']}): {f['stage']}: {f['error_class']}: {f['reason']}")
+            fields = (f["video"], f["video_id"], f["stage"], f["error_class"], f["reason"])
+            print("  {} ({}): {}: {}: {}".format(*map(printable, fields)))
         again = finish_command(record or {}, out_dir, quarantined=True)
         print(f"quarantined: {out_dir / quarantine.FILE}; after fixing, `{again}` runs them again")
         return 1
