@@ -377,6 +377,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     common.print_backends(conf)
     try:
         if args.resume and not args.add and (count := nothing_left(args.raw_dir, args.out, args.limit)):
+            lineage.check_same(args.out, conf, args.mixed)  # other settings are refused, as a run would be
             return nothing_to_do(args.raw_dir, args.out, count)
     except DatasetError as exc:
         return common.fail(str(exc))

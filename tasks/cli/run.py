@@ -290,13 +290,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         # the lock itself.
         if (holder := hold.held_elsewhere(args.out, None)) is not None:
             raise hold.OutHeld(hold.refusal(args.out, *holder))
-        # A --continue with nothing left starts nothing, and leaves OUT's summary and report as they are.
-        if args.resume and not args.add and (count := nothing_left(args.raw_dir, args.out, args.limit)):
-            return nothing_to_do(args.raw_dir, args.out, count)
         if not args.force:  # before any process starts, as the rest of these checks
             from tasks.records import lineage
 
             lineage.check_same(args.out, conf, args.mixed)
+        # A --continue with nothing left starts nothing, and leaves OUT's summary and report as they are.
+        if args.resume and not args.add and (count := nothing_left(args.raw_dir, args.out, args.limit)):
+            return nothing_to_do(args.raw_dir, args.out, count)
         # Before any process starts: a bad metadata file should cost no cluster start-up.
         if args.metadata is not None or args.require_text or (args.raw_dir / DEFAULT_NAME).is_file():
             videos = find_videos(args.raw_dir)
