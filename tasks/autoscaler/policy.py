@@ -43,7 +43,9 @@ class AutoscalePolicy:
     grown past the count it had before, and, while another family of its GPU has tasks waiting, gives the extra
     workers back; ``trial_tasks``: the tasks each worker ends after a join before that is judged (growth on its own
     queue's tasks holds meanwhile; growth on the work upstream of it does not wait: that work cannot measure it yet);
-    ``benefit_retry_s``: how long such a verdict (or an unfinished trial) stands.
+    ``benefit_retry_s``: how long such a verdict (or an unfinished trial) stands. ``min_work_per_load``: a worker
+    past the first is added only while each worker would get at least this many times the family's load time
+    (``load_s``) of its known work (``demand_s``), so that a load overlaps work it pays for (0: off).
     Raises ValueError naming a bad value.
     """
 
@@ -63,6 +65,7 @@ class AutoscalePolicy:
     min_gain: float = 0.05
     trial_tasks: int = 2
     benefit_retry_s: float = 300.0
+    min_work_per_load: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -260,6 +263,15 @@ def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -
             f"the GPU is {view.busy_pct:.0f} % busy (>= {policy.busy_pct:g} % over {policy.busy_window_s:g} s): "
             "another worker adds no compute, though it fits",
         )
+    pays = policy.max_workers_per_gpu  # the most workers whose loads the work pays for (min_work_per_load)
+    if policy.min_work_per_load and have and view.load_s and view.service_s and not view.service_assumed:
+        pays = math.floor(demand_s(view) / (policy.min_work_per_load * view.load_s))
+        if pays <= have:
+            return verdict(
+                "hold",
+                f"{demand_s(view):.0f} s of work for {have + 1} worker(s) is under {policy.min_work_per_load:g} x "
+                f"the {view.load_s:.0f} s a worker takes to load each: the load would not pay",
+            )
     capped = not quick_loads(view, policy)
     if capped and view.starting >= policy.max_starting_per_gpu:
         return verdict(
@@ -293,7 +305,7 @@ def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -
     host_room = view.host_free_mib - view.starting * view.worker_rss_mib - policy.host_margin_mib
     host = math.floor(host_room / view.worker_rss_mib) if view.worker_rss_mib > 0 else policy.max_workers_per_gpu
     loading = policy.max_starting_per_gpu - view.starting if capped else policy.max_workers_per_gpu
-    count = max(1, min(want - have, policy.max_workers_per_gpu - have, fits - have, live, host, loading))
+    count = max(1, min(want - have, policy.max_workers_per_gpu - have, fits - have, live, host, loading, pays - have))
     why = (
         f"backlog {view.backlog} > {have} worker(s)"
         if want == view.backlog

@@ -52,6 +52,19 @@ def test_a_busy_gpu_grows_no_family_past_its_first_worker_though_more_fit(busy, 
     assert decide(replace(VIEW, workers=0, busy_pct=busy), POLICY, 60).action == "up"
 
 
+def test_with_min_work_per_load_a_worker_is_added_only_where_its_work_pays_for_its_load():
+    """SAM 3 on an H200: 5 tasks of 6.3 s left, 33.5 s loads: a second worker would load for longer than it works."""
+    policy = replace(POLICY, min_work_per_load=1.0)
+    masks = replace(VIEW, backlog=5, service_s=6.3, load_s=33.5)
+    held = decide(masks, policy, 60)
+    assert held.action == "hold" and "32 s of work for 2 worker(s) is under 1 x the 34 s" in held.reason
+    assert decide(masks, POLICY, 60).action == "up"  # off by default
+    depth = replace(VIEW, backlog=8, upstream=6, service_s=24.0, load_s=48.6, workers=1)
+    grown = decide(depth, replace(policy, chain_horizon_s=1000), 60)  # 336 s of work: six workers' loads pay
+    assert grown.action == "up" and grown.count == 5
+    assert decide(replace(depth, backlog=3, upstream=0), policy, 60).count == 1  # 72 s: one more worker's load
+
+
 def serve(per_task_s: float, workers: int, seconds: float) -> dict[int, tuple[float, int]]:
     """Each of ``workers`` (pids 1..) busy for ``seconds`` at ``per_task_s`` a task."""
     return {pid: (seconds, int(seconds // per_task_s)) for pid in range(1, workers + 1)}
