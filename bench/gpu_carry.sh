@@ -5,9 +5,10 @@
 #   bash bench/gpu_carry.sh [vipe] [real] [up]        (default: all three)
 # vipe  .gpu/vipe (~34 MB): bench/gpu_vipe.sh's WHEELS (whl/, deploy/envs/vipe.lock's versions, plus
 #       framefleet's own as ../shared/device/prepare.sh lists them, less PyAV), EXTRA (extra/utils3d at MoGe's
-#       pin, extra/pycg's .py files) and EIGEN (eigen.tgz, Debian's libeigen3-dev). utils3d is not on PyPI:
-#       UTILS3D_SRC names a checkout of EasternJournalist/utils3d at deploy/envs/pins.sh's UTILS3D_COMMIT;
-#       without it, bench/gpu_lib.sh's upstream clones it, and where that fails extra/utils3d is left out, said so.
+#       pin, extra/pycg's .py files) and EIGEN (eigen.tgz, Debian's libeigen3-dev). utils3d is not on PyPI (the
+#       "utils3d" there is another package): UTILS3D_SRC names a git directory or checkout of EasternJournalist/utils3d
+#       holding deploy/envs/pins.sh's UTILS3D_COMMIT (a bare mirror will do), or a folder with utils3d/ at that commit;
+#       without it, bench/gpu_lib.sh's upstream clones it from GitHub, and where that fails the call stops, said so.
 # real  .gpu/real (~12 MB): the WHEELS and GL_DEBS of the real-model benches (the real-model autoscaler, SAM 3, the
 #       TAPIP3D and WiLoR conformance run); .gpu/real2 (~14 MB): decord, which SAM 3's builder imports
 #       (sam3/train/data/sam3_image_dataset.py:20), carried apart for the 64 MiB limit (DECORD_WHEELS).
@@ -17,9 +18,10 @@
 #       FRAMEFLEET_REAL_DATA, default the shared folder's data/real where present, else synthetic ones, said so).
 #       A GPU bench then takes UPSTREAM_ARCHIVES=.gpu/up/upstream and CLIP or FRAMEFLEET_REAL_DATA=.gpu/up/data;
 #       carry only the archives a call needs (bench/NOTEBOOK.md).
-# What one call can carry, with the tree (~2.5 MB): 64 MiB. .device (../shared/device/prepare.sh) is 45 MB,
-# 35 of them PyAV: .device + .gpu/real + five archives and three clips fit (65.8 MB of 67.1); .gpu/vipe
-# goes without .device. A warm machine keeps /tmp between calls, not the carried paths.
+# What one call can carry, with the tree (3.3 MiB): 64 MiB. .device (../shared/device/prepare.sh) is 44 MiB, 34 of
+# them PyAV; .gpu/real 12, .gpu/real2 13, .gpu/up 6.5, .gpu/vipe 31: .device + .gpu/up travel in one call (54 MiB),
+# .gpu/vipe + .gpu/real + .gpu/real2 in the next (59 MiB); .device + .gpu/real + .gpu/up (66 MiB) do not fit.
+# A warm machine keeps /tmp between calls, not the carried paths.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/gpu_lib.sh  # deploy/envs/pins.sh's commits, upstream, clip
@@ -72,11 +74,12 @@ with zipfile.ZipFile(next(src.glob("*.whl"))) as z:
 PYEOF
   rm -rf "$tmp"
   local utils3d=${UTILS3D_SRC:-}
-  [ -n "$utils3d" ] || utils3d=$(UPSTREAM_ARCHIVES= FRAMEFLEET_UPSTREAM_SRC= upstream EasternJournalist+utils3d) || utils3d=
-  if [ -n "$utils3d" ]; then
-    git -C "$utils3d" archive "$UTILS3D_COMMIT" utils3d | tar -x -C "$d/extra"
+  [ -n "$utils3d" ] || utils3d=$(UPSTREAM_ARCHIVES= FRAMEFLEET_UPSTREAM_SRC= upstream EasternJournalist+utils3d) ||
+    { echo "no utils3d (MoGe's inference imports it): set UTILS3D_SRC to a git directory of EasternJournalist/utils3d holding $UTILS3D_COMMIT, or a folder with utils3d/ at it" >&2; exit 1; }
+  if [ -d "$utils3d/utils3d" ] && ! git -C "$utils3d" rev-parse --git-dir > /dev/null 2>&1; then
+    cp -r "$utils3d/utils3d" "$d/extra/"
   else
-    echo "extra/utils3d left out: set UTILS3D_SRC to a checkout of EasternJournalist/utils3d ($UTILS3D_COMMIT)" >&2
+    git -C "$utils3d" archive "$UTILS3D_COMMIT" utils3d | tar -x -C "$d/extra"
   fi
   # Eigen 3.4's headers as Eigen/..., which gpu_vipe.sh extracts into csrc/include/eigen3
   tmp=$(mktemp -d)

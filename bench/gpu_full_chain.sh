@@ -1,46 +1,36 @@
 #!/usr/bin/env bash
-# The whole chain with every real upstream model (random weights) under the autoscaler, configs/real-gpu.yaml's
-# layout: SAM 3 masks, ViPE lyra depth, TAPIP3D tracks, WiLoR hands, each in its own interpreter, on 24 two-second
-# segments of bench/gpu_lib.sh's clips (dog, sheep, pstudio); and the synthetic model's 1 -> 4 GPU scaling. On a
-# 4-GPU host with network, the steps one after another (each STEP=... bash bench/gpu_full_chain.sh):
-#   for s in prep1 prep2 run1 run2 synth; do STEP=$s bash bench/gpu_full_chain.sh || break; done
-# The environment is bench/gpu_lib.sh's gpu_env (.venv from `make install`, .device, or $ACTIVATE); it must hold what
-# the real models import where the carried wheel folders below are absent (REAL_WHEELS, DECORD_WHEELS, and
-# bench/gpu_vipe.sh's WHEELS, EXTRA, EIGEN: bench/gpu_carry.sh makes them). The sources come from gpu_lib.sh's
-# upstream (UPSTREAM_ARCHIVES, default .gpu/up/upstream where carried, else a clone), the clips from its clip
-# (FRAMEFLEET_REAL_DATA, default .gpu/up/data where carried, else shared/data/real, else synthetic ones, said so).
-# On a lending machine without network: calls on one warm 4-GPU machine (kind nvidia-h100-x4), each started within
-# the idle release of the one before, since only /tmp lasts between calls and what one call may carry (64 MiB)
-# holds no two of the pieces:
-#   STEP=prep1  carry .device .gpu/real .gpu/up   STEP=prep1 bash bench/gpu_full_chain.sh
-#     keeps the machine's framefleet packages and redis for later calls (/tmp/ff-bin/activate.sh, from .device),
-#     installs the real models' packages into /tmp/ff-full/site, keeps the archives and cuts the 24 videos (60 s).
-#   STEP=prep2  carry .gpu/vipe .gpu/real2        STEP=prep2 bash bench/gpu_full_chain.sh
-#     builds vipe_ext and ViPE's random cache (bench/gpu_vipe.sh FRAMES=0, WORK=/tmp/ff-vipe), TAPIP3D's
-#     pointops2 and decord into /tmp/ff-full/site, then the chain's setup (random SAM 3, TAPIP3D and WiLoR
-#     weights, every model loaded once: bench/gpu_real_autoscale.sh SETUP=only).
-#   STEP=run1   carry nothing                     STEP=run1 bash bench/gpu_full_chain.sh
-#     A: the autoscaler on GPU 0, enqueue -> statistics, verified; beside it the models' own compute bound,
-#     the videos shared over GPUs 1-3 (real_chain.py bound --gpus 1,2,3: each stage process still alone on a GPU).
-#   STEP=run2   carry nothing                     STEP=run2 bash bench/gpu_full_chain.sh
-#     B: the autoscaler on GPUs 0 and 1 from the seeds, as a new cluster starts; beside it C, the predecessor's
-#     pool (one process per model per round until one fails) on GPU 2 over A's intermediates; the report of
-#     all four (busy fraction = bound / A, 1 -> 2 = A / (2 B)).
-#   STEP=synth  carry nothing                     STEP=synth bash bench/gpu_full_chain.sh
-#     the synthetic compute-bound model's 1 -> 4 GPU scaling (bench/gpu_scaling.sh PHASES=c KS="4 1",
-#     VIDEOS=288), alone on the machine.
-# On a 2-GPU machine (kind nvidia-h100-x2) run1 puts the whole bound on GPU 1 beside A and run2 runs B alone (no
-# GPU is left for C); then COUNT=16 in prep1 keeps run1 within a call (the bound alone is about 20 s a video plus
-# the loads), with BOUND_EXTRA_S=200 so the bound may end after A.
-# Each step writes $OUT/<step>.txt and $OUT/<step>.tgz; knobs: COUNT (24 segments, prep1), VIDEOS (288), RUN_S (420), CHAIN_S (the enqueue's limit: 450 in run1, 420 in run2),
-# MAX_FLAT_PCT (100: random-weight ViPE's depth is a plane, and y2r's flat-depth gate, 10 %, quarantined 18 of
-# the 24 videos in the first run; 100 lets every video through the later stages).
+# The real chain (SAM 3 masks, ViPE lyra + MoGe depth, TAPIP3D tracks, WiLoR hands; random weights; configs/real-gpu.yaml's
+# layout, each model in its own interpreter) under framefleet's autoscaler against y2r's own way, on the same videos and
+# GPUs: COUNT (16) two-second segments dealt in turn from the three real clips (bench/real_segments.py), every quality
+# gate off (random weights cannot pass them: the setup says so), so that both sides run every stage on every video.
+# One step per call, on one warm machine (each call within the idle release of the one before: only /tmp lasts), on
+# every GPU the machine has (1, or 2 when lent):
+#   STEP=prep1  carry .device .gpu/up               the framefleet packages and redis kept for later calls
+#                                                   (/tmp/ff-bin), the archives, the videos (about 1 minute)
+#   STEP=prep2  carry .gpu/vipe .gpu/real .gpu/real2 the real models' packages, ViPE, pointops2, then the chain's
+#                                                   setup: random weights, every model loaded once (about 6 minutes)
+#   STEP=run1   carry nothing                       framefleet from a cold cluster (a fresh Redis db, the autoscaler
+#                                                   started, enqueue once every family's first worker is up),
+#                                                   enqueue -> statistics, NVML sampled at 4 Hz, verified
+#   STEP=y2r    carry nothing                       y2r's way: each stage over every video, one process per GPU, loads
+#                                                   included (bench/real_chain.py bound), sampled the same way; then
+#                                                   the comparison (bench/real_chain.py compare: walls, busy shares,
+#                                                   the ratio, per model load / first task / steady time / memory, the
+#                                                   autoscaler's decisions over time and decisions.png)
+#   STEP=synth  carry nothing                       the synthetic compute-bound model's scaling (bench/gpu_scaling.sh)
+# e.g. for s in prep1 prep2 run1 y2r; do STEP=$s bash bench/gpu_full_chain.sh || break; done  (a host with all of it)
+# The environment is bench/gpu_lib.sh's gpu_env; bench/gpu_carry.sh makes the .gpu/ folders (REAL_WHEELS,
+# DECORD_WHEELS, VIPE_CARRY name others); the sources come from gpu_lib.sh's upstream, the clips from its clip.
+# Each step writes $OUT/<step>.txt and $OUT/<step>.tgz; knobs: COUNT (16, prep1), CHAIN_S (the enqueue's limit, 450),
+# MAXW (6), CPUW (8), VIDEOS and RUN_S (synth).
 source "$(dirname "$0")/gpu_lib.sh"
 set -u
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 OUT=${OUT:-/tmp/ffout}; mkdir -p "$OUT"
 F=/tmp/ff-full
-STEP=${STEP:?STEP=prep1, prep2, run1, run2 or synth}
+STEP=${STEP:?STEP=prep1, prep2, run1, y2r or synth}
+GPUS=$(seq -s, 0 $((NGPU - 1)))  # every GPU of the machine, for both sides
+BUILD_GPU=$((NGPU - 1))  # where the builds and the setup's loads run
 # bench/gpu_carry.sh's folders, where carried; each can be named instead
 [ -d .gpu/up/upstream ] && export UPSTREAM_ARCHIVES=${UPSTREAM_ARCHIVES:-.gpu/up/upstream}
 [ -d .gpu/up/data ] && export FRAMEFLEET_REAL_DATA=${FRAMEFLEET_REAL_DATA:-.gpu/up/data}
@@ -56,6 +46,10 @@ later() {  # a step after prep1: the environment prep1 kept (a later call on the
 }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 YOLO_OFFLINE=1
 say() { echo "[$(date -u +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$OUT/$STEP.txt"; }
+compare() {  # framefleet against y2r's way, once both have run on this machine
+  [ -f /tmp/rc-full/res/A-summary.json ] && [ -f /tmp/rc-full/res/y2r-summary.json ] || return 0
+  python3 bench/real_chain.py compare --results /tmp/rc-full/res --plot "$OUT/decisions.png" | tee -a "$OUT/$STEP.txt"
+}
 
 case $STEP in
 prep1)
@@ -77,24 +71,21 @@ SH
   if [ -n "$archives" ]; then
     for name in "${UPSTREAM_SOURCES[@]}"; do cp "$archives/$name.tar.gz" "$F/archives/" 2>/dev/null; done
   fi
-  if [ -n "$REAL_WHEELS" ]; then
-    python3 -m pip install -q --no-index --no-deps --target "$F/site" "$REAL_WHEELS"/*.whl > "$OUT/wheels.log" 2>&1 \
-      || { tail -20 "$OUT/wheels.log"; exit 1; }
-  fi
   for name in dog sheep pstudio; do c=$(clip "$name") && cp "$c" "$F/clips/$name.mp4" || exit 1; done
-  python3 bench/real_segments.py "$F/clips" "$F/raw" --count "${COUNT:-24}" | tee -a "$OUT/$STEP.txt"
+  python3 bench/real_segments.py "$F/clips" "$F/raw" --count "${COUNT:-16}" | tee -a "$OUT/$STEP.txt"
   touch "$F/prep1.done"
   say "packages and videos ready"
   ;;
 prep2)
   later
-  if [ -n "$DECORD_WHEELS" ]; then
-    python3 -m pip install -q --no-index --no-deps --target "$F/site" "$DECORD_WHEELS"/decord*.whl >> "$OUT/wheels.log" 2>&1
-  fi
+  for w in $REAL_WHEELS $DECORD_WHEELS; do
+    python3 -m pip install -q --no-index --no-deps --target "$F/site" "$w"/*.whl >> "$OUT/wheels.log" 2>&1 \
+      || { tail -20 "$OUT/wheels.log"; exit 1; }
+  done
   say "building ViPE and pointops2"
   carried=()
   [ -n "$VIPE_CARRY" ] && carried=(WHEELS="$VIPE_CARRY/whl" EXTRA="$VIPE_CARRY/extra" EIGEN="$VIPE_CARRY/eigen.tgz")
-  env OUT="$OUT/vipe" WORK=/tmp/ff-vipe "${carried[@]}" FRAMES=0 MAX_JOBS=40 CUDA_VISIBLE_DEVICES=1 \
+  env OUT="$OUT/vipe" WORK=/tmp/ff-vipe "${carried[@]}" FRAMES=0 MAX_JOBS=40 CUDA_VISIBLE_DEVICES=$BUILD_GPU \
     bash bench/gpu_vipe.sh > "$OUT/vipe.log" 2>&1 &
   vipe=$!
   (
@@ -106,7 +97,7 @@ prep2)
   wait $pointops; say "pointops2: exit $? ($(tail -n 1 "$OUT/pointops2.log"))"
   wait $vipe; say "ViPE built: exit $? ($(tail -n 2 "$OUT/vipe/progress.txt" 2>/dev/null | tr '\n' ' '))"
   OUT=$OUT/setup BASE=/tmp/rc-full REAL=masks,depth,tracks,hands MASKS=sam3 \
-    VIPE_WORK=/tmp/ff-vipe SITES=$F/site NO_TRACKS2D=1 RAW=$F/raw MAX_FLAT_PCT=${MAX_FLAT_PCT:-100} SETUP=only CUDA_VISIBLE_DEVICES=1 \
+    VIPE_WORK=/tmp/ff-vipe SITES=$F/site NO_TRACKS2D=1 RAW=$F/raw MAX_FLAT_PCT=100 SETUP=only CUDA_VISIBLE_DEVICES=$BUILD_GPU \
     bash bench/gpu_real_autoscale.sh > "$OUT/setup.log" 2>&1
   say "chain setup: exit $?; $(grep -h '"load_s"\|"error"' /tmp/rc-full/res/check.json 2>/dev/null | tr -s ' \n' ' ')"
   tar czf "$OUT/setup-prepare.tgz" -C /tmp/rc-full --exclude=weights --exclude=envs --exclude=raw --exclude=models \
@@ -114,23 +105,28 @@ prep2)
   ;;
 run1)
   later
-  bound_gpus=$([ "$NGPU" -ge 4 ] && echo 1,2,3 || echo 1)
-  say "A on GPU 0; the bound over GPUs $bound_gpus"
-  OUT=$OUT/chain BASE=/tmp/rc-full SETUP=reuse PARALLEL=1 PHASES=A A_GPUS=0 \
-    BOUND_GPU=$bound_gpus MAXW=${MAXW:-6} CPUW=${CPUW:-8} RUN_TIMEOUT_S=${CHAIN_S:-450} BOUND_EXTRA_S=${BOUND_EXTRA_S:-40} \
-    bash bench/gpu_real_autoscale.sh > "$OUT/chain.log" 2>&1
-  say "A and the bound: exit $?"
+  say "framefleet on GPU(s) $GPUS from a cold cluster"
+  OUT=$OUT/chain BASE=/tmp/rc-full SETUP=reuse PARALLEL=1 PHASES=A A_GPUS=$GPUS BOUND_GPU=none MAXW=${MAXW:-6} \
+    CPUW=${CPUW:-8} RUN_TIMEOUT_S=${CHAIN_S:-450} bash bench/gpu_real_autoscale.sh > "$OUT/chain.log" 2>&1
+  say "framefleet: exit $?"
   cat "$OUT/chain/report.txt" 2>/dev/null | tee -a "$OUT/$STEP.txt"
+  compare
   ;;
-run2)
+y2r)
   later
-  phases=$([ "$NGPU" -ge 3 ] && echo BC || echo B)
-  say "B on GPUs 0 and 1$([ "$phases" = BC ] && echo "; the pool on GPU 2 over A's intermediates")"
-  OUT=$OUT/chain BASE=/tmp/rc-full SETUP=reuse PARALLEL=1 PHASES=$phases B_GPUS=0,1 \
-    POOL_GPU=2 MAXW=${MAXW:-6} CPUW=${CPUW:-8} RUN_TIMEOUT_S=${CHAIN_S:-420} \
-    bash bench/gpu_real_autoscale.sh > "$OUT/chain.log" 2>&1
-  say "B and the pool: exit $?"
-  cat "$OUT/chain/report.txt" 2>/dev/null | tee -a "$OUT/$STEP.txt"
+  R=/tmp/rc-full/res; rm -rf /tmp/rc-full/out-y2r "$R"/y2r-*; mkdir -p "$R"
+  say "y2r's way on GPU(s) $GPUS: each stage over every video, one process per GPU"
+  python3 bench/busy_share.py sample "$R/y2r-samples.csv" --period-s 0.25 &
+  smp=$!; sleep 1
+  python3 bench/real_chain.py bound --config /tmp/rc-full/real.yaml --raw "$F/raw" --out /tmp/rc-full/out-y2r \
+    --device cuda:0 $([ "$NGPU" -gt 1 ] && echo --gpus "$GPUS") --summary "$R/y2r-summary.json" \
+    > "$R/y2r-bound.json" 2> "$R/y2r-bound.err"
+  say "y2r's way: exit $?; $(tail -n 1 "$R/y2r-bound.json")"
+  sleep 1; kill $smp; wait $smp
+  python3 bench/busy_share.py report "$R/y2r-samples.csv" "$R/y2r-summary.json" --gpus "$GPUS" --json "$R/y2r-busy.json" \
+    | tee -a "$OUT/$STEP.txt"
+  cp "$R"/y2r-* "$OUT/"
+  compare
   ;;
 synth)
   later
@@ -140,9 +136,9 @@ synth)
   say "scaling: exit $?"
   cat "$OUT/scaling/scaling.txt" 2>/dev/null | tee -a "$OUT/$STEP.txt"
   ;;
-*) echo "STEP=prep1, prep2, run1, run2 or synth" >&2; exit 2 ;;
+*) echo "STEP=prep1, prep2, run1, y2r or synth" >&2; exit 2 ;;
 esac
 # Few files come back from the GPU machine: everything in one archive, beside this step's summary.
 tar czf "/tmp/ff-$STEP.tgz" -C "$OUT" . 2>/dev/null
-find "$OUT" -mindepth 1 ! -name "$STEP.txt" -delete
+find "$OUT" -mindepth 1 ! -name "$STEP.txt" ! -name decisions.png -delete
 mv "/tmp/ff-$STEP.tgz" "$OUT/$STEP.tgz"

@@ -2,10 +2,12 @@
 #   source bench/gpu_lib.sh; gpu_env || exit 1; src=$(upstream zbw001+TAPIP3D) || exit 1; c=$(clip dog) || exit 1
 # Each works from the repository alone on a GPU host with network access, and from what a host without it
 # was given (bench/gpu_carry.sh's .gpu/ folders, a .device folder, the shared reference folder):
-# gpu_python   the interpreter's environment: $ACTIVATE if set, else .device/activate.sh, else .venv (make install).
+# gpu_python   the interpreter's environment: $ACTIVATE if set, else .device/activate.sh in the checkout or beside
+#              it (../.device), else .venv (make install).
 # gpu_env      gpu_python, then celery, redis-py and a redis-server checked, and a Redis on 127.0.0.1:6379
 #              started unless one answers there (the benches flush its databases 0-5: one holding data is
-#              refused unless GPU_BENCH_REDIS_OK=1).
+#              refused unless a bench claimed it, empty, before (the key ff-bench:claimed in db 15), or
+#              GPU_BENCH_REDIS_OK=1).
 # upstream NAME  (<owner>+<repo>, e.g. facebookresearch+co-tracker) prints the folder holding that source at
 #              deploy/envs/pins.sh's commit, $UPSTREAM_DIR/NAME (default /tmp/ff-upstream): unpacked from
 #              NAME.tar.gz of $UPSTREAM_ARCHIVES (or $FRAMEFLEET_UPSTREAM_SRC, or shared/upstream beside the
@@ -35,6 +37,8 @@ gpu_python() {
     source "$ACTIVATE"
   elif [ -f "$FF_ROOT/.device/activate.sh" ]; then
     source "$FF_ROOT/.device/activate.sh"
+  elif [ -f "$FF_ROOT/../.device/activate.sh" ]; then
+    source "$FF_ROOT/../.device/activate.sh"
   elif [ -f "$FF_ROOT/.venv/bin/activate" ]; then
     source "$FF_ROOT/.venv/bin/activate"
   fi
@@ -53,15 +57,21 @@ gpu_env() {
     { gpu_fail "gpu_env: celery or redis-py is not importable by $py: run \`make install\` in $FF_ROOT (or set ACTIVATE to a script that provides them)"; return; }
   command -v redis-server > /dev/null ||
     { gpu_fail "gpu_env: no redis-server on PATH: install it (sudo apt-get install -y redis-server) or set ACTIVATE to a script that provides one"; return; }
+  # The benches flush databases 0-5 there: a Redis that holds anyone's keys is not theirs to use, unless a bench
+  # found it empty (or started it) and claimed it, so that one bench's data does not block the next.
+  local claim="import redis, sys; c = redis.Redis(port=6379, db=15); ours = c.exists('ff-bench:claimed')
+if not ours and any(redis.Redis(port=6379, db=d).dbsize() for d in range(16)): sys.exit(1)
+c.set('ff-bench:claimed', 1)"
+  if ! redis_answers 6379; then
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no --logfile /tmp/redis.log > /dev/null
+    local _
+    for _ in $(seq 50); do redis_answers 6379 && break; sleep 0.1; done
+  fi
   if redis_answers 6379; then
-    # The benches flush databases 0-5 there: a Redis that holds anyone's keys is not theirs to use.
-    [ -n "${GPU_BENCH_REDIS_OK:-}" ] || "$py" -c "import redis, sys; sys.exit(any(r.dbsize() for r in (redis.Redis(port=6379, db=d) for d in range(16))))" 2>/dev/null ||
-      { gpu_fail "gpu_env: a Redis with data answers on 127.0.0.1:6379 and the GPU benches flush its databases 0-5: stop it or run on a host without one (GPU_BENCH_REDIS_OK=1 to use it anyway)"; return; }
+    [ -n "${GPU_BENCH_REDIS_OK:-}" ] || "$py" -c "$claim" 2>/dev/null ||
+      { gpu_fail "gpu_env: a Redis with data no bench claimed answers on 127.0.0.1:6379 and the GPU benches flush its databases 0-5: stop it or run on a host without one (GPU_BENCH_REDIS_OK=1 to use it anyway)"; return; }
     return 0
   fi
-  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no --logfile /tmp/redis.log > /dev/null
-  local _
-  for _ in $(seq 50); do redis_answers 6379 && return 0; sleep 0.1; done
   gpu_fail "gpu_env: the redis-server started on 127.0.0.1:6379 does not answer: see /tmp/redis.log"
 }
 

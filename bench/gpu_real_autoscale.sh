@@ -152,6 +152,7 @@ pool() {  # C: the predecessor's pool on POOL_GPU, over A's intermediates (out-A
     > "$R/pool.json" 2> "$R/pool.err"
 }
 bound_start() {  # the bound on BOUND_GPU, or shared over the GPUs of a list (BOUND_GPU=1,2,3: real_chain.py --gpus)
+  [ "$BOUND_GPU" = none ] && return  # A alone (bench/gpu_full_chain.sh runs y2r's way in a step of its own)
   if [[ $BOUND_GPU == *,* ]]; then
     python3 bench/real_chain.py bound --config "$B/real.yaml" --raw "$B/raw" --out "$B/out-bound" --device "$DEV" \
       --gpus "$BOUND_GPU" > "$R/bound.json" 2> "$R/bound.err" &

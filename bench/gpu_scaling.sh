@@ -35,7 +35,7 @@ RUN_S=${RUN_S:-300}  # each (c) run's time limit
 NGPU=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$R/gpus.csv"
 if [ "${KEEP_RAW:-0}" = 1 ] && [ -d /tmp/sc-raw ]; then  # the videos an earlier call wrote (a warm machine keeps /tmp)
-  rm -rf /tmp/sc-[abc]*
+  rm -rf /tmp/sc-[abc]* /tmp/sc-prime* /tmp/sc-as-*  # every output of the runs: an enqueue refuses a folder that holds one
   echo "videos: kept from an earlier call: $(ls /tmp/sc-raw | wc -l)"
 else
   rm -rf /tmp/sc-*  # a warm machine keeps earlier runs
@@ -89,7 +89,9 @@ else:
     print('($tag) not $POOL registered workers on each of $k GPU(s) after 120 s: enqueueing anyway')"
   fi
   timeout "$CHAIN_S" python3 scripts/enqueue_dataset.py "$raw" --out "/tmp/sc-$tag" --gpus "$gpus" > "$R/$tag-enqueue.txt" 2>&1
-  echo "enqueue exit $?" >> "$R/$tag-enqueue.txt"
+  local status=$?
+  echo "enqueue exit $status" >> "$R/$tag-enqueue.txt"
+  [ $status = 0 ] || echo "($tag) the enqueue failed (exit $status): $(tail -n 3 "$R/$tag-enqueue.txt" | tr '\n' ' ')"
   kill -TERM $scaler; wait $scaler; kill -TERM $cpu; wait $cpu
   python3 - "$R/$tag" "$PORT" <<'PY'
 import json, sys, redis

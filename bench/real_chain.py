@@ -6,6 +6,7 @@
     python bench/real_chain.py check --base DIR [--device cuda:0]
     python bench/real_chain.py bound --config DIR/real.yaml --raw RAW --out OUT [--device cuda:0]
     python bench/real_chain.py report --results DIR
+    python bench/real_chain.py compare --results DIR [--plot decisions.png]
 
 ``setup`` lays out configs/real-gpu.yaml's models under DIR: the stages named by ``--real`` get
 their real upstream code (``--upstream DIR``: the checkouts bench/gpu_lib.sh's ``upstream`` lays out at
@@ -43,7 +44,9 @@ into one share per GPU and runs each share's chain on its own GPU at the same ti
 every stage process is still alone on its GPU, so the sum of the run times is the same bound, reached in a
 third of the wall time; the load times are then per share.
 
-``report`` reads what bench/gpu_real_autoscale.sh left in its results folder and prints the findings.
+``report`` reads what bench/gpu_real_autoscale.sh left in its results folder and prints the findings;
+``compare`` sets its phase A (framefleet) against y2r's way (``bound --summary``, its files named y2r-*
+beside A's): bench/real_chain_report.py's ``compare``.
 """
 
 from __future__ import annotations
@@ -126,6 +129,9 @@ def setup(
         del stages["tracks2d"]["python"]
     if max_flat_frame_pct is not None:  # random-weight ViPE makes depth a plane: y2r's flat-depth gate would fire
         conf.setdefault("quality", {})["max_flat_frame_pct"] = max_flat_frame_pct
+    if max_flat_frame_pct == 100:  # and random-weight TAPIP3D finds no points: every gate off, the same work as y2r's
+        conf["quality"].update(min_track_windows=0, min_track_visible_fraction=0.0, min_median_track_length=0.0)
+        print("quality gates off (random weights cannot pass them): every video runs every stage", file=sys.stderr)
     runs = {s: {"python": str(standin), "runs": "stand-in (tests/standins)"} for s in stages if stages[s].get("python")}
     upstream = base / "upstream"
     shutil.rmtree(upstream, ignore_errors=True)
@@ -293,18 +299,29 @@ def bound(config: Path, raw: Path, out: Path, device: str, gpus: list[str] | Non
 
 def _bound_share(jobs: list[dict[str, Any]], device: str, env: dict[str, str], seen: Any) -> dict[str, Any]:
     """One process at a time, in chain order, each stage over ``jobs``; ``seen`` gets the result after each stage."""
+    import statistics
+    import time
+
     from tasks.celery_app import settings
     from tasks.stages import GPU_STAGES
 
     conf = settings()
     chain = list(jobs[0]["chain"])
-    result: dict[str, Any] = {"videos": len(jobs), "per_stage_s": {}, "load_s": {}}
+    result: dict[str, Any] = {"videos": len(jobs), "per_stage_s": {}, "load_s": {}, "stages": {}}
     for stage in [chain[0], *(s for s in chain if s in GPU_STAGES)]:
         gpu = stage in GPU_STAGES
+        began = time.time()
         events = run_stage(conf.stages[stage].python or sys.executable, stage, jobs, device if gpu else "cpu", env)
         if gpu:
-            result["per_stage_s"][stage] = round(sum(e["run_s"] for e in events if e["event"] == "done"), 3)
+            runs = [e for e in events if e["event"] == "done"]
+            result["per_stage_s"][stage] = round(sum(e["run_s"] for e in runs), 3)
             result["load_s"][stage] = next(e["load_s"] for e in events if e["event"] == "loaded")
+            result["stages"][stage] = {  # the process's wall (start, load, every video, untimed I/O), its first task
+                "wall_s": round(time.time() - began, 2),  # and the median of the rest, its torch peak
+                "first_s": runs[0]["run_s"] if runs else None,
+                "steady_s": round(statistics.median(e["run_s"] for e in runs[1:]), 3) if runs[1:] else None,
+                "peak_mib": max((e.get("torch_peak_reserved_mib") or 0 for e in runs), default=None),
+            }
             seen({**result, "partial": True, "bound_s": round(sum(result["per_stage_s"].values()), 3)})
     result["bound_s"] = round(sum(result["per_stage_s"].values()), 3)
     return result
@@ -321,6 +338,7 @@ def _merged(parts: list[dict[str, Any]], videos: int, gpus: list[str], partial: 
     if partial:  # only stages every share has finished count as a bound
         per_stage = {s: v for s, v in per_stage.items() if len(loads[s]) == len(gpus)}
     merged = {"videos": videos, "gpus": gpus, "per_stage_s": per_stage, "load_s": loads}
+    merged["stages"] = parts[0].get("stages", {}) if parts else {}  # the first share's, as one GPU's figures
     merged["bound_s"] = round(sum(per_stage.values()), 3)
     if partial:
         merged["partial"] = True
@@ -342,7 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--masks", choices=["grounded_sam", "sam3"], default="grounded_sam", help="the masks' real model")
     s.add_argument("--vipe-work", type=Path, help="bench/gpu_vipe.sh's WORK folder, for --real depth")
     s.add_argument("--no-tracks2d", action="store_true", help="tracks2d off, as configs/real-gpu.yaml ships")
-    s.add_argument("--max-flat-frame-pct", type=float, help="quality.max_flat_frame_pct (100: the gate off)")
+    s.add_argument(
+        "--max-flat-frame-pct",
+        type=float,
+        help="quality.max_flat_frame_pct (100: every quality gate off, said on stderr)",
+    )
     s.add_argument("--upstream", type=Path, help="the upstream checkouts (bench/gpu_lib.sh's upstream lays them out)")
     c = sub.add_parser("check")
     c.add_argument("--base", type=Path, required=True)
@@ -355,6 +377,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", type=Path, required=True)
     b.add_argument("--device", default="cuda:0")
     b.add_argument("--gpus", default="", help="GPUs to share the videos over (e.g. 1,2,3); default: --device")
+    b.add_argument("--summary", type=Path, help="write the bound's window here (started, finished, wall_s)")
+    v = sub.add_parser("compare", help="framefleet (gpu_real_autoscale.sh's A) against y2r's way (bound --summary)")
+    v.add_argument("--results", type=Path, required=True, help="the folder of A-* and y2r-* files")
+    v.add_argument("--plot", type=Path, help="the autoscaler's decisions over time as a PNG")
     args = parser.parse_args(argv)
     if args.command == "setup":
         real = [r for r in args.real.split(",") if r]
@@ -380,9 +406,20 @@ def main(argv: list[str] | None = None) -> int:
         from bench.real_chain_report import report
 
         print(report(args.results))
+    elif args.command == "compare":
+        from bench.real_chain_report import compare
+
+        print(compare(args.results, args.plot))
     else:
+        import time
+
         gpus = [g for g in args.gpus.split(",") if g]
+        started = time.time()
         print(json.dumps(bound(args.config.resolve(), args.raw, args.out.resolve(), args.device, gpus or None)))
+        if args.summary:
+            finished = time.time()
+            window = {"started": started, "finished": finished, "wall_s": round(finished - started, 2)}
+            args.summary.write_text(json.dumps(window))
     return 0
 
 

@@ -107,3 +107,93 @@ def report(res: Path) -> str:
     pool = _load(res / "pool.json")
     lines.append(f"pool (spawn until a failure): {json.dumps(pool) if pool else 'none (see pool.err)'}")
     return "\n".join(lines)
+
+
+def compare(res: Path, plot: Path | None = None) -> str:
+    """framefleet (phase A: A-summary.json, A-busy.json, A-redis.json) against y2r's way (y2r-summary.json,
+    y2r-bound.json, y2r-busy.json) on the same videos: walls, busy shares, the ratio, the compute floor, where the
+    time goes per model, and the autoscaler's decisions over time (a PNG at ``plot`` where matplotlib is)."""
+    a, y = _load(res / "A-summary.json"), _load(res / "y2r-summary.json")
+    bound, red = _load(res / "y2r-bound.json") or {}, _load(res / "A-redis.json") or {}
+    if not a or not y:
+        return f"compare: needs A-summary.json (STEP=run1) and y2r-summary.json (STEP=y2r) in {res}"
+    busy = {
+        t: ", ".join(f"GPU {b['gpu']} {b['share']:.3f}" for b in _load(res / f"{t}-busy.json") or [])
+        for t in ("A", "y2r")
+    }
+    report = (res / "report.txt").read_text() if (res / "report.txt").is_file() else ""
+    start = next((float(w.split()[3]) for w in report.splitlines() if w.startswith("A: workers up")), 0.0)
+    clips: dict[str, int] = {}
+    for video in a.get("done_videos", []):
+        clips[video.split("_")[0]] = clips.get(video.split("_")[0], 0) + 1
+    stages = a.get("stages", {})
+    wall, y_wall, floor = float(a["wall_s"]), float(y["wall_s"]), float(bound.get("bound_s") or 0)
+    lines = [
+        f"the work: {a['videos']} videos ({', '.join(f'{n} {c}' for c, n in sorted(clips.items()))}); framefleet ran "
+        + ", ".join(f"{s} {v.get('tasks')}" for s, v in stages.items())
+        + f" tasks, quarantined {len(a.get('quarantined', []))}; y2r's way every GPU stage over each of "
+        f"{bound.get('videos')} videos; quality gates off (random weights cannot pass them)",
+        f"y2r's way (each stage over every video, one process per GPU, loads included): {y_wall:.1f} s; busy share "
+        f"{busy['y2r'] or 'not sampled'}; the models' own run time (the compute floor) {floor:.1f} s "
+        f"{bound.get('per_stage_s')}",
+        f"framefleet (cold cluster): enqueue -> statistics {wall:.1f} s, its workers' start {start:.0f} s before; busy "
+        f"share {busy['A'] or 'not sampled'}",
+        f"ratio y2r / framefleet {y_wall / wall:.2f} ({y_wall / (wall + start):.2f} counting the workers' start); "
+        f"the compute floor allows at most {y_wall / floor if floor else float('nan'):.2f}",
+    ]
+    loads: dict[str, float] = {}
+    for d in red.get("decisions", []):
+        if d.get("load_s") is not None:
+            loads[d.get("queue", "?")] = max(loads.get(d.get("queue", "?"), 0.0), float(d["load_s"]))
+    most = families(red.get("decisions", []))
+    for stage, row in (bound.get("stages") or {}).items():
+        ff, family = stages.get(stage, {}), next((q for q in most if q.endswith("." + stage)), "")
+        lines.append(
+            f"  {stage}: y2r load {bound['load_s'].get(stage)} s, first task {row['first_s']} s, steady "
+            f"{row['steady_s']} s/video, torch peak {row['peak_mib']} MiB | framefleet load {loads.get(family)} s "
+            f"(slowest worker), {ff.get('mean_s', 0):.2f} s/video over {ff.get('tasks')} tasks, at most "
+            f"{most.get(family, {}).get('max_workers')} worker(s), peak {most.get(family, {}).get('peak_mib')} MiB"
+        )
+    began = float(a.get("started") or 0)
+    lines.append("autoscaler decisions (s from the enqueue; the GPU's busy % behind each):")
+    for d in red.get("decisions", []):
+        lines.append(
+            f"  {float(d.get('time', began)) - began:+7.1f} {d.get('action')} {d.get('queue')}: "
+            f"busy {d.get('busy_pct')} %; {str(d.get('reason'))[:150]}"
+        )
+    if plot is not None:
+        lines.append(_plot(res, red.get("decisions", []), began, float(a.get("finished") or 0), plot))
+    return "\n".join(lines)
+
+
+def _plot(res: Path, decisions: list[dict[str, Any]], began: float, ended: float, out: Path) -> str:
+    """Workers per family and the GPU's sampled busy % over the run, as a PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "decision plot: no matplotlib"
+    fig, ax = plt.subplots(figsize=(10, 4))
+    count: dict[str, int] = {}
+    series: dict[str, list[tuple[float, int]]] = {}
+    for d in decisions:
+        q, step = d.get("queue", "?"), {"up": 1, "down": -1}.get(d.get("action", ""), 0)
+        count[q] = count.get(q, 0) + step
+        series.setdefault(q, [(float(d["time"]) - began, 0)]).append((float(d["time"]) - began, count[q]))
+    for q, points in series.items():
+        points.append((ended - began, count[q]))
+        ax.step([t for t, _ in points], [n for _, n in points], where="post", label=q)
+    ax.set_xlabel("s from the enqueue")
+    ax.set_ylabel("workers")
+    ax.legend(loc="upper left", fontsize=7)
+    samples = res / "A-samples.csv"
+    if samples.is_file():
+        rows = [line.split(",") for line in samples.read_text().splitlines() if line.count(",") == 3]
+        twin = ax.twinx()
+        twin.plot([float(r[0]) - began for r in rows], [float(r[2]) for r in rows], color="grey", lw=0.5)
+        twin.set_ylabel("GPU busy %")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    return f"decision plot: {out}"

@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""Cut real clips into short videos for a run of many: consecutive segments of each clip, in turn, until COUNT.
+"""Cut real clips into short videos for a run of many: consecutive segments, one of each clip in turn, until COUNT.
 
     python bench/real_segments.py SRC_DIR OUT_DIR [--seconds 2] [--count 24]
 
 Each segment keeps its clip's size and frame rate (H.264, every frame re-encoded); a clip gives
 floor(duration / seconds) segments, and when all of them together are fewer than COUNT, the clips are
 cut again from half a segment in. ../shared/data/real's three clips (dog 4 s, sheep 12 s, pstudio 30 s)
-give 23 two-second segments, then more from the offset pass. The videos a GPU run of the real models
-works on (bench/gpu_full_chain.sh): real content, a length that ViPE's SLAM starts on.
+give 23 two-second segments, then more from the offset pass; COUNT 16 takes 2 of dog, 6 of sheep, 8 of
+pstudio. The videos a GPU run of the real models works on (bench/gpu_full_chain.sh): real content, a length
+that ViPE's SLAM starts on.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from fractions import Fraction
 from pathlib import Path
@@ -52,15 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     decoded = {clip.stem: frames_of(clip) for clip in clips}
     written = 0
-    for offset in (0.0, 0.5):
+    for offset in (0.0, 0.5):  # the offset pass only once every clip's first pass is used
+        cuts = []  # per clip, its segments: (name, frames, frames a segment, rate, first frame)
         for name, (frames, rate) in decoded.items():
             n = round(args.seconds * rate)
-            start = round(offset * n)
-            for k, first in enumerate(range(start, len(frames) - n + 1, n)):
-                if written == args.count:
-                    break
-                write(args.out / f"{name}_{'ab'[offset > 0]}{k:02d}.mp4", frames[first : first + n], rate)
-                written += 1
+            firsts = range(round(offset * n), len(frames) - n + 1, n)
+            cuts.append([(f"{name}_{'ab'[offset > 0]}{k:02d}", frames, n, rate, i) for k, i in enumerate(firsts)])
+        for turn in itertools.zip_longest(*cuts):  # one segment of each clip in turn: a mix of all of them
+            for name, frames, n, rate, first in (c for c in turn if c is not None):
+                if written < args.count:
+                    write(args.out / f"{name}.mp4", frames[first : first + n], rate)
+                    written += 1
     print(f"{written} videos of {args.seconds} s in {args.out}")
     return 0 if written == args.count else 1
 

@@ -52,6 +52,15 @@ POLICY_FLAGS = {  # AutoscalePolicy field: (type, help)
         "a queue whose workers each loaded within this many seconds starts every worker that fits at once "
         "(0: always --max-starting-per-gpu at a time)",
     ),
+    "busy_pct": (float, "no queue grows past its minimum on a GPU at least this busy (NVML, %%; over 100: off)"),
+    "busy_window_s": (float, "seconds of NVML utilisation readings averaged for --busy-pct"),
+    "min_gain": (float, "a queue whose tasks per second rose less than this fraction when workers joined stops there"),
+    "trial_tasks": (int, "tasks each worker ends after a join before --min-gain is judged"),
+    "benefit_retry_s": (float, "seconds a --min-gain verdict stands before the queue may try one more worker"),
+    "min_work_per_load": (
+        float,
+        "a worker past the first only while each would get this many times its load time of work (0: off)",
+    ),
     "chain_horizon_s": (
         float,
         "a family grows on the work upstream of it on its GPU while each worker would get this many seconds of it",

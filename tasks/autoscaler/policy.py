@@ -35,6 +35,17 @@ class AutoscalePolicy:
     working). ``quick_load_s``: a family whose workers have each loaded (start to registration) within this long is
     not held to ``max_starting_per_gpu`` once its peak is known: every worker that fits starts at once (a
     compute-bound model loading in seconds otherwise reaches its count two by two); 0 holds every family to it.
+
+    Memory says how many workers fit; measured benefit says whether another is worth adding
+    (tasks.autoscaler.benefit). ``busy_pct``: a GPU whose NVML utilisation, averaged over ``busy_window_s``, is at
+    least this has no compute to spare: no family grows past its minimum there (over 100: never held so).
+    ``min_gain``: a family whose tasks per second rose by less than this fraction when workers last joined it is not
+    grown past the count it had before, and, while another family of its GPU has tasks waiting, gives the extra
+    workers back; ``trial_tasks``: the tasks each worker ends after a join before that is judged (growth on its own
+    queue's tasks holds meanwhile; growth on the work upstream of it does not wait: that work cannot measure it yet);
+    ``benefit_retry_s``: how long such a verdict (or an unfinished trial) stands. ``min_work_per_load``: a worker
+    past the first is added only while each worker would get at least this many times the family's load time
+    (``load_s``) of its known work (``demand_s``), so that a load overlaps work it pays for (0: off).
     Raises ValueError naming a bad value.
     """
 
@@ -49,6 +60,12 @@ class AutoscalePolicy:
     chain_horizon_s: float = 60.0
     max_starting_per_gpu: int = 2
     quick_load_s: float = 15.0
+    busy_pct: float = 90.0
+    busy_window_s: float = 10.0
+    min_gain: float = 0.05
+    trial_tasks: int = 2
+    benefit_retry_s: float = 300.0
+    min_work_per_load: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -64,6 +81,11 @@ class AutoscalePolicy:
             raise ValueError(
                 f"autoscale policy: max_starting_per_gpu = {self.max_starting_per_gpu} must be >= 1 (one worker "
                 "loading at a time at least)"
+            )
+        if self.busy_pct <= 0 or self.trial_tasks < 1:
+            raise ValueError(
+                f"autoscale policy: busy_pct = {self.busy_pct} must be > 0 (over 100: never held) and trial_tasks = "
+                f"{self.trial_tasks} >= 1"
             )
         if self.max_workers_per_gpu < max(1, self.min_workers_per_gpu):
             raise ValueError(
@@ -91,6 +113,11 @@ class GpuView:
     families' (``service_assumed``), or None while no family of the GPU has ended a task. ``running``: tasks
     its workers hold now. ``load_s``: the longest any of its workers took from its start to its registration
     (None until one registered).
+
+    The benefit (tasks.autoscaler.benefit): ``busy_pct``, the GPU's NVML utilisation averaged over the policy's
+    window (None unknown); ``ceiling``, the workers past which the family's last trial raised no throughput (None:
+    no such verdict); ``trial``, an open trial ("" none); ``verdict``, the last trial's figures;
+    ``others_waiting``, the tasks waiting in the GPU's other families' queues.
     """
 
     index: int
@@ -114,6 +141,11 @@ class GpuView:
     service_assumed: bool = False
     running: int = 0
     load_s: float | None = None
+    busy_pct: float | None = None
+    ceiling: int | None = None
+    trial: str = ""
+    verdict: str = ""
+    others_waiting: int = 0
 
 
 @dataclass(frozen=True)
@@ -204,6 +236,13 @@ def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -
             return verdict(
                 "down", f"idle for {view.backlog_empty_for_s:.0f} s: down towards {policy.min_workers_per_gpu}"
             )
+        retire = view.ceiling is not None and have > view.ceiling and view.others_waiting and not view.starting
+        if retire and since_last_change_s >= policy.cooldown_s:
+            return verdict(
+                "down",
+                f"{view.verdict}: {have} worker(s) above the {view.ceiling} that gave the same, and "
+                f"{view.others_waiting} task(s) wait for the GPU's other families",
+            )
     if since_last_change_s < policy.cooldown_s:
         return verdict("hold", f"cooldown: last change {since_last_change_s:.1f} s ago, under {policy.cooldown_s:g} s")
     if want <= have:
@@ -214,6 +253,25 @@ def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -
         return verdict("up", f"backlog {view.backlog} and no worker{_chain_note(view, policy, 1)}")
     if have >= policy.max_workers_per_gpu:
         return verdict("hold", f"at the maximum of {policy.max_workers_per_gpu} workers")
+    if view.trial and view.backlog:  # measured on its own queue's tasks; work upstream only does not wait for it
+        return verdict("hold", f"measuring what the last workers gave ({view.trial}): growth waits for it")
+    if view.ceiling is not None and have >= view.ceiling:
+        return verdict("hold", f"{view.verdict}: not past {view.ceiling} worker(s) though more fit")
+    if view.busy_pct is not None and view.busy_pct >= policy.busy_pct:
+        return verdict(
+            "hold",
+            f"the GPU is {view.busy_pct:.0f} % busy (>= {policy.busy_pct:g} % over {policy.busy_window_s:g} s): "
+            "another worker adds no compute, though it fits",
+        )
+    pays = policy.max_workers_per_gpu  # the most workers whose loads the work pays for (min_work_per_load)
+    if policy.min_work_per_load and have and view.load_s and view.service_s and not view.service_assumed:
+        pays = math.floor(demand_s(view) / (policy.min_work_per_load * view.load_s))
+        if pays <= have:
+            return verdict(
+                "hold",
+                f"{demand_s(view):.0f} s of work for {have + 1} worker(s) is under {policy.min_work_per_load:g} x "
+                f"the {view.load_s:.0f} s a worker takes to load each: the load would not pay",
+            )
     capped = not quick_loads(view, policy)
     if capped and view.starting >= policy.max_starting_per_gpu:
         return verdict(
@@ -247,7 +305,7 @@ def decide(view: GpuView, policy: AutoscalePolicy, since_last_change_s: float) -
     host_room = view.host_free_mib - view.starting * view.worker_rss_mib - policy.host_margin_mib
     host = math.floor(host_room / view.worker_rss_mib) if view.worker_rss_mib > 0 else policy.max_workers_per_gpu
     loading = policy.max_starting_per_gpu - view.starting if capped else policy.max_workers_per_gpu
-    count = max(1, min(want - have, policy.max_workers_per_gpu - have, fits - have, live, host, loading))
+    count = max(1, min(want - have, policy.max_workers_per_gpu - have, fits - have, live, host, loading, pays - have))
     why = (
         f"backlog {view.backlog} > {have} worker(s)"
         if want == view.backlog

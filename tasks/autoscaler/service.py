@@ -13,6 +13,7 @@ import logging
 import re
 import socket
 import time
+from collections import deque
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ import redis
 
 from tasks import keys
 from tasks.autoscaler import profiles
+from tasks.autoscaler.benefit import Benefit
 from tasks.autoscaler.chain import learn_first, leave_room, one_change
 from tasks.autoscaler.families import Family, families
 from tasks.autoscaler.policy import AutoscalePolicy, Decision, GpuView, decide
@@ -92,6 +94,8 @@ class Autoscaler:
         self.last_hold: dict[str, str] = {}  # per family
         # per family: pid -> (busy s, tasks done) as each of its workers last published them, kept after it exits
         self.served: dict[str, dict[int, tuple[float, int]]] = {}
+        self.benefit: dict[str, Benefit] = {}  # per family: its throughput trials
+        self.busy: dict[int, deque[tuple[float, float]]] = {}  # per GPU: (time, NVML utilisation %) readings
         self._seen_ooms: set[str | bytes] = set()
         self._dispatcher: Any = None
         self.book = FamilyBook(conf, self.r, self.broker, settings_dir)
@@ -163,6 +167,7 @@ class Autoscaler:
                 if slot.pid is not None:
                     self._learn(slot, snap, keys[f.key])
                     self._note_service(f.key, slot.pid, snap)
+        self._observe_benefit(gpu, snap, fams)
         for record in (r for r in snap.ooms if int(r.get("gpu", -1)) == idx):
             family = self._family_of(record, fams)
             self._on_oom(idx, family.key, record, keys[family.key], stopping)
@@ -187,6 +192,21 @@ class Autoscaler:
         for key in self.book.forget_idle(idx, self.supervisor, snap.backlog):
             self.idle_since.pop(key, None)
         return decisions
+
+    def _observe_benefit(self, gpu: GpuReading, snap: Snapshot, fams: list[Family]) -> None:
+        """Keep the GPU's utilisation over the policy's window and each family's throughput trial; log a verdict."""
+        now, window = self.clock(), self.busy.setdefault(gpu.index, deque())
+        window.append((now, gpu.utilization_pct))
+        while window and window[0][0] < now - self.policy.busy_window_s:
+            window.popleft()
+        p = self.policy
+        for f in fams:
+            pids = {s.pid for s in self.supervisor.active(gpu.index, f.key) if s.pid in snap.workers}
+            trials = self.benefit.setdefault(f.key, Benefit(p.min_gain, p.trial_tasks, p.benefit_retry_s))
+            verdict = trials.observe(self.served.get(f.key, {}), {pid for pid in pids if pid is not None}, now)
+            if verdict:
+                busy = sum(u for _, u in window) / len(window)
+                log.info("GPU %d: %s: %s (GPU %.0f %% busy)", gpu.index, f.key, verdict, busy)
 
     def _views(self, gpu: GpuReading, snap: Snapshot, fams: list[Family], keys: dict[str, str]) -> list[GpuView]:
         """One GpuView per family; each counts the other families' workers as used memory, and the tasks
@@ -214,6 +234,8 @@ class Autoscaler:
         # Until a family has ended a task, assume it as slow as the slowest that has: the others leave room
         # for it (leave_room) rather than count it as free, and it grows on its own time once known.
         slowest = max((s for s in served.values() if s is not None), default=None)
+        window = self.busy.get(idx) or deque([(now, gpu.utilization_pct)])
+        busy_pct = sum(u for _, u in window) / len(window)
         views = []
         for f in fams:
             q, backlog = f.key, waiting[f.key]
@@ -247,6 +269,11 @@ class Autoscaler:
                     service_assumed=served[q] is None and slowest is not None,
                     running=held[q],
                     load_s=loads[q],
+                    busy_pct=busy_pct,
+                    ceiling=(trials := self.benefit.get(q) or Benefit()).ceiling,
+                    trial=trials.trial,
+                    verdict=trials.verdict,
+                    others_waiting=sum(waiting[o.key] for o in fams if o.key != q),
                 )
             )
         return views

@@ -6,7 +6,12 @@ File layout::
 
     {"gpus": [{"index": 0, "uuid": "GPU-fake-0", "name": "Fake GPU 24GB", "total_mib": 24576,
                "oom_at_mib": 24576, "utilization_pct": 0}],
-     "allocations": {"<pid>": {"<gpu>": mib}}}
+     "allocations": {"<pid>": {"<gpu>": mib}},
+     "computing": {"<pid>": {"<gpu>": pct}}}
+
+Utilisation is a model of time-slicing: a GPU's ``utilization_pct`` (what other programs keep it busy) plus the
+share each live process computing on it asks for (``computing``), at most 100, as NVML's
+``nvmlDeviceGetUtilizationRates(handle).gpu`` reports it (``FakeNvml`` answers those calls from the ledger).
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from tasks.gpu.readings import GpuReading, ProcessReading
+from tasks.gpu.readings import MIB, GpuReading, ProcessReading
 
 LEDGER_ENV = "FRAMEFLEET_FAKE_GPU"
 INDEX_ENV = "FRAMEFLEET_FAKE_GPU_INDEX"
@@ -116,6 +122,18 @@ class FakeGpuLedger:
             data["allocations"].pop(str(pid), None)
             self._write(data)
 
+    def set_computing(self, gpu: int, pct: float, pid: int | None = None) -> None:
+        """Say that ``pid`` (default: this process) now keeps ``pct`` percent of ``gpu``'s time busy (0: idle)."""
+        if not 0 <= pct <= 100:
+            raise ValueError(f"a process's compute share is a percentage of the GPU's time, 0-100: got {pct}")
+        pid = os.getpid() if pid is None else pid
+        with self._locked():
+            data = self._read_pruned()
+            _gpu(data, gpu, self.path)
+            per_gpu = data.setdefault("computing", {}).setdefault(str(pid), {})
+            per_gpu[str(gpu)] = float(pct)
+            self._write(data)
+
     def set_oom_at(self, gpu: int, mib: float) -> None:
         """Make allocations on ``gpu`` fail once its used memory would pass ``mib`` MiB."""
         with self._locked():
@@ -138,7 +156,7 @@ class FakeGpuLedger:
                     total_mib=spec["total_mib"],
                     used_mib=used,
                     free_mib=max(0.0, spec["total_mib"] - used),
-                    utilization_pct=spec["utilization_pct"],
+                    utilization_pct=_utilization_pct(data, spec),
                 )
             )
         processes = [
@@ -179,9 +197,11 @@ class FakeGpuLedger:
 
     def _read_pruned(self, write: bool = False) -> dict[str, Any]:
         data = self._read()
-        dead = [pid for pid in data["allocations"] if not _alive(int(pid))]
+        computing = data.setdefault("computing", {})
+        dead = [pid for pid in {*data["allocations"], *computing} if not _alive(int(pid))]
         for pid in dead:
-            del data["allocations"][pid]
+            data["allocations"].pop(pid, None)
+            computing.pop(pid, None)
         if dead and write:
             self._write(data)
         return data
@@ -236,6 +256,53 @@ class FakeProbe:
         pass
 
 
+class FakeNvml:
+    """The NVML calls ``tasks.gpu.nvml.NvmlProbe`` makes, answered from a fake GPU ledger: ``NvmlProbe(FakeNvml(path))``
+    reads a ledger through the same code as a real GPU (a handle is the GPU's index)."""
+
+    NVMLError = RuntimeError
+    NVMLError_NotSupported = NotImplementedError
+    NVMLLibraryMismatchError = LookupError
+
+    def __init__(self, ledger: FakeGpuLedger | str | os.PathLike[str]) -> None:
+        self.ledger = ledger if isinstance(ledger, FakeGpuLedger) else FakeGpuLedger(ledger)
+
+    def nvmlInit(self) -> None:  # noqa: N802  (NVML's names)
+        self.ledger.readings()
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        return len(self.ledger.readings()[0])
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+        return index
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:  # noqa: N802
+        return self._gpu(handle).uuid
+
+    def nvmlDeviceGetName(self, handle: int) -> str:  # noqa: N802
+        return self._gpu(handle).name
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:  # noqa: N802
+        g = self._gpu(handle)
+        return SimpleNamespace(total=int(g.total_mib * MIB), used=int(g.used_mib * MIB), free=int(g.free_mib * MIB))
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:  # noqa: N802
+        return SimpleNamespace(gpu=round(self._gpu(handle).utilization_pct), memory=0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:  # noqa: N802
+        return [
+            SimpleNamespace(pid=p.pid, usedGpuMemory=int(p.used_mib * MIB))
+            for p in self.ledger.readings()[1]
+            if p.gpu == handle
+        ]
+
+    def _gpu(self, handle: int) -> GpuReading:
+        return self.ledger.readings()[0][handle]
+
+
 def _gpu(data: dict[str, Any], gpu: int, path: Path) -> dict[str, Any]:
     for spec in data["gpus"]:
         if spec["index"] == gpu:
@@ -245,6 +312,12 @@ def _gpu(data: dict[str, Any], gpu: int, path: Path) -> dict[str, Any]:
 
 def _used_mib(data: dict[str, Any], gpu: int) -> float:
     return float(sum(per_gpu.get(str(gpu), 0.0) for per_gpu in data["allocations"].values()))
+
+
+def _utilization_pct(data: dict[str, Any], spec: dict[str, Any]) -> float:
+    """The GPU's busy percentage: what others keep busy plus each computing process's share, at most 100."""
+    shares = sum(per_gpu.get(str(spec["index"]), 0.0) for per_gpu in data.get("computing", {}).values())
+    return min(100.0, float(spec["utilization_pct"]) + shares)
 
 
 def _own_mib(data: dict[str, Any], pid: int, gpu: int) -> float:

@@ -14,14 +14,19 @@ class NvmlUnavailable(FramefleetError):
 
 
 class NvmlProbe:
-    """The real GPUs, read through NVML (nvidia-ml-py); raises NvmlUnavailable when NVML cannot start."""
+    """The real GPUs, read through NVML (nvidia-ml-py); raises NvmlUnavailable when NVML cannot start.
+
+    ``nvml``: what answers the NVML calls, pynvml by default (tasks.gpu.fake.FakeNvml answers them from a ledger).
+    """
 
     mode = "nvml"
 
-    def __init__(self) -> None:
-        import pynvml
+    def __init__(self, nvml: Any = None) -> None:
+        if nvml is None:
+            import pynvml as real
 
-        self._nvml = pynvml
+            nvml = real
+        pynvml = self._nvml = nvml
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
