@@ -255,14 +255,6 @@ def confirm(r: redis.Redis, key: str, ttl_s: float) -> None:
         )
 
 
-def release(r: redis.Redis, key: str) -> None:
-    """Release ``key`` if this process holds it (a task end does so in ``finish``; bench/transitions.py times it)."""
-    with _lock:
-        owner = HELD.pop(key, None)
-    if owner is not None:
-        r.eval(_RELEASE, 1, key, owner)
-
-
 def renew(r: redis.Redis, ttl_s: float) -> list[str]:
     """Re-assert every held claim; return the keys another worker holds now (this one lost them)."""
     with _lock:
@@ -292,12 +284,6 @@ def _queue_done(pipe: Any, task_id: str, done: Marks, ttl_s: int) -> None:
     pipe.sadd(done.done_key, done.mark)
     pipe.expire(done.done_key, ttl_s)
     pipe.hdel(done.attempts_key, task_id)
-
-
-def mark_done(r: redis.Redis, run_id: str, task_id: str, ttl_s: int) -> None:
-    pipe = r.pipeline()
-    _queue_done(pipe, task_id, marks.where(r, run_id, task_id), ttl_s)
-    pipe.execute()
 
 
 def is_done(r: redis.Redis, run_id: str, task_id: str) -> bool:
