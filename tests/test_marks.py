@@ -161,3 +161,11 @@ def test_the_claim_counts_the_start_in_its_own_round_trip_and_a_takeover_counts_
     _worker_died(r, job)
     r.set(claims.claim_key(job.output_root, job.video_id, "h5"), f"gpu9@gone {task_id}")  # not registered: dead
     assert _deliver(task_id, job).attempts == 2 and r.hget(marks.attempts_key("run3"), task_id) == "2"
+
+    from tasks.run import cancel
+
+    cancel.request(r, "run3", 600)  # `framefleet cancel`: the next delivery stops at its claim, uncounted
+    later = str(uuid.uuid4())
+    with pytest.raises(Ignore):
+        _deliver(later, Job("run3", "clip_01", video="clip_01.mp4", output_root="/data/out", chain=("h5",)))
+    assert not r.hexists(marks.attempts_key("run3"), later)

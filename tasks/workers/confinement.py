@@ -111,11 +111,12 @@ _READ: dict[Path, tuple[tuple[int, ...], list[dict[str, Path]]]] = {}
 
 def allowed_roots(path: Path) -> list[dict[str, Path]]:
     """The pairs of ``path`` (``allowed_pairs``) with their roots resolved, read once per version of the file."""
+    version: tuple[int, ...] = ()  # no file
     try:
         st = path.lstat()
         version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_uid)
     except FileNotFoundError:
-        version = ()
+        pass
     read = _READ.get(path)
     if read is None or read[0] != version:
         pairs = [{k: Path(v).resolve() for k, v in pair.items()} for pair in allowed_pairs(path)] if version else []
