@@ -27,7 +27,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[test,real,view]"
+	$(PY) -m pip install -q -e ".[test,real,view,s3]"
 	$(PY) -m pip install -q --no-deps "$(MEDIAPIPE)"
 	touch $@
 

@@ -18,12 +18,11 @@ if TYPE_CHECKING:
 __all__ = ["app", "configure", "settings"]
 
 # What the app registers, loaded with it: the stage tasks, the statistics callback, the worker's start-up
-# signals, Flower's auth check and `inspect gpu`.
+# signals and `inspect gpu` (Flower's auth check is the app module's own: tasks.celery_app).
 REGISTERED = (
     "tasks.pipeline.task",
     "tasks.run.aggregate",
     "tasks.workers.worker",
-    "tasks.observe.flower_guard",
     "tasks.observe.inspect_gpu",
 )
 

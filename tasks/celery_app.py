@@ -9,6 +9,7 @@ from celery import Celery
 
 from tasks import redis_urls
 from tasks.delivery import queues, transport
+from tasks.observe import flower_guard
 from worker_config.settings import ConfigError, Settings, exit_on_config_error, load_settings
 
 TASK_PREFIX = "framefleet."
@@ -120,4 +121,7 @@ def configure(new: Settings) -> Celery:
     return app
 
 
+# Flower names the app as its user writes -A (tasks, tasks.celery_app:app, a module of theirs importing it):
+# wherever the app is built, Flower's lock is set before it serves.
+flower_guard.guard()
 settings()

@@ -91,6 +91,7 @@ class Job:
     # stage -> sha256 of the settings it must run under (worker_config.settings.stage_entry), decided at
     # enqueue; {} (a job of an earlier version) runs under whatever settings its worker has
     settings: Mapping[str, str] = field(default_factory=dict)
+    seal: str = ""  # the enqueuer's HMAC over the fields above it decides (tasks.run.seal); "" for an earlier version
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys this version does not know, kept as they came
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,7 +120,7 @@ class Job:
             out["failed"] = self.failed.to_dict()
         if self.settings:
             out["settings"] = dict(self.settings)
-        for key in ("chunk_scale", "avoid_gpu", "oom_peak_mib", "claim_waits"):
+        for key in ("chunk_scale", "avoid_gpu", "oom_peak_mib", "claim_waits", "seal"):
             if getattr(self, key) != _DEFAULTS[key]:
                 out[key] = getattr(self, key)
         return {**self.extra, **out}

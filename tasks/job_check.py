@@ -26,6 +26,7 @@ MAX_TEXT = 65536  # characters of a video's text or noun
 # Letters, digits, "_", "-" and "." but not first: no separator, never "." or "..", no hidden name.
 SAFE_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 SHA256 = re.compile(r"[0-9a-f]{64}")
+SEAL = re.compile(r"[0-9a-f]{24}")  # tasks.run.seal
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # C0 controls, NUL included, and DEL
 INTERMEDIATES = ("keep", "drop")
 
@@ -124,6 +125,8 @@ def _check_scalars(job: Job) -> None:
     check_text("noun", job.noun)
     if job.intermediates not in INTERMEDIATES:
         raise JobRefused("intermediates", f"must be one of {', '.join(INTERMEDIATES)}", job.intermediates)
+    if job.seal and not (isinstance(job.seal, str) and SEAL.fullmatch(job.seal)):
+        raise JobRefused("seal", "must be 24 hex digits (the enqueuer's seal) or absent", job.seal)
     if not isinstance(job.force, bool):
         raise JobRefused("force", "must be true or false", job.force)
     if job.gpus is not None and not all(_gpu_index(g) for g in job.gpus):

@@ -12,13 +12,23 @@ connection needs is in it:
   that the Sentinels at these addresses name as ``NAME``'s primary (the password is the primary's).
   Celery takes the master name as a transport option; framefleet reads it from the URL and hands it
   to Celery, kombu and redis-py itself, so that no program needs a setting of its own for it.
+
+A password may hold any character, ``;`` included (Celery reads ``;`` as a list of failover URLs: the
+password goes to Celery percent-encoded); ``/``, ``?``, ``#`` and ``@`` in one are written ``%2F``, ``%3F``,
+``%23``, ``%40``. A ``rediss://`` URL without ``ssl_cert_reqs`` verifies the server's certificate
+(``required``, redis-py's default); ``ssl_cert_reqs=none`` is taken with a warning. Every message about a
+URL shows it with its passwords as ``***``.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+
+log = logging.getLogger("framefleet")
 
 SCHEMES = ("redis", "rediss", "redis+socket", "unix", "sentinel")
 EXAMPLES = (
@@ -26,6 +36,22 @@ EXAMPLES = (
     "redis+socket:///run/redis/redis.sock, or "
     "sentinel://host1:26379;sentinel://host2:26379;sentinel://host3:26379/0?master_name=mymaster"
 )
+
+
+# The values of ssl_cert_reqs Celery, kombu and redis-py all take, by what each means.
+CERT_REQS = {
+    "required": "required",
+    "cert_required": "required",
+    "optional": "optional",
+    "cert_optional": "optional",
+    "none": "none",
+    "cert_none": "none",
+}
+# The spellings Celery's result backend takes (celery/backends/redis.py); others are rewritten for it.
+CELERY_CERT_REQS = ("required", "optional", "none", "CERT_REQUIRED", "CERT_OPTIONAL", "CERT_NONE")
+# Between two addresses of a Sentinel URL; a ";" elsewhere (in a password) is part of its address.
+_NEXT_SENTINEL = re.compile(r";(?=sentinel://)")
+_warned: set[str] = set()
 
 
 class RedisURLError(ValueError):
@@ -52,10 +78,74 @@ def scheme_of(url: str) -> str:
 
 
 def check(url: str) -> str:
-    """Return ``url`` when every framefleet program can use it; raises RedisURLError saying why not."""
-    if scheme_of(url) == "sentinel":
+    """Return ``url`` when every framefleet program can use it; raises RedisURLError saying why not (its
+    passwords shown as ***). Warns, once per URL, of a ``rediss://`` URL that does not verify the server."""
+    scheme = scheme_of(url)
+    if scheme == "sentinel":
         sentinels(url)
+    elif scheme in ("redis", "rediss"):
+        _port(url, 6379)
+        if scheme == "rediss":
+            _cert_reqs(url)
     return url
+
+
+def addresses(url: str) -> list[str]:
+    """The addresses of ``url``: one, or each ``sentinel://…`` of a Sentinel URL (a ``;`` in a password stays)."""
+    return _NEXT_SENTINEL.split(url) if url.startswith("sentinel://") else [url]
+
+
+def _port(chunk: str, default: int) -> int:
+    try:
+        return urlsplit(chunk).port or default
+    except ValueError:
+        raise RedisURLError(
+            f"the port of {redact(chunk)} is not a number: write host:port with a number (…@host:6379/0), and a "
+            "password's '/', '?', '#' or '@' as %2F, %3F, %23 or %40"
+        ) from None
+
+
+def _cert_reqs(url: str) -> str:
+    """The ``ssl_cert_reqs`` of a ``rediss://`` URL (``required`` when it names none); raises RedisURLError for a
+    value no library takes, and warns once of ``none`` (the server's certificate is not checked)."""
+    given = dict(parse_qsl(urlsplit(url).query)).get("ssl_cert_reqs", "required")
+    found = CERT_REQS.get(given.lower())
+    if found is None:
+        raise RedisURLError(
+            f"ssl_cert_reqs={given!r} in {redact(url)} is not one of required, optional, none; write "
+            "ssl_cert_reqs=required (and ssl_ca_certs=/path/ca.crt for a private CA)"
+        )
+    if found == "none" and url not in _warned:
+        _warned.add(url)
+        log.warning(
+            "%s: ssl_cert_reqs=none: the connection is encrypted but the server's certificate is not checked, so "
+            "anyone between this host and Redis can pose as it and read its password; use ssl_cert_reqs=required "
+            "and ssl_ca_certs=/path/ca.crt",
+            redact(url),
+        )
+    return found
+
+
+def _encoded(url: str) -> str:
+    """``url`` with its user name and password percent-encoded (a ``;`` in one would split it for Celery)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    user = quote(unquote(parts.username or ""), safe="")
+    auth = f"{user}:{quote(unquote(parts.password), safe='')}" if parts.password is not None else user
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, f"{auth}@{host}", parts.path, parts.query, parts.fragment))
+
+
+def _with_cert_reqs(url: str) -> str:
+    """A ``rediss://`` ``url`` that names its ``ssl_cert_reqs`` as Celery's result backend reads it (it refuses one
+    that does not); ``url`` itself when it does."""
+    parts = urlsplit(url)
+    if dict(parse_qsl(parts.query)).get("ssl_cert_reqs") in CELERY_CERT_REQS:
+        return url
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "ssl_cert_reqs"]
+    query.append(("ssl_cert_reqs", _cert_reqs(url)))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), parts.fragment))
 
 
 def sentinels(url: str) -> Sentinels:
@@ -63,14 +153,9 @@ def sentinels(url: str) -> Sentinels:
     hosts: list[tuple[str, int]] = []
     query: dict[str, str] = {}
     dbs, creds = set(), set()
-    for chunk in url.split(";"):
-        if not chunk.startswith("sentinel://"):
-            raise RedisURLError(f"every address of a Sentinel URL starts with sentinel://; got {chunk!r}")
+    for chunk in addresses(url):
         parts = urlsplit(chunk)
-        try:
-            port = parts.port or 26379
-        except ValueError as exc:
-            raise RedisURLError(f"a Sentinel address has a port that is not a number: {chunk!r}") from exc
+        port = _port(chunk, 26379)
         hosts.append((parts.hostname or "127.0.0.1", port))
         query.update(parse_qsl(parts.query))
         if parts.path.strip("/"):
@@ -109,8 +194,10 @@ def for_celery(url: str) -> tuple[str, dict[str, Any]]:
         if db is not None:
             query["virtual_host"] = db
         return f"redis+socket://{parts.path}" + (f"?{urlencode(query)}" if query else ""), {}
+    if scheme == "rediss":
+        return _with_cert_reqs(_encoded(url)), {}
     if scheme != "sentinel":
-        return url, {}
+        return _encoded(url), {}
     found = sentinels(url)
     auth = ""
     user, password = quote(found.username or "", safe=""), quote(found.password or "", safe="")
@@ -127,16 +214,18 @@ def ssl_options(url: str) -> dict[str, Any] | None:
         return None
     from kombu.utils.url import parse_ssl_cert_reqs
 
-    options = {k: v for k, v in parse_qsl(urlsplit(url).query) if k.startswith("ssl_")}
-    if "ssl_cert_reqs" in options:
-        options["ssl_cert_reqs"] = parse_ssl_cert_reqs(options["ssl_cert_reqs"])
+    options: dict[str, Any] = {k: v for k, v in parse_qsl(urlsplit(url).query) if k.startswith("ssl_")}
+    options["ssl_cert_reqs"] = parse_ssl_cert_reqs(_cert_reqs(url))
     return options
 
 
 def for_redis_py(url: str) -> str:
     """The URL redis-py's ``Redis.from_url`` reads for a non-Sentinel ``url`` (``redis+socket://`` → ``unix://``)."""
-    if scheme_of(url) != "redis+socket":
-        return url
+    scheme = scheme_of(url)
+    if scheme == "rediss":
+        return _with_cert_reqs(_encoded(url))
+    if scheme != "redis+socket":
+        return _encoded(url) if scheme == "redis" else url
     parts = urlsplit(url)
     query = dict(parse_qsl(parts.query))
     db = query.pop("virtual_host", None)
@@ -147,7 +236,7 @@ def for_redis_py(url: str) -> str:
 
 def redact(url: str) -> str:
     """Return ``url`` with every password replaced by ***, for logs and summaries (each address of a Sentinel URL)."""
-    return ";".join(_redact_one(chunk) for chunk in url.split(";"))
+    return ";".join(_redact_one(chunk) for chunk in addresses(url))
 
 
 def _redact_one(url: str) -> str:

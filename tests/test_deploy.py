@@ -8,7 +8,9 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from tests.test_compose import effective_worker, load_compose
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMD = ROOT / "deploy" / "systemd"
 SBATCH = ROOT / "deploy" / "slurm" / "framefleet-gpu.sbatch"
+CPU_SBATCH = ROOT / "deploy" / "slurm" / "framefleet-cpu.sbatch"
 ENV_FILE = "/etc/framefleet/env"
 
 
@@ -168,7 +171,7 @@ FAKE_CELERY = """#!/usr/bin/env bash
 # Records its arguments, folder and environment; the first run per queue exits 0 (a recycled worker),
 # later ones wait for SIGTERM.
 printf '%s\\0' "$@" > "$FAKE_LOG/argv.$$"
-printf '%s\\0' "$PWD" "${REDIS_URL:-}" "${CUDA_VISIBLE_DEVICES:-}" > "$FAKE_LOG/env.$$"
+printf '%s\\0' "$PWD" "${REDIS_URL:-}" "${CUDA_VISIBLE_DEVICES:-}" "${FRAMEFLEET_CONFIG:-}" > "$FAKE_LOG/env.$$"
 while (($#)); do [[ $1 == -Q ]] && queue=$2; shift; done
 echo "$queue $$" >> "$FAKE_LOG/starts"
 if [[ -n ${FAKE_FAIL:-} ]]; then exit 3; fi
@@ -178,8 +181,11 @@ while :; do sleep 0.05; done
 """
 
 
-def run_sbatch(tmp_path: Path, drop: tuple[str, ...] = (), **env: str) -> subprocess.Popen[str]:
-    """Run the job script's body as Slurm would, with a stand-in ``celery`` on PATH; ``drop``: variables to unset."""
+def run_sbatch(
+    tmp_path: Path, drop: tuple[str, ...] = (), script: Path = SBATCH, prefix: tuple[str, ...] = (), **env: str
+) -> subprocess.Popen[str]:
+    """Run the job script's body as Slurm would, with a stand-in ``celery`` on PATH; ``drop``: variables to unset;
+    ``prefix``: what the command runs under (another user's ``setpriv``)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "celery").write_text(FAKE_CELERY)
@@ -191,7 +197,7 @@ def run_sbatch(tmp_path: Path, drop: tuple[str, ...] = (), **env: str) -> subpro
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "FAKE_LOG": str(tmp_path),
         "FRAMEFLEET_HOME": str(tmp_path),
-        "FRAMEFLEET_ENV_FILE": str(tmp_path / "no-env-file"),
+        "FRAMEFLEET_ENV_FILE": "",  # none: the job's own environment
         "FRAMEFLEET_POLL_S": "0.1",
         "SLURM_JOB_ID": "42",
         "CUDA_VISIBLE_DEVICES": "3,5",
@@ -200,7 +206,12 @@ def run_sbatch(tmp_path: Path, drop: tuple[str, ...] = (), **env: str) -> subpro
     for name in drop:
         full_env.pop(name, None)
     return subprocess.Popen(
-        ["bash", str(SBATCH)], env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*prefix, "bash", str(script)],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its workers too can be ended at once (``ended``)
     )
 
 
@@ -254,13 +265,14 @@ def test_sbatch_gives_up_on_a_worker_that_keeps_failing(tmp_path):
 
 def test_sbatch_refuses_a_job_without_gpus(tmp_path):
     job = run_sbatch(tmp_path, CUDA_VISIBLE_DEVICES="")
-    output, _ = job.communicate(timeout=30)
+    output = ended(job)
     assert job.returncode == 2 and "--gres=gpu:N" in output
     assert starts(tmp_path) == []
 
 
 def recorded(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
-    """Queue -> (argv, [cwd, REDIS_URL, CUDA_VISIBLE_DEVICES]) of each stand-in celery's latest start."""
+    """Queue -> (argv, [cwd, REDIS_URL, CUDA_VISIBLE_DEVICES, FRAMEFLEET_CONFIG]) of each stand-in celery's latest
+    start."""
     runs = {}
     for line in (tmp_path / "starts").read_text().splitlines():
         queue, pid = line.split()
@@ -294,7 +306,7 @@ def test_sbatch_workers_get_the_env_file_the_job_id_in_their_names_and_the_jobs_
     assert job.returncode == 0, output
     assert sorted(runs) == ["gpu0", "gpu1"]
     for i, queue in enumerate(sorted(runs)):
-        argv, (cwd, redis_url, visible) = runs[queue]
+        argv, (cwd, redis_url, visible, _config) = runs[queue]
         compose = compose_argv("worker-gpu0")
         expected = [*(a.replace("gpu0", f"gpu{i}") for a in compose), "-n", f"gpu{i}.4242@%h"]
         assert argv == expected[1:]
@@ -321,3 +333,93 @@ def test_sbatch_takes_the_gpus_from_slurm_when_cuda_visible_devices_is_unset(tmp
             job.kill()
     assert job.returncode == 0 and "3 GPU(s)" in output, output
     assert {queue: env[2] for queue, (_, env) in runs.items()} == {"gpu0": "1,2,6", "gpu1": "1,2,6", "gpu2": "1,2,6"}
+
+
+# A password as a person may choose one: every character a shell would act on, and a command it would run.
+ODD_PASSWORD = "p$HOME&x`touch PWNED`;$(touch PWNED2)'\"#"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("script", [SBATCH, CPU_SBATCH], ids=["gpu", "cpu"])
+def test_sbatch_reads_the_env_file_as_data_values_kept_as_written(tmp_path, script):
+    env_file = tmp_path / "env"
+    env_file.write_text(
+        "# the deployment's /etc/framefleet/env\n"
+        "\n"
+        f"REDIS_URL=redis://:{ODD_PASSWORD}@redis.example.internal:6379/0\n"
+        '  FRAMEFLEET_CONFIG = "/etc/framefleet/settings file.yaml"  \n'
+        "; a comment as systemd writes one\n"
+    )
+    env_file.chmod(0o600)
+    job = run_sbatch(tmp_path, script=script, FRAMEFLEET_ENV_FILE=str(env_file), CUDA_VISIBLE_DEVICES="0")
+    try:
+        wait_for(lambda: len(starts(tmp_path)) == 2, 20, "the worker's two starts")
+        runs = recorded(tmp_path)
+        job.send_signal(signal.SIGTERM)
+        output, _ = job.communicate(timeout=20)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, output
+    ((_, (_, (_, redis_url, _, config))),) = runs.items()
+    assert redis_url == f"redis://:{ODD_PASSWORD}@redis.example.internal:6379/0"
+    assert config == "/etc/framefleet/settings file.yaml"
+    assert not list(tmp_path.rglob("PWNED*")) and not list(Path.cwd().glob("PWNED*"))
+
+
+def ended(job: subprocess.Popen[str], timeout_s: float = 30) -> str:
+    """The output of a job expected to stop by itself; one still running then is killed (the test fails)."""
+    try:
+        return job.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        return job.communicate()[0] + "\n(still running: killed)"
+
+
+@pytest.fixture
+def shared_folder() -> Iterator[Path]:
+    """A folder every user may pass through (pytest's own are closed to others), for the job run as nobody."""
+    folder = Path(tempfile.mkdtemp(prefix="framefleet-env-"))
+    folder.chmod(0o711)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def as_another_user(folder: Path, script: Path) -> tuple[tuple[str, ...], Path]:
+    """What makes a file of this user's mode 0600 unreadable to the job: the job run as nobody when the tests run
+    as root (root reads any file), else nothing. Returns the command prefix and a copy of ``script`` it can read."""
+    if os.geteuid() != 0:
+        return (), script
+    copy = folder / script.name
+    copy.write_text(script.read_text())
+    copy.chmod(0o755)
+    return ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"), copy
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("script", [SBATCH, CPU_SBATCH], ids=["gpu", "cpu"])
+def test_sbatch_fails_naming_an_env_file_it_cannot_read_and_the_fix(tmp_path, shared_folder, script):
+    env_file = shared_folder / "env"  # as deploy/README.md prescribes: mode 0600, its owner's alone
+    env_file.write_text("REDIS_URL=redis://:secret@redis.example.internal:6379/0\n")
+    env_file.chmod(0o600 if os.geteuid() == 0 else 0o000)
+    prefix, runnable = as_another_user(shared_folder, script)
+    job = run_sbatch(tmp_path, script=runnable, prefix=prefix, FRAMEFLEET_ENV_FILE=str(env_file))
+    output = ended(job)
+    assert job.returncode == 2, output
+    assert f"the environment file {env_file} cannot be read by" in output and "chmod 600" in output
+    assert starts(tmp_path) == []
+    missing = shared_folder / "missing-env"
+    shutil.rmtree(tmp_path / "bin")
+    job = run_sbatch(tmp_path, script=runnable, prefix=prefix, FRAMEFLEET_ENV_FILE=str(missing))
+    output = ended(job)
+    assert job.returncode == 2 and f"the environment file {missing} does not exist" in output, output
+    assert starts(tmp_path) == []
+
+
+def test_sbatch_names_a_line_that_is_not_key_value(tmp_path):
+    env_file = tmp_path / "env"
+    env_file.write_text("REDIS_URL=redis://127.0.0.1:6379/0\nexport FRAMEFLEET_CONFIG=/etc/x.yaml\n")
+    job = run_sbatch(tmp_path, FRAMEFLEET_ENV_FILE=str(env_file))
+    output = ended(job)
+    assert job.returncode == 2 and f"{env_file}, line 2, is not KEY=VALUE" in output, output
+    assert starts(tmp_path) == []

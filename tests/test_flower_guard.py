@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,62 @@ def test_flower_on_a_unix_socket_without_auth_serves_only_from_a_folder_no_one_e
     finally:
         served.terminate()
         served.wait(timeout=30)
+
+
+def http_status(port: int, path: str) -> tuple[int, str]:
+    """The status of a GET of ``path`` without a login from Flower on ``port`` of loopback (0: none answers)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.status, ""
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except OSError:
+        return 0, ""
+
+
+def started_or_refused(argv: list[str], env: dict[str, str], port: int, log: Path) -> tuple[int | None, int]:
+    """Start Flower; return (its exit status, or None while it serves; the status of an unauthenticated GET of
+    /api/workers, 0 when nothing answers). A served one is stopped."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: proc.poll() is not None or listening(port), 60, "Flower to listen or exit")
+        if proc.poll() is not None:
+            return proc.returncode, 0
+        wait_until(lambda: http_status(port, "/healthcheck")[0] == 200, 30, "Flower to answer")
+        return None, http_status(port, "/api/workers")[0]
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("name", ["tasks", "tasks.celery_app", "tasks.celery_app:app", "a module of the user's"])
+def test_flower_is_guarded_whatever_name_loads_framefleets_app(pipeline_env, tmp_path, name):
+    env = without_flower_settings(pipeline_env)
+    if name == "a module of the user's":
+        (tmp_path / "monitor_app.py").write_text("from tasks.celery_app import app\n")
+        env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+        name = "monitor_app:app"
+    port = free_port()
+    argv = [*launcher("celery", tmp_path), "-A", name, "flower", "--address=0.0.0.0", f"--port={port}"]
+    status, unauthenticated = started_or_refused(argv, env, port, tmp_path / "flower.log")
+    assert (status, unauthenticated) == (2, 0), (name, unauthenticated, (tmp_path / "flower.log").read_text())
+    assert "beyond loopback, without authentication" in (tmp_path / "flower.log").read_text()
+
+
+@pytest.mark.parametrize("how", ["--auth_provider", "FLOWER_AUTH_PROVIDER"])
+def test_an_oauth_provider_without_auth_is_no_login_and_refused(pipeline_env, tmp_path, how):
+    """Flower asks for an OAuth login only when --auth names who may log in; a provider alone serves everyone."""
+    env = without_flower_settings(pipeline_env)
+    provider = "flower.views.auth.GithubLoginHandler"
+    port = free_port()
+    argv = [*launcher("celery", tmp_path), "-A", "tasks", "flower", "--address=0.0.0.0", f"--port={port}"]
+    if how == "--auth_provider":
+        argv.append(f"--auth_provider={provider}")
+    else:
+        env["FLOWER_AUTH_PROVIDER"] = provider
+    status, unauthenticated = started_or_refused(argv, env, port, tmp_path / "flower.log")
+    log = (tmp_path / "flower.log").read_text()
+    assert (status, unauthenticated) == (2, 0), (unauthenticated, log)
+    assert f"OAuth provider ({provider}) without --auth" in log and "--auth=" in log

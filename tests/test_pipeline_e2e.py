@@ -50,7 +50,7 @@ def test_local_cluster_runs_a_dataset_and_leaves_nothing_behind(video_factory, p
     done = run_script("run_local.py", str(raw), "--out", str(out), env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Flower: http://127.0.0.1:" in done.stdout
-    port = int(re.search(r"private redis-server at redis://127.0.0.1:(\d+)", done.stdout).group(1))
+    port = int(re.search(r"private redis-server at redis://127.0.0.1:(\d+)/0 \(", done.stdout).group(1))
     # Its password: in OUT/logs/redis-auth.txt (mode 0600) and the processes' environments, in no output or log.
     auth = out / "logs" / "redis-auth.txt"
     password = auth.read_text().partition("://:")[2].partition("@")[0]

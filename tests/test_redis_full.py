@@ -66,6 +66,23 @@ def test_a_worker_started_while_redis_is_full_names_the_cause_and_exits_with_its
         workers.stop_all()
 
 
+def test_a_worker_started_a_few_kb_below_maxmemory_stops_naming_the_cause_without_a_traceback(own_redis, tmp_path):
+    """The probe's small write fits; the worker's own connections then fill the rest, and kombu's first write as the
+    consumer connects (its mutex, a pipeline) is refused: Celery's "Unrecoverable error" and exit 1 before."""
+    workers = Workers(process_env(own_redis), tmp_path / "logs")
+    r = redis.Redis.from_url(own_redis)
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", str(int(r.info("memory")["used_memory"]) + 60_000))
+    try:
+        proc = workers.start("cpu", wait=False)
+        assert proc.wait(timeout=90) == EXIT_STATUS, workers.log("cpu")
+        log = workers.log("cpu")
+        assert "Redis is full" in log and "CONFIG SET maxmemory" in log
+        assert "Traceback" not in log and "Unrecoverable error" not in log
+    finally:
+        workers.stop_all()
+
+
 def test_framefleet_run_on_a_full_redis_stops_before_starting_a_worker(own_redis, video_factory, tmp_path):
     fill(redis.Redis.from_url(own_redis))
     out = tmp_path / "out"

@@ -307,7 +307,12 @@ def test_a_resend_of_a_stage_running_elsewhere_waits_for_its_claim_and_never_run
     )
     [run_id] = sweep.active_runs(r)
     [job] = sweep.in_flight(r, run_id).values()
-    entry = sweep.resend(r, dataclasses.replace(job, gpus=(1,)), 3600)  # to the idle GPU, while gpu0 runs it
+    # To the idle GPU, while gpu0 runs it: the job's GPUs changed as its enqueue would have sealed them.
+    from tasks.run import seal
+
+    key = seal.read_key(out, run_id)
+    assert key is not None
+    entry = sweep.resend(r, seal.sealed(key, dataclasses.replace(job, gpus=(1,))), 3600)
     assert entry["stage"] == "depth"
     summary = wait_for_run_end(out, VIDEO_TIMEOUT_S)
     assert summary["done"] == 1 and summary["failed"] == []

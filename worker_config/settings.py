@@ -159,6 +159,9 @@ class Settings(BaseSettings):
     allowed_roots_file: Path | None = None
     # A worker that reads and writes wherever a message says (--unconfined): an explicit choice, said loudly.
     unconfined: bool = False
+    # Serve jobs of an output folder holding no record of their run (tasks.pipeline.admission): for tests and
+    # tools that send jobs by hand; a run with a record is checked whatever this says.
+    unrecorded_runs: bool = False
     cpu_queue: str = "cpu"
     gpu_queue_prefix: str = "gpu"
     visibility_timeout_s: int = Field(default=12 * 3600, ge=1)
@@ -340,8 +343,15 @@ def _explain(exc: ValidationError, path: str | os.PathLike[str] | None) -> str:
         loc = ".".join(str(part) for part in err["loc"])
         env = "FRAMEFLEET_" + "__".join(str(part).upper() for part in err["loc"])
         where = f"`{loc}:` in {path}" if path else "the settings file (--config)"
-        lines.append(f"  {loc} = {err.get('input')!r}: {err['msg']}. Fix it in {where} or with ${env}.")
+        lines.append(f"  {loc} = {_shown_input(err.get('input'))}: {err['msg']}. Fix it in {where} or with ${env}.")
     return "\n".join(lines)
+
+
+def _shown_input(value: Any) -> str:
+    """A refused setting's value as its message shows it: a URL's passwords as *** (the message reaches logs)."""
+    if isinstance(value, str) and "://" in value:
+        return repr(redact_url(value))
+    return repr(value)
 
 
 def redact_url(url: str) -> str:
@@ -431,6 +441,12 @@ LOCAL_PARAM_NAMES = (
     "matmul_size",
     "seconds_per_frame",
 )
+
+# Files a stage's loader opens (checkpoints, a model folder or config, a tokenizer's vocabulary): they change what
+# the stage writes, so they are hashed, but a worker opens only its own host's. A run's record names them for its
+# hash alone: an autoscaler writes its own host's value, and the record must agree (upstream loaders unpickle
+# checkpoints: a path from Redis would be code; docs/models.md).
+HOST_FILE_PARAMS = ("checkpoint", "sam2_checkpoint", "sam2_config", "detector", "bpe_path")
 
 
 def local_params(stage: str, backend: str) -> tuple[str, ...]:

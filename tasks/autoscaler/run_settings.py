@@ -25,6 +25,7 @@ from tasks.run import runs
 from tasks.stages import GPU_STAGES, STAGE_NAMES
 from worker_config.settings import (
     CONFIG_ENV,
+    HOST_FILE_PARAMS,
     LOCAL_PARAM_NAMES,
     ConfigError,
     Settings,
@@ -75,11 +76,26 @@ def _hashed_params(stage: str, params: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if k not in LOCAL_PARAM_NAMES}
 
 
+def _host_files(stage: str, params: Mapping[str, Any], mine: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``params`` (a run's hashed ones) with each file a loader opens (``HOST_FILE_PARAMS``) this host's own:
+    ``mine``, this host's hashed parameters of the same backend (None for another backend: its defaults).
+
+    A record forged by anyone who reaches Redis could name a checkpoint on shared storage, which the loader would
+    unpickle; the record's value only has to agree (``family_for`` compares the hashes, and refuses otherwise).
+    """
+    own = {k: v for k, v in (mine or {}).items() if k in HOST_FILE_PARAMS}
+    differ = sorted(k for k in HOST_FILE_PARAMS if k in params and params[k] != own.get(k))
+    if differ:
+        log.warning("%s: the run's record names files %s; this host's own are used", stage, differ)
+    return {**{k: v for k, v in params.items() if k not in HOST_FILE_PARAMS}, **own}
+
+
 def settings_text(conf: Settings, stages: Mapping[str, Mapping[str, Any]]) -> str:
     """The autoscaler's settings file (``$FRAMEFLEET_CONFIG``, else none) with the run's ``stages`` in place of
     its own: each stage's backend and parameters as the run recorded them, the host-local ones (paths,
-    batch sizes) and the interpreter this host's own (never the record's: a record may come from anyone who
-    reaches Redis, and ``repo_dir`` goes first on ``sys.path``), and every stage the run leaves out off;
+    batch sizes), the files a loader opens (checkpoints: ``_host_files``) and the interpreter this host's
+    own (never the record's: a record may come from anyone who reaches Redis, ``repo_dir`` goes first on
+    ``sys.path`` and a checkpoint is unpickled), and every stage the run leaves out off;
     its workers consume only the settings queues (``settings_queues_only``)."""
     path = os.environ.get(CONFIG_ENV)
     data: dict[str, Any] = dict(yaml.safe_load(Path(path).read_text()) or {}) if path else {}
@@ -92,10 +108,12 @@ def settings_text(conf: Settings, stages: Mapping[str, Mapping[str, Any]]) -> st
         mine = stage_entry(conf, name)
         local = mine["local"] if mine["backend"] == entry["backend"] else {}
         settings = entry["settings"]
+        ours = mine["settings"]["params"] if mine["backend"] == entry["backend"] else None
+        hashed = _host_files(name, _hashed_params(name, settings.get("params", {})), ours)
         written[name] = {
             "enabled": settings.get("enabled", True),
             "backend": settings["backend"],
-            "params": {**local, **_hashed_params(name, settings.get("params", {}))},
+            "params": {**local, **hashed},
         }
         if python := _python(name, stages, conf):
             written[name]["python"] = python

@@ -17,7 +17,7 @@ import numpy as np
 
 from tasks.backends.base import Track2DBackend, Tracks2DOutput, check_params
 from tasks.backends.convert_tracks import cotracker_queries, cotracker_visible, drop_not_always_visible
-from tasks.backends.upstream import need_dir, need_file, need_module, no_downloads
+from tasks.backends.upstream import inside_folder, need_dir, need_file, need_module, no_downloads
 
 INSTALL = "bash deploy/envs/build.sh cotracker  (pip install git+https://github.com/facebookresearch/co-tracker)"
 CHECKPOINT_URL = "https://huggingface.co/facebook/cotracker3/resolve/main/scaled_offline.pth"
@@ -63,7 +63,7 @@ class CoTrackerTracks2D(Track2DBackend):
             f"Download the checkpoint into it: wget {CHECKPOINT_URL}",
         )
         ckpt = need_file(
-            weights / self.checkpoint,
+            inside_folder(weights, self.checkpoint, "stages.tracks2d.params.checkpoint"),
             "the CoTracker3 offline checkpoint",
             f"Download it: wget {CHECKPOINT_URL} -P {weights}",
         )

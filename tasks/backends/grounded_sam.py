@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from tasks.backends.base import MasksBackend, Progress, check_params
-from tasks.backends.upstream import need_dir, need_file, need_module, no_downloads
+from tasks.backends.upstream import inside_folder, need_dir, need_file, need_module, no_downloads
 
 log = logging.getLogger(__name__)
 INSTALL = "bash deploy/envs/build.sh grounded_sam  (transformers and SAM 2: pip install git+https://github.com/facebookresearch/sam2)"
@@ -141,9 +141,20 @@ class GroundedSamMasks(MasksBackend):
         )
         fetch = FETCH.format(weights=weights)
         detector_dir = need_dir(
-            weights / self.detector, "the GroundingDINO snapshot", "stages.masks.params.detector", fetch
+            inside_folder(weights, self.detector, "stages.masks.params.detector"),
+            "the GroundingDINO snapshot",
+            "stages.masks.params.detector",
+            fetch,
         )
-        sam_ckpt = need_file(weights / self.sam2_checkpoint, "the SAM 2 checkpoint", fetch)
+        sam_ckpt = need_file(
+            inside_folder(weights, self.sam2_checkpoint, "stages.masks.params.sam2_checkpoint"),
+            "the SAM 2 checkpoint",
+            fetch,
+        )
+        # A name among the sam2 package's own configs (hydra composes it and builds the classes it names).
+        inside_folder(
+            Path("configs"), self.sam2_config, "stages.masks.params.sam2_config", "the sam2 package's configs"
+        )
         transformers = need_module("transformers", "GroundingDINO", INSTALL)
         build_sam = need_module("sam2.build_sam", "SAM 2", INSTALL)
         import torch

@@ -26,7 +26,7 @@ import numpy as np
 
 from tasks.backends.base import MasksBackend, Progress, check_params
 from tasks.backends.grounded_sam import key_frame
-from tasks.backends.upstream import need_dir, need_file, need_module, no_downloads
+from tasks.backends.upstream import inside_folder, need_dir, need_file, need_module, no_downloads
 from tasks.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,11 @@ class Sam3Masks(MasksBackend):
         weights = need_dir(
             self.weights_dir, "SAM 3's folder", "stages.masks.params.weights_dir", FETCH.format(weights="<weights_dir>")
         )
-        ckpt = need_file(weights / self.checkpoint, "the SAM 3 checkpoint", FETCH.format(weights=weights))
+        ckpt = need_file(
+            inside_folder(weights, self.checkpoint, "stages.masks.params.checkpoint"),
+            "the SAM 3 checkpoint",
+            FETCH.format(weights=weights),
+        )
         builder = need_module("sam3.model_builder", "SAM 3", INSTALL)
         import sam3  # type: ignore[import-not-found]
         import torch

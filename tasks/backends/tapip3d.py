@@ -17,7 +17,7 @@ import numpy as np
 
 from tasks.backends.base import TrackBackend, check_params
 from tasks.backends.convert_tracks import tapip3d_to_first_camera, tapip3d_window_inputs
-from tasks.backends.upstream import inside, need_dir, need_file, no_downloads
+from tasks.backends.upstream import inside, inside_folder, need_dir, need_file, no_downloads
 from tasks.errors import BadInput, ModelLoadError
 
 CHECKOUT = "git clone https://github.com/zbw001/TAPIP3D <repo_dir> && bash deploy/envs/build.sh tapip3d"
@@ -90,7 +90,9 @@ class Tapip3dTracker(TrackBackend):
         )
         weights = Path(self.weights_dir).expanduser() if self.weights_dir else repo / "checkpoints"
         ckpt = need_file(
-            weights / self.checkpoint, "the TAPIP3D checkpoint", f"Download it: wget {CHECKPOINT_URL} -P {weights}"
+            inside_folder(weights, self.checkpoint, "stages.tracks.params.checkpoint"),
+            "the TAPIP3D checkpoint",
+            f"Download it: wget {CHECKPOINT_URL} -P {weights}",
         )
         try:
             import torch

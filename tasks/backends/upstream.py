@@ -36,6 +36,23 @@ def need_file(path: Path, what: str, fix: str) -> Path:
     return path
 
 
+def inside_folder(folder: Path, name: str | os.PathLike[str], setting: str, where: str = "") -> Path:
+    """``folder / name`` when ``name`` is a path relative to ``folder`` that stays in it; raise ModelLoadError
+    naming ``setting`` and the folder (``where``: how to name it, default "the weights folder FOLDER") otherwise.
+
+    A checkpoint or model folder is a file of this host's weights folder, never a path from elsewhere: upstream
+    loaders unpickle what they are given (``torch.load(weights_only=False)``), so a file outside it could run
+    code as the worker's user. The check is on the name as written; a link the host put in ``folder`` is its own.
+    """
+    given = Path(name)
+    if given.is_absolute() or ".." in given.parts or not given.parts:
+        raise ModelLoadError(
+            f"{setting} = {os.fspath(name)!r} must name a file inside {where or f'the weights folder {folder}'} (a "
+            f"path relative to it, without '..'): put the file there and set {setting} to its name"
+        )
+    return folder / given
+
+
 def need_module(name: str, what: str, install: str) -> ModuleType:
     """Import module ``name``; raise ModelLoadError naming ``what`` and the ``install`` command if its import fails."""
     try:

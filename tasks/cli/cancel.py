@@ -20,6 +20,7 @@ import redis
 from tasks import keys
 from tasks.cli import common
 from tasks.observe import stall
+from tasks.outputs import buckets
 from tasks.redis_client import get_redis
 from tasks.run import cancel, completion, hold, runs
 from tasks.statistics import sums
@@ -72,7 +73,9 @@ def cancel_run(
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=common.HelpFormatter)
     parser.add_argument("run", nargs="?", metavar="RUN", help="the run id (printed when the run started)")
-    parser.add_argument("--out", type=Path, metavar="OUT", help="cancel the newest run of this output folder")
+    parser.add_argument(
+        "--out", type=buckets.root_arg, metavar="OUT", help="cancel the newest run of this output folder"
+    )
     common.add_config_argument(parser)
     args = parser.parse_args(argv)
     if not args.run and args.out is None:

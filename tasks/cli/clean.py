@@ -10,15 +10,15 @@ where they stopped. Exit status 0; 2 when OUT is not a framefleet output folder.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from tasks.cli import common
+from tasks.outputs import buckets
 from tasks.outputs.intermediates import clean, human_bytes
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=common.HelpFormatter)
-    parser.add_argument("out", type=Path, metavar="OUT", help="a run's output folder")
+    parser.add_argument("out", type=buckets.root_arg, metavar="OUT", help="a run's output folder")
     args = parser.parse_args(argv)
     if not (args.out / "manifest.json").is_file():
         return common.fail(f"{args.out} holds no framefleet run (no manifest.json); name a run's output folder")

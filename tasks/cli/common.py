@@ -63,6 +63,13 @@ def print_backends(conf: Settings) -> None:
         print(f"  {line}", file=sys.stderr, flush=True)
 
 
+def printable(value: object) -> str:
+    """``value`` as text for a terminal: each control character (ESC, newline, NUL…) written as its escape
+    (``\\x1b``, ``\\n``), so that a file name cannot move the cursor, recolour or forge a line."""
+    text = str(value)
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def plural(n: int, noun: str) -> str:
     """``1 video``, ``2 videos``: a count with its noun."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

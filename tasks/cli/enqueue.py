@@ -37,11 +37,11 @@ from celery.utils import uuid
 
 from tasks.cli import common, watch
 from tasks.observe import stall
-from tasks.outputs import intermediates
+from tasks.outputs import buckets, intermediates, remote
 from tasks.outputs.storage import write_text_atomic
 from tasks.records import lineage, outcome_files, quarantine
 from tasks.redis_client import get_redis
-from tasks.run import cancel, completion, hold, runs, settings_check
+from tasks.run import cancel, completion, hold, runs, seal, settings_check
 from tasks.run.dataset import (
     Completed,
     DatasetError,
@@ -169,9 +169,12 @@ def enqueue(
         # The record exists before the first task can finish, so cancel and status find the run at once,
         # and so do the tasks that count the run's videos.
         record["callback_id"] = uuid()
+        # The run's key, then its record, on disk before anything is sent: what workers take for this run's
+        # jobs comes from them (tasks.pipeline.admission), never from Redis.
+        key = seal.create(out_dir, run_id)
         runs.write(out_dir, record)
         runs.publish(r, record, conf.result_expires_s)
-        sender = RunSender(r, shared, width, conf.result_expires_s)
+        sender = RunSender(r, shared, width, conf.result_expires_s, key)
         complete, stopped = 0, False
         for n, found in enumerate(stream, 1):
             if n % CANCEL_CHECK_EVERY == 0 and cancel.is_cancelled(r, run_id):
@@ -261,8 +264,10 @@ def waiting_for_settings(record: dict[str, Any]) -> list[str]:
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options `framefleet enqueue` and `framefleet run` share: what to run and into which folder."""
-    parser.add_argument("raw_dir", type=Path, metavar="RAW_DIR", help="the folder of raw videos (any depth)")
-    parser.add_argument("--out", type=Path, required=True, metavar="OUT", help="the output folder")
+    parser.add_argument(
+        "raw_dir", type=buckets.root_arg, metavar="RAW_DIR", help="the folder of raw videos (any depth)"
+    )
+    parser.add_argument("--out", type=buckets.root_arg, required=True, metavar="OUT", help="the output folder")
     parser.add_argument("--limit", type=common.positive_int, metavar="N", help="only the first N videos (by path)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
@@ -369,13 +374,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             "sent, and --continue sends it again",
             code=130,
         )
+    remote.push(args.out)  # an object-store OUT: the manifest and the run's records, before any video ends
     try:
         for line in gpu_warnings(conf, args.gpus) + waiting_for_settings(record):
             print(f"framefleet: warning: {line}", file=sys.stderr, flush=True)
         skipped = f" ({record['already_complete']} already complete)" if record["already_complete"] else ""
         print(
             f"run {record['run_id']}: {common.plural(record['videos'], 'video')} enqueued{skipped}; "
-            f"outputs in {args.out}",
+            f"outputs in {remote.shown(args.out)}",
             flush=True,
         )
         if args.no_wait:

@@ -40,6 +40,7 @@ from tasks.cli.local_auth import REDIS_FILE, SECRET_FILES, flower_auth, redis_co
 from tasks.cli.shutdown import Hurry
 from tasks.gpu import open_probe
 from tasks.observe.metrics import GpuSampler, start_exporter
+from tasks.outputs import remote
 from tasks.redis_client import free_port, get_redis, server_argv
 from tasks.redis_refusal import write_refused
 from tasks.run.dataset import DatasetError
@@ -295,7 +296,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             env.pop("FRAMEFLEET_REDIS_URL", None)
             os.environ["REDIS_URL"] = env["REDIS_URL"]
             conf = _cli.settings_from(args)
-            where = f"redis://127.0.0.1:{env['REDIS_URL'].rpartition('@')[2]}"
+            where = f"redis://{env['REDIS_URL'].rpartition('@')[2]}"  # the URL less its password
             print(f"Redis: a private redis-server at {where} (password in {cluster.logs / REDIS_FILE})")
         else:
             (cluster.logs / REDIS_FILE).unlink(missing_ok=True)  # an earlier run's private Redis is gone
@@ -392,9 +393,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             window=args.window,
             mixed=args.mixed,
         )
+        remote.push(args.out)  # an object-store OUT: the manifest and the run's records, before any video ends
         print(f"run {record['run_id']}: {_cli.plural(record['videos'], 'video')}", flush=True)
         code = follow(conf, record, args.out, detachable=False, resend=resender(conf, args))  # workers stop with it
-        print(f"outputs: {args.out.resolve()}")
+        print(f"outputs: {remote.shown(args.out.resolve())}")
         if args.serve:
             serve(flower_line, exporter.url)
         else:

@@ -26,6 +26,7 @@ from tasks.delivery import settings_queues
 from tasks.delivery.queues import lengths as queue_lengths
 from tasks.gpu import GpuReading, open_probe
 from tasks.observe import progress
+from tasks.outputs import buckets
 from tasks.records import quarantine
 from tasks.redis_client import get_redis
 from tasks.run import runs, settings_check
@@ -221,7 +222,9 @@ def render(conf: Settings, out: Path | None, chosen: dict[str, Any] | None = Non
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=_cli.HelpFormatter)
     parser.add_argument("run", nargs="?", metavar="RUN", help="a run id (default: the newest of OUT, or in Redis)")
-    parser.add_argument("--out", type=Path, metavar="OUT", help="the run's output folder (its newest run, quarantine)")
+    parser.add_argument(
+        "--out", type=buckets.root_arg, metavar="OUT", help="the run's output folder (its newest run, quarantine)"
+    )
     parser.add_argument("--watch", action="store_true", help="follow the run's progress until it ends, as enqueue does")
     _cli.add_config_argument(parser)
     args = parser.parse_args(argv)

@@ -32,6 +32,8 @@ import h5py
 import numpy as np
 import yaml
 
+from tasks.outputs import buckets
+
 RTOL, ATOL = 1e-9, 1e-12
 IMAGENET = {"imagenet_mean": [0.485, 0.456, 0.406], "imagenet_std": [0.229, 0.224, 0.225]}
 HAND_KEYS = {
@@ -309,7 +311,9 @@ def verify(
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("out", help="the output folder holding *.hdf5 and normalization_stats.yaml")
+    parser.add_argument(
+        "out", type=buckets.data_root_arg, help="the output folder holding *.hdf5 and normalization_stats.yaml"
+    )
     parser.add_argument("--stats", help="statistics file (default OUT/normalization_stats.yaml)")
     parser.add_argument("--depth-min", type=float, default=0.1, help="metres (default 0.1)")
     parser.add_argument("--depth-max", type=float, default=2.5, help="metres (default 2.5)")
@@ -320,7 +324,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     )
     args = parser.parse_args(argv)
     summary: list[str] = []
-    problems = verify(args.out, args.stats, args.depth_min, args.depth_max, summary, args.y2r_strict)
+    problems = verify(str(args.out), args.stats, args.depth_min, args.depth_max, summary, args.y2r_strict)
     from tasks.cli import verify_files
     from tasks.cli.provenance_check import check
 

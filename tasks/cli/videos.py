@@ -18,15 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from tasks.cli import common
+from tasks.outputs import buckets
 from tasks.records import manifest
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=common.HelpFormatter)
-    parser.add_argument("out", type=Path, metavar="OUT", help="a run's output folder")
+    parser.add_argument("out", type=buckets.root_arg, metavar="OUT", help="a run's output folder")
     parser.add_argument(
         "--status", action="append", metavar="STATUS", help="only videos of this status (repeat for several)"
     )

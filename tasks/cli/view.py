@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from tasks.cli import common
+from tasks.outputs import buckets
 from tasks.outputs.preview import BONES
 from tasks.outputs.stage_io import output_path
 from tasks.records import lineage
@@ -149,7 +150,7 @@ def write_rrd(out_dir: Path, video_id: str, rrd: Path) -> str:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=common.HelpFormatter)
-    parser.add_argument("out", type=Path, metavar="OUT", help="a dataset's output folder")
+    parser.add_argument("out", type=buckets.data_root_arg, metavar="OUT", help="a dataset's output folder")
     parser.add_argument("video", nargs="?", metavar="VIDEO", help="video id, HDF5 name or path under RAW_DIR")
     parser.add_argument("--rrd", type=Path, metavar="FILE", help="where to write (default OUT/<video>.rrd)")
     parser.add_argument("--open", action="store_true", help="start the Rerun viewer on the file")

@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from tasks.cli.common import fail, plural
+from tasks.cli.common import fail, plural, printable
 from tasks.delivery import requeues
 from tasks.observe import progress, stall
 from tasks.outputs.intermediates import summary_line
@@ -224,7 +224,8 @@ def report(summary: dict[str, Any], out_dir: Path) -> int:
     if summary["failed"]:
         print(f"failed: {plural(len(summary['failed']), 'video')}:")
         for f in summary["failed"]:
-            print(f"  {f['video']} ({f['video_id']}): {f['stage']}: {f['error_class']}: {f['reason']}")
+            fields = (f["video"], f["video_id"], f["stage"], f["error_class"], f["reason"])
+            print("  {} ({}): {}: {}: {}".format(*map(printable, fields)))
         print(f"quarantined: {out_dir / quarantine.FILE}; after fixing, enqueue them again with --retry-quarantined")
         return 1
     return 0

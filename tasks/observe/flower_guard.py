@@ -1,8 +1,9 @@
 """Flower must not listen beyond loopback without authentication, however it is started.
 
-Flower loads the app (``tasks.app``), and with it this module, before it serves: ``celery -A tasks
-flower``, ``python -m celery``, ``python -m flower -A tasks flower`` or a ``flower`` script. Two locks,
-each ending the process with exit status 2 and the fix:
+Flower loads the app before it serves, and the app's module (tasks.celery_app) calls ``guard`` as it is
+built, whatever ``-A`` names it by (``tasks``, ``tasks.celery_app:app``, a module importing it) and whatever
+starts Flower: ``celery -A tasks flower``, ``python -m celery``, ``python -m flower -A tasks flower`` or a
+``flower`` script. Two locks, each ending the process with exit status 2 and the fix:
 
 - ``check``, at import, when ``sys.argv`` is a Flower command line: it resolves Flower's own options
   (its ``FLOWER_*`` variables, command line and config file, with Flower's own parsers);
@@ -28,6 +29,7 @@ CELERY_VALUE_OPTIONS = {"-A", "--app", "-b", "--broker", "--result-backend", "--
 # The programs that start Flower: `celery`, `flower`, and `python -m celery` / `python -m flower`.
 FLOWER_PROGRAMS = ("celery", "flower")
 EXIT_STATUS = 2
+STATE = {"guarded": False}
 
 
 def flower_args(argv: Sequence[str]) -> list[str] | None:
@@ -59,7 +61,16 @@ def is_loopback(address: str) -> bool:
 def options_problem(options: Any) -> str | None:
     """Why Flower with the resolved ``options`` (tornado's) may not start, or None when it may."""
     basic = [pair for pair in options.basic_auth or [] if _user_and_password(pair)]
-    if basic or options.auth or options.auth_provider:
+    if basic:
+        return None
+    if options.auth_provider and not options.auth:
+        # Flower asks for an OAuth login only when --auth is set (flower/views/__init__.py, get_current_user).
+        return (
+            f"Flower was given an OAuth provider ({options.auth_provider}) without --auth, and then asks for no "
+            "login at all. Add --auth (FLOWER_AUTH) with a regular expression of the e-mail addresses allowed, "
+            "e.g. --auth='.*@example\\.org', or set FLOWER_BASIC_AUTH=user:password in its environment."
+        )
+    if options.auth:
         return None
     if options.unix_socket:
         return _socket_problem(Path(options.unix_socket))
@@ -69,7 +80,7 @@ def options_problem(options: Any) -> str | None:
     return (
         f"Flower would listen on {where}, beyond loopback, without authentication. Set "
         "FLOWER_BASIC_AUTH=user:password in its environment (or --basic-auth=user:password; "
-        "OAuth through --auth and --auth_provider also counts), or bind it to loopback with "
+        "OAuth through --auth with --auth_provider also counts), or bind it to loopback with "
         "--address=127.0.0.1."
     )
 
@@ -135,6 +146,15 @@ def check(argv: Sequence[str] | None = None) -> None:
         refuse(problem)
 
 
+def guard() -> None:
+    """Both locks, once per process: the command line's check and the server's (the app's module calls this)."""
+    if STATE["guarded"]:
+        return
+    STATE["guarded"] = True
+    check()
+    lock_server()
+
+
 def lock_server() -> None:
     """Make every Flower of this process check its resolved options before it binds a socket (``refuse``).
 
@@ -166,7 +186,3 @@ def _locked(start: Callable[[Any], Any]) -> Callable[[Any], Any]:
 def _user_and_password(pair: str) -> bool:
     user, sep, password = pair.partition(":")
     return bool(user and sep and password)
-
-
-check()
-lock_server()

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from tasks.errors import PathOutsideRoot
+from tasks.outputs import remote
 
 MARKER_SUFFIX = ".done.json"
 
@@ -37,7 +38,8 @@ def _fsync_dir(folder: Path) -> None:
 def atomic_write(path: Path, write: Callable[[Path], Any], fence: Callable[[], None] | None = None) -> str:
     """Write ``path`` through ``write(tmp)`` to a temporary name, fsync, rename; return its sha256.
 
-    ``fence``, if given, is called just before the rename; whatever it raises discards the new file.
+    ``fence``, if given, is called just before the rename; whatever it raises discards the new file. In an
+    object-store root's folder the file is uploaded between the fence and the rename (tasks.outputs.remote).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -48,6 +50,7 @@ def atomic_write(path: Path, write: Callable[[Path], Any], fence: Callable[[], N
         digest = sha256_file(tmp)
         if fence is not None:
             fence()
+        remote.publish(tmp, path)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -111,6 +114,8 @@ def read_marker(output: Path, marker: Path | None = None, check_hash: bool | str
     """
     marker = marker or marker_path(output)
     try:
+        remote.refresh(marker)  # in an object-store root's folder, the bucket's; nothing for a local folder
+        remote.refresh(output)
         record = json.loads(marker.read_text())
         st = output.lstat()  # a link in place of an output is not an output
         if not stat.S_ISREG(st.st_mode) or st.st_size != record["bytes"]:

@@ -12,7 +12,7 @@ from typing import Any
 from tasks.celery_app import settings
 from tasks.errors import ClaimLost
 from tasks.job import Job
-from tasks.outputs import provenance
+from tasks.outputs import provenance, remote
 from tasks.outputs.stage_io import UPSTREAM_KEY, check_roots, gather_inputs, marker_of, output_path, read_done
 from tasks.outputs.storage import atomic_write, clear_temporaries, save_npz, write_marker
 from tasks.pipeline import quality
@@ -41,12 +41,14 @@ def execute(call: StageCall, hooks: Sequence[StageHook] = ()) -> dict[str, Any]:
     output = output_path(out_root, vid, stage_name)
     marker = marker_of(out_root, vid, stage_name)
     made_with = worker.stage_settings(stage_name)["sha256"]  # the run's, when its job names them (same_settings)
+    replacing = job.force
     if not job.force:
         done = read_done(out_root, vid, stage_name)
         if done is not None and done.get("settings", made_with) == made_with:
             _gate(stage_name, done.get("report", {}))  # the thresholds may have changed since it was made
             return {"skipped": True, **done.get("report", {})}
         if done is not None:  # made under other settings (an earlier run's): this run's are made anew
+            replacing = True
             log.info("redoing %s of %s, made under other settings (%.12s)", stage_name, vid, done["settings"])
     stage = worker.get_stage(stage_name)
     for hook in hooks:
@@ -54,6 +56,8 @@ def execute(call: StageCall, hooks: Sequence[StageHook] = ()) -> dict[str, Any]:
     for leftover in (output, marker):  # a worker (or a whole host) killed mid-write leaves its temporary behind
         if cleared := clear_temporaries(leftover):
             log.warning("removed %d temporary file(s) of %s left by a writer that died", cleared, leftover.name)
+    # An object store's form of the same (tasks.outputs.remote): an output published without its marker.
+    remote.withdraw(output, marker, replace=replacing)
 
     seen = _stamp(marker)  # the marker as this run found it (absent, or a damaged output's)
 

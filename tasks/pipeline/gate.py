@@ -1,9 +1,11 @@
-"""The one gate where a job message enters a worker: its schema (tasks.job_check) and this worker's roots
-(tasks.workers.confinement), before any hook claims, reads or writes anything for it.
+"""The one gate where a job message enters a worker: its schema (tasks.job_check), this worker's roots
+(tasks.workers.confinement) and its run's record and seal on disk (tasks.pipeline.admission), before any hook
+claims, reads or writes anything for it.
 
 A refused job writes nothing: no outcome line, no marker, no folder. Its video is counted as failed
 in its run when the run is real and sent that video (tasks.run.completion.video_refused: Redis only),
-so the run still ends; the task fails with the refusal (field, rule, value) and its chain stops.
+so the run still ends; the task fails with the refusal (field, rule, value) and its chain stops. A job its
+run's record and seal disown (admission.NotTheRunsJob) counts nothing: it is no video of that run.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from tasks.celery_app import settings
 from tasks.errors import BadJobMessage, PathOutsideRoot, error_class
 from tasks.job import Failure, Job
 from tasks.job_check import check_id, check_job
+from tasks.pipeline import admission
 from tasks.redis_client import get_redis
 from tasks.run import completion
 from tasks.stages import STAGE_NAMES
@@ -31,7 +34,9 @@ def admit(task: Task, stage_name: str, job: Job) -> None:
     PathOutsideRoot, naming the field)."""
     try:
         check_job(job, stage_name, STAGE_NAMES)
-        confinement.check(job, settings())
+        conf = settings()
+        confinement.check(job, conf)
+        admission.check(job, conf)
     except REFUSALS as refusal:
         refuse(task, stage_name, job, refusal)
         raise
@@ -44,6 +49,8 @@ def refuse(task: Task, stage_name: str, job: Job, refusal: Exception) -> None:
     )
     task.request.chain = None  # the next stage would meet the same job: nothing more runs for it
     task.request.callbacks = None
+    if isinstance(refusal, admission.NotTheRunsJob):
+        return  # not the run's job: its video's own chain counts it
     try:
         check_id("run_id", job.run_id), check_id("video_id", job.video_id)
     except BadJobMessage:

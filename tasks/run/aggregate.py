@@ -21,11 +21,13 @@ from redis.exceptions import RedisError
 from tasks.backends.defaults import describe
 from tasks.celery_app import TASK_PREFIX, app, settings
 from tasks.delivery import requeues
+from tasks.errors import BadJobMessage, PathOutsideRoot
 from tasks.job_check import check_id, check_root
 from tasks.observe import progress
 from tasks.observe.flower_view import VideoTask
+from tasks.outputs import remote
 from tasks.outputs.storage import write_text_atomic
-from tasks.pipeline import quality
+from tasks.pipeline import admission, quality
 from tasks.records import manifest, outcome_files, outcomes, quarantine
 from tasks.redis_client import get_redis
 from tasks.report import quality_table
@@ -114,7 +116,7 @@ def _run_backends(found: dict[str, Any] | None) -> dict[str, str]:
     return model_backends(settings())
 
 
-@app.task(name=TASK_PREFIX + "aggregate", acks_late=True, base=VideoTask)
+@app.task(name=TASK_PREFIX + "aggregate", acks_late=True, base=VideoTask, throws=(BadJobMessage, PathOutsideRoot))
 def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     """Statistics callback of a run: write normalization_stats.yaml and run_summary.json; return the summary.
 
@@ -139,6 +141,12 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
     run_id = check_id("run_id", run.get("run_id"))
     out_root = Path(check_root("output_root", run.get("output_root")))
     confinement.check_roots({"output_root": str(out_root)}, settings())
+    if not admission.callback(run, settings()):  # raises NotTheRunsJob for a folder or a seal not the run's
+        log.warning(
+            "run %s has ended (its record in %s says so): its files stand, nothing is written", run_id, out_root
+        )
+        return _short(_summary(out_root, run_id) or {"run_id": run_id})
+    remote.pull(out_root)  # an object-store OUT: what other hosts published (tasks.outputs.remote)
     track_type = settings().stages[dataset_stage().name].params.get("track_type", "3d")
     tally = Tally(run_id, settings().enabled_stages())
     extra = []
@@ -213,6 +221,7 @@ def aggregate(first: Any, run: dict[str, Any] | None = None) -> dict[str, Any]:
         if r is not None:
             _retire(r, out_root, run["run_id"])
         write_report(out_root, _quality_table(out_root, run_id, lines), report)
+        remote.push(out_root)  # an object-store OUT: what the end wrote without atomic_write, before the record
         runs.finished(out_root, run_id, summary)  # last: the record's "finished" says every file of the end is whole
         return _short(summary)
     finally:

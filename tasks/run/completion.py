@@ -337,8 +337,16 @@ def start_statistics(r: redis.Redis, record: dict[str, Any], ttl_s: int, sender:
 
 
 def callback_run(record: dict[str, Any]) -> dict[str, Any]:
-    """The part of the run's record the statistics callback needs."""
-    return {k: record.get(k) for k in ("run_id", "output_root", "started", "videos", "already_complete")}
+    """The part of the run's record the statistics callback needs, with the run's seal (tasks.run.seal) when
+    its key is in its output folder."""
+    from tasks.pipeline.admission import callback_seal
+
+    run = {k: record.get(k) for k in ("run_id", "output_root", "started", "videos", "already_complete")}
+    if isinstance(run["run_id"], str) and isinstance(run["output_root"], str):
+        sealed = callback_seal(run["run_id"], run["output_root"])
+        if sealed is not None:
+            run["seal"] = sealed
+    return run
 
 
 def retire(r: redis.Redis, run_id: str, keep_s: int) -> None:

@@ -22,6 +22,7 @@ from celery import chain
 from tasks.celery_app import TASK_PREFIX, app
 from tasks.errors import DatasetError
 from tasks.job import Job
+from tasks.outputs import remote
 from tasks.records import manifest
 from tasks.run.listing import VIDEO_SUFFIXES, Found, walk_videos
 
@@ -70,22 +71,24 @@ def check_folders(raw_dir: Path, out_dir: Path, resume: bool, force: bool, add: 
     raw, out = raw_dir.resolve(), out_dir.resolve()
     if out.exists() and not out.is_dir():
         raise DatasetError(f"the output folder {out_dir} is a file; name a folder (it is made if missing)")
-    if out == raw or raw in out.parents:
+    inside_url = remote.shown(out).startswith(remote.shown(raw).rstrip("/") + "/")  # two prefixes of one bucket
+    if out == raw or raw in out.parents or inside_url:
         raise DatasetError(
-            f"the output folder {out_dir} is inside the input folder {raw_dir}; "
+            f"the output folder {remote.shown(out_dir)} is inside the input folder {remote.shown(raw_dir)}; "
             "choose an output folder outside it, so outputs are never taken for inputs"
         )
     manifest = out / "manifest.json"
     if manifest.exists() and not (resume or force):
         raise DatasetError(
-            f"{out_dir} already holds a framefleet run. Pass --continue to finish it (complete "
+            f"{remote.shown(out_dir)} already holds a framefleet run. Pass --continue to finish it (complete "
             "outputs are kept) or --force to redo every video; nothing was changed or deleted"
         )
     known = dataset_roots(out_dir)
-    if manifest.exists() and known and str(raw) not in known and not add:
+    if manifest.exists() and known and remote.shown(raw) not in known and not add:
         raise DatasetError(
-            f"{out_dir} holds a run over {known[0]}, not {raw}: --continue and --force finish or redo "
-            f"that dataset. Give {known[0]} as RAW_DIR, or pass --add as well to add the videos of {raw} "
+            f"{remote.shown(out_dir)} holds a run over {known[0]}, not {remote.shown(raw)}: --continue and --force "
+            f"finish or redo that dataset. Give {known[0]} as RAW_DIR, or pass --add as well to add the videos of "
+            f"{remote.shown(raw)} "
             "to this output folder on purpose (the manifest then records each video's own folder)"
         )
 
@@ -124,7 +127,7 @@ class ManifestRun:
         from tasks.records import lineage
 
         earlier = manifest.head(out_dir)
-        self.root = str(raw_dir.resolve())
+        self.root = remote.shown(raw_dir.resolve())  # an object-store RAW's URL, never this host's copy
         self.first_root = earlier.get("dataset_root") or self.root
         roots = dataset_roots(out_dir) or [self.first_root]
         # The videos of the other folders added to this one (--add): a path of this folder may not be one of theirs.

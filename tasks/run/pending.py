@@ -33,7 +33,7 @@ CHUNK = 256  # videos per chunk: a multiple of 8 (a chunk's bits are whole bytes
 FLUSH_CHUNKS = 16  # whole chunks written in one round trip (4,096 videos)
 FLUSH_S = 0.5  # what is buffered is written at least this often while the folder is walked slowly
 JOB_FIELD, HELD_FIELD = "job", "held"
-PER_VIDEO = ("video_id", "video", "text", "noun")
+PER_VIDEO = ("video_id", "video", "text", "noun", "seal")
 
 
 def hash_key(run_id: str) -> str:
@@ -50,8 +50,10 @@ def shared_part(job: Job) -> dict[str, Any]:
 
 
 def video_part(job: Job) -> list[str]:
-    """The video's own fields, shortest form: [id, path], or with text and noun when either is set."""
-    return [job.video_id, job.video, job.text, job.noun] if job.text or job.noun else [job.video_id, job.video]
+    """The video's own fields, shortest form: [id, path], or with text and noun when either is set; a sealed
+    job's seal (tasks.run.seal) follows as well: [id, path, seal], or [id, path, text, noun, seal]."""
+    part = [job.video_id, job.video, job.text, job.noun] if job.text or job.noun else [job.video_id, job.video]
+    return [*part, job.seal] if job.seal else part
 
 
 def encode(parts: list[list[str]]) -> str:
@@ -137,8 +139,10 @@ def take(r: redis.Redis, run_id: str, index: int) -> Job | None:
     if index % CHUNK >= len(parts) or not parts[index % CHUNK]:
         return None
     vid, path, *described = parts[index % CHUNK]
+    sealed = described.pop() if len(described) in (1, 3) else ""
     text, noun = described if described else ("", "")
-    return Job.from_dict({**json.loads(shared), "video_id": vid, "video": path, "text": text, "noun": noun})
+    fields = {"video_id": vid, "video": path, "text": text, "noun": noun}
+    return Job.from_dict({**json.loads(shared), **fields, **({"seal": sealed} if sealed else {})})
 
 
 def mark_sent(r: redis.Redis, run_id: str, index: int, ttl_s: int) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 
 from tasks.errors import BadInput
 from tasks.job import Job
+from tasks.outputs import remote
 from tasks.outputs.storage import confine
 from tasks.stages.base import Outputs, Progress, Stage, report
 
@@ -31,7 +32,9 @@ class PreprocessStage(Stage):
 
     @classmethod
     def select_inputs(cls, outputs: Outputs, job: Job) -> dict[str, Any]:
-        return {"video_path": str(confine(Path(job.dataset_root), job.video))}
+        video = confine(Path(job.dataset_root), job.video)
+        remote.refresh(video)  # a video of an object-store RAW: fetched to this host's disk (tasks.outputs.remote)
+        return {"video_path": str(video)}
 
     def run(self, inputs: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
         """Decode ``inputs["video_path"]``; raises BadInput naming the file when no frame decodes."""

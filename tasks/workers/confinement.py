@@ -179,8 +179,17 @@ def describe(conf: Settings) -> str:
     )
 
 
+UNRECORDED = (
+    "framefleet: WARNING: this worker serves jobs of output folders holding no record of their run "
+    "(unrecorded_runs): a message that reaches its Redis may name any folder it serves as an output folder"
+)
+
+
 def announce(conf: Settings) -> None:
     """Say at start what this worker serves, on stderr and in its log (a warning unless it has its roots)."""
     line = describe(conf)
     print(line, file=sys.stderr, flush=True)
     (log.info if "confined to" in line else log.warning)("%s", line.removeprefix("framefleet: "))
+    if conf.unrecorded_runs:  # tasks.pipeline.admission
+        print(UNRECORDED, file=sys.stderr, flush=True)
+        log.warning("%s", UNRECORDED.removeprefix("framefleet: "))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import click
@@ -154,6 +154,28 @@ def stop_if_redis_refuses_writes(conf: Settings) -> None:
             raise SystemExit(EXIT_STATUS)
 
 
+def _stopping_on_refusal(start: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``start`` (a blueprint's), ending the worker with status 5 and the cause and fix when Redis refuses a write
+    (tasks.redis_refusal) instead of raising; any other error is raised as before."""
+    from tasks.redis_refusal import EXIT_STATUS, refusal
+
+    def start_or_stop(parent: Any) -> Any:
+        try:
+            return start(parent)
+        except Exception as exc:
+            why = refusal(exc)
+            if why is None:
+                raise
+            print(
+                f"framefleet: the worker stops: {why}; start it again once Redis takes writes",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(EXIT_STATUS) from None
+
+    return start_or_stop
+
+
 class Worker(CeleryWorker):
     """Celery's worker program, with framefleet's design for whatever the command line leaves out."""
 
@@ -167,6 +189,13 @@ class Worker(CeleryWorker):
         # Before the consumer connects: kombu's first write to a full Redis ends the worker with a traceback.
         stop_if_redis_refuses_writes(settings())
         super().on_start()
+
+    def start(self) -> None:
+        # A Redis a few KB from its maxmemory takes the probe above, then refuses one of kombu's writes as the
+        # consumer connects (its mutex, a pipeline): Celery would log "Unrecoverable error" and a traceback and
+        # exit 1. The same cause and fix as the probe's, and its exit status, instead.
+        self.blueprint.start = _stopping_on_refusal(self.blueprint.start)
+        super().start()
 
     def setup_logging(self, colorize: bool | None = None) -> Any:
         custom = super().setup_logging(colorize)

@@ -83,3 +83,34 @@ def test_a_runs_record_never_gives_this_host_an_interpreter_code_or_weights_fold
         assert "stages.hands.python" in str(exc)
     else:
         raise AssertionError("a family for gpu0.hands was made without this host's stages.hands.python")
+
+
+def test_a_runs_record_never_gives_this_host_a_checkpoint_or_tokenizer(tmp_path, monkeypatch):
+    """Upstream loaders unpickle their checkpoints: a path in a record would choose what a worker here runs. The
+    record's value counts for its hash only; the file written holds this host's, and they must agree."""
+    from tasks.autoscaler.run_settings import CannotMatch, family_for
+    from worker_config.settings import run_stage_settings, stage_entry
+
+    mine = "stages:\n  tracks: {backend: tapip3d, params: {repo_dir: /opt/TAPIP3D, weights_dir: /opt/w}}\n"
+    own = settings_env(tmp_path, mine)["FRAMEFLEET_CONFIG"]
+    monkeypatch.setenv("FRAMEFLEET_CONFIG", own)
+    planted = str(tmp_path / "planted.pth")
+    run = run_stage_settings(load_settings(own))["stages"]
+    # A record written by anyone who reaches Redis: the path among the hashed parameters, the hash left as it was.
+    run["tracks"]["settings"]["params"]["checkpoint"] = planted
+    family = family_for(load_settings(own), 0, "gpu0", run, tmp_path / "settings")
+    assert family is not None
+    assert planted not in (tmp_path / "settings" / f"{family.tag}.yaml").read_text()
+    assert load_settings(family.config).stages["tracks"].params.get("checkpoint") in (None, "tapip3d_final.pth")
+    # The same path with the hash it gives: the file this host writes gives another, so no family at all.
+    forged = tmp_path / "forged.yaml"
+    forged.write_text(f"stages:\n  tracks: {{backend: tapip3d, params: {{checkpoint: {planted}}}}}\n")
+    run = run_stage_settings(load_settings(forged))["stages"]
+    assert stage_entry(load_settings(forged), "tracks")["settings"]["params"]["checkpoint"] == planted
+    try:
+        family = family_for(load_settings(own), 0, "gpu0", run, tmp_path / "settings")
+    except CannotMatch as exc:
+        assert "tracks" in str(exc)
+    else:
+        raise AssertionError(f"a family was made for a record naming {planted}: {family}")
+    assert all(planted not in f.read_text() for f in (tmp_path / "settings").glob("*.yaml") if f != forged)

@@ -20,6 +20,7 @@ from tests.conftest import (
     CONFINED_ENV,
     PIPELINE_ENV,
     ROOT,
+    UNRECORDED_ENV,
     Workers,
     free_port,
     run_script,
@@ -152,7 +153,7 @@ def env_for(url: str, **extra: str) -> dict[str, str]:
         FRAMEFLEET_REGISTRY_TTL_S="3",
         FRAMEFLEET_LEASE_TTL_S="6",
         PYTHONUNBUFFERED="1",
-        **{**CONFINED_ENV, **extra},
+        **{**CONFINED_ENV, **UNRECORDED_ENV, **extra},
     )
     return env
 
