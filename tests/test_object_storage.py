@@ -12,8 +12,8 @@ import yaml
 from tasks.errors import ClaimLost
 from tasks.outputs import remote
 from tasks.outputs.storage import read_marker, write_marker, write_text_atomic
-from tests.conftest import ROOT, process_env, run_script
 from tasks.run import seal
+from tests.conftest import ROOT, process_env, run_script
 
 MARKER = "markers/ab/v.hdf5.done.json"
 
