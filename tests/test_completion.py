@@ -76,7 +76,9 @@ def test_the_count_is_per_video_and_the_callback_is_sent_once(redis_url, monkeyp
     assert len(waiting(r)) == 3
     # Each video counted once, however often its end came; its line in the run's outcomes files (live).
     fields, failures = completion.counted(r, "run1")
-    assert fields["videos"] == 3 and fields["done"] == 2 and fields["s:h5:tasks"] == 1 and fields["s:h5:ms"] == 1000
+    assert (
+        fields["videos"] == 3 and fields["done"] == 2 and fields["s:h5:tasks"] == 1 and fields["s:h5:us"] == 1_000_000
+    )
     assert [f["video_id"] for f in failures] == ["v1"] and failures[0]["stage"] == "preprocess"
     from tasks.records import outcome_files
 

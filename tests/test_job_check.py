@@ -123,3 +123,37 @@ def test_dropping_intermediates_deletes_only_the_video_s_own_folder(tmp_path):
 def test_a_refusal_is_a_permanent_error_of_the_job_kinds():
     assert issubclass(JobRefused, BadJobMessage) and issubclass(PathRefused, PathOutsideRoot)
     assert os.sep == "/"  # the id rule's separator
+
+
+def test_a_worker_reads_its_allowed_roots_again_whenever_the_file_changes(tmp_path, monkeypatch):
+    """The allowed roots are read once per version of the file, not per job; a pair added (`framefleet
+    enqueue`), a file rewritten without it, or opened to others is seen by the next job of the same worker."""
+    from tasks.workers import confinement
+    from worker_config.settings import Settings
+
+    monkeypatch.setitem(confinement.STATE, "worker", True)
+    conf = Settings(allowed_roots_file=str(tmp_path / "state" / "allowed-roots.jsonl"))
+    path = Path(conf.allowed_roots_file)
+    raw, out, other = tmp_path / "raw", tmp_path / "out", tmp_path / "other"
+    for folder in (raw, out, other):
+        folder.mkdir()
+    job = {"dataset_root": str(raw), "output_root": str(out)}
+    with pytest.raises(PathOutsideRoot, match="not among the roots allowed"):
+        confinement.check_roots(job, conf)  # no file yet
+    confinement.allow(conf, raw, other)
+    with pytest.raises(PathOutsideRoot, match="not among the roots allowed"):
+        confinement.check_roots(job, conf)
+    confinement.allow(conf, raw, out)  # appended: served by the next job
+    confinement.check_roots(job, conf)
+    confinement.check_roots(job, conf)
+    kept = path.read_text().splitlines()[0] + "\n"
+    fresh = path.with_name("new")
+    fresh.write_text(kept)
+    fresh.chmod(0o600)
+    os.replace(fresh, path)  # rewritten without the pair (another inode)
+    with pytest.raises(PathOutsideRoot, match="not among the roots allowed"):
+        confinement.check_roots(job, conf)
+    confinement.check_roots({**job, "output_root": str(other)}, conf)
+    path.chmod(0o622)  # others may write it: none of its roots is allowed, from the next job on
+    with pytest.raises(PathOutsideRoot, match="not among the roots allowed"):
+        confinement.check_roots({**job, "output_root": str(other)}, conf)

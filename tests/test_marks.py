@@ -133,3 +133,39 @@ def test_marks_spread_over_the_shards_and_differ_per_task():
         per_shard[m.done_key] = per_shard.get(m.done_key, 0) + 1
         assert 0 <= m.mark < 1 << 63
     assert len(per_shard) == 256 and max(per_shard.values()) < 2 * len(found) / 256
+
+
+def test_the_claim_counts_the_start_in_its_own_round_trip_and_a_takeover_counts_it_after(r, monkeypatch):
+    """A free claim counts the task's start in the same round trip (Attempts then asks Redis nothing); a claim
+    taken over from a dead holder is counted by Attempts itself: every start is counted once, either way."""
+    from tasks.pipeline import STAGE_TASKS
+    from tasks.pipeline import claim as claim_hooks
+    from tasks.redis_client import free_port
+
+    _publish(r, "run3", 64)
+    job = Job("run3", "clip_00", video="clip_00.mp4", output_root="/data/out", chain=("preprocess", "h5"))
+    task_id = str(uuid.uuid4())
+    task = STAGE_TASKS["h5"]
+    task.push_request(id=task_id, hostname="cpu@test", retries=0, args=(job.to_dict(),), kwargs={})
+    try:
+        call = StageCall(task, "h5", job, job)
+        Claim().before_stage(call)
+        with monkeypatch.context() as m:
+            gone = redis.Redis(port=free_port(), socket_connect_timeout=1)  # nothing listens there
+            m.setattr(claim_hooks, "get_redis", lambda url: gone)
+            Attempts().before_stage(call)
+    finally:
+        task.pop_request()
+    assert call.attempts == 1 and r.hget(marks.attempts_key("run3"), task_id) == "1"
+
+    _worker_died(r, job)
+    r.set(claims.claim_key(job.output_root, job.video_id, "h5"), f"gpu9@gone {task_id}")  # not registered: dead
+    assert _deliver(task_id, job).attempts == 2 and r.hget(marks.attempts_key("run3"), task_id) == "2"
+
+    from tasks.run import cancel
+
+    cancel.request(r, "run3", 600)  # `framefleet cancel`: the next delivery stops at its claim, uncounted
+    later = str(uuid.uuid4())
+    with pytest.raises(Ignore):
+        _deliver(later, Job("run3", "clip_01", video="clip_01.mp4", output_root="/data/out", chain=("h5",)))
+    assert not r.hexists(marks.attempts_key("run3"), later)

@@ -64,7 +64,7 @@ def test_each_video_counts_once_whatever_its_deliveries_and_the_end_writes_the_s
 
     fields, failures = completion.counted(r, "once")
     assert fields["videos"] == 5 and fields["done"] == 4 and fields["s:h5:tasks"] == 4
-    assert fields["s:h5:ms"] == 1000 + 2000 + 3000 + 4000 and fields["s:h5:max"] == 4000
+    assert fields["s:h5:us"] == 1_000_000 * (1 + 2 + 3 + 4) and fields["s:h5:max_us"] == 4_000_000
     assert [f["video_id"] for f in failures] == ["v4"] and failures[0]["error_class"] == "low_quality"
 
     summary = aggregate.aggregate.run(completion.callback_run(record))

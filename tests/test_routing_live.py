@@ -515,3 +515,19 @@ def test_a_worker_without_the_runs_settings_hands_the_task_to_the_settings_queue
         settings_queue(conf.cpu_queue, "h5", SHA["ccc"]),
         settings_queue("gpu1", "depth", SHA["bbb"]),
     }
+
+
+def test_a_single_live_gpu_queue_is_chosen_without_reading_queue_lengths(app_on_test_redis, monkeypatch):
+    """One GPU queue hosting the stage (a one-GPU host, or a job allowed one GPU) is the choice whatever waits
+    in it: no queue length is read for it, a round trip of every transition; two are weighed by their lengths."""
+    _, r = app_on_test_redis
+    read: list[list[str]] = []
+    real = queues.lengths
+    monkeypatch.setattr(queues, "lengths", lambda client, names: read.append(list(names)) or real(client, names))
+    register(r, "gpu0@a", 0, busy=True)
+    r.lpush("gpu0", "x", "y")
+    assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu0" and read == []
+    register(r, "gpu1@a", 1)
+    forget_registry()
+    assert route_task("framefleet.depth", (job(gpus=[0]),), {}, {})["queue"] == "gpu0" and read == []
+    assert route_task("framefleet.depth", (job(),), {}, {})["queue"] == "gpu1" and read == [["gpu0", "gpu1"]]

@@ -42,7 +42,7 @@ def test_a_tally_of_outcomes_gives_the_summarys_stage_timings_failures_and_backe
 def test_the_runs_counters_give_the_figures_of_a_tally_of_its_outcomes():
     """What each video adds to its run's counters as it finishes (``counts``), summed in any order, gives the
     summary's stage timings and backends that a tally of the whole outcomes gives (times kept to the ms). The
-    counters are whole milliseconds, exact; the tally subtracts epoch seconds in float64, whose spacing near
+    counters are whole microseconds, exact; the tally subtracts epoch seconds in float64, whose spacing near
     1.7e9 s is 2.4e-7 s: they agree far below the millisecond the outcomes keep."""
     import random
     from collections import Counter
@@ -89,3 +89,25 @@ def test_the_runs_counters_give_the_figures_of_a_tally_of_its_outcomes():
         gap = "overhead_after_" + stages[stages.index(stage) - 1]
         if gap in w:
             assert g[gap] == pytest.approx(w[gap], rel=0, abs=1e-6), (stage, gap)
+
+
+def test_the_runs_counters_keep_stage_times_and_gaps_to_the_microsecond():
+    """run_summary.json's ``overhead_after_*`` and stage times from a run's counters are exact to the µs (a
+    transition costs a few ms: whole ms hid a 1 ms change); a run counted by an earlier version, in ms, still reads."""
+    from tasks.run.tally import Tally, counts
+
+    t = 1_764_000_000.0
+    outcome = {"video_id": "v", "timings": {"a": span(t, t + 0.5), "b": span(t + 0.501234, t + 0.75)}}
+    add, most = counts(outcome, ["a", "b"])
+    assert add["s:b:gap_us"] == most["s:b:gap_max_us"] == 1234 and add["s:a:us"] == 500_000
+    now = Tally("run", ["a", "b"])
+    now.add_counts({**add, **most}, [], {})
+    b = now.stage_timings()["b"]
+    assert b["overhead_after_a"] == {"mean_s": 0.001234, "max_s": 0.001234}
+    assert (b["mean_s"], b["max_s"]) == (0.248766, 0.248766)
+
+    earlier = Tally("run", ["a", "b"])
+    fields = {"done": 1, "s:b:tasks": 1, "s:b:ran": 1, "s:b:ms": 249, "s:b:max": 249}
+    earlier.add_counts({**fields, "s:b:gaps": 1, "s:b:gap_ms": 1, "s:b:gap_max": 1}, [], {})
+    b = earlier.stage_timings()["b"]
+    assert b["overhead_after_a"] == {"mean_s": 0.001, "max_s": 0.001} and (b["mean_s"], b["max_s"]) == (0.249, 0.249)

@@ -52,13 +52,22 @@ _REASSERT = SET_IF_OURS_OR_MISSING
 # The start of a delivery in one round trip: a cancelled run (KEYS[1], optional), a finished task
 # (its mark ARGV[3] in its shard of the run's done marks, KEYS[2]) or an ended run (KEYS[4], the run's hash), else
 # the claim (KEYS[3]) taken, or its holder's value. Atomic, so the holder read after a refused SET NX
-# cannot have lapsed in between.
+# cannot have lapsed in between. A delivery that gets the claim (or holds it already) has its start
+# counted in the same step when ARGV[5] (the count's TTL) is set: field ARGV[4] (the task id) of KEYS[5].
 _BEGIN = """
 if KEYS[1] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then return {'cancelled', ''} end
 if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 1 then return {'done', ''} end
 if redis.call('HEXISTS', KEYS[4], 'ended') == 1 then return {'ended', ''} end
-if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then return {'claimed', ''} end
-return {'held', redis.call('GET', KEYS[3]) or ''}
+local function counted(status, holder)
+  if ARGV[5] == '' then return {status, holder} end
+  local starts = redis.call('HINCRBY', KEYS[5], ARGV[4], 1)
+  redis.call('EXPIRE', KEYS[5], ARGV[5])
+  return {status, holder, starts}
+end
+if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then return counted('claimed', '') end
+local holder = redis.call('GET', KEYS[3]) or ''
+if holder == ARGV[1] then return counted('held', holder) end
+return {'held', holder}
 """
 # Take a claim over from a holder proven gone, only if it is still that holder's.
 _TAKE_OVER = """
@@ -78,6 +87,7 @@ class Verdict:
     action: Literal["run", "drop", "wait", "cancelled"]
     holder: str = ""
     why: str = ""
+    starts: int | None = None  # the task's starts, this one included, when ``decide`` counted it
 
 
 def claim_key(output_root: str, video_id: str, stage: str) -> str:
@@ -130,6 +140,7 @@ def decide(
     ttl_s: float,
     cancel_key: str | None = None,
     run_id: str = "",
+    count_ttl_s: int | None = None,
 ) -> Verdict:
     """Claim ``key`` for this delivery of ``task_id`` of run ``run_id``, or say why it must drop itself, wait, or stop.
 
@@ -137,11 +148,26 @@ def decide(
     alive and running that very task; a holder that died hands its claim over at once. With
     ``cancel_key`` (the run's cancel flag) set in Redis, the verdict is "cancelled" and nothing is
     claimed. The common case, a free claim, is one round trip (two for a process's first task of a run:
-    its shard count). Raises redis.RedisError when Redis cannot be asked.
+    its shard count). With ``count_ttl_s``, a "run" verdict of that round trip also counts the task's
+    start in the run's start counts (tasks.delivery.marks; kept ``count_ttl_s`` past the last write) and
+    carries the count in ``starts``. Raises redis.RedisError when Redis cannot be asked.
     """
     owner = owner_value(hostname, task_id)
     done, run = marks.where(r, run_id, task_id), keys.RUN_PREFIX + run_id
-    status, holder = r.eval(_BEGIN, 4, cancel_key or "", done.done_key, key, run, owner, int(ttl_s * 1000), done.mark)
+    status, holder, *starts = r.eval(
+        _BEGIN,
+        5,
+        cancel_key or "",
+        done.done_key,
+        key,
+        run,
+        done.attempts_key,
+        owner,
+        int(ttl_s * 1000),
+        done.mark,
+        task_id,
+        "" if count_ttl_s is None else count_ttl_s,
+    )
     if status == "cancelled":
         return Verdict("cancelled", why="its run was cancelled")
     if status == "done":
@@ -151,7 +177,7 @@ def decide(
     if status == "claimed" or holder == owner:  # free, or our own claim (e.g. after a retry of this very task)
         _hold(key, owner)
         _remember(task_id, key, done)
-        return Verdict("run")
+        return Verdict("run", starts=int(starts[0]) if starts else None)
     holder_host, _, holder_task = holder.partition(" ")
     if holder_task != task_id:
         return Verdict("wait", holder, "another run of this stage holds the claim")
@@ -229,14 +255,6 @@ def confirm(r: redis.Redis, key: str, ttl_s: float) -> None:
         )
 
 
-def release(r: redis.Redis, key: str) -> None:
-    """Release ``key`` if this process holds it (a task end does so in ``finish``; bench/transitions.py times it)."""
-    with _lock:
-        owner = HELD.pop(key, None)
-    if owner is not None:
-        r.eval(_RELEASE, 1, key, owner)
-
-
 def renew(r: redis.Redis, ttl_s: float) -> list[str]:
     """Re-assert every held claim; return the keys another worker holds now (this one lost them)."""
     with _lock:
@@ -266,12 +284,6 @@ def _queue_done(pipe: Any, task_id: str, done: Marks, ttl_s: int) -> None:
     pipe.sadd(done.done_key, done.mark)
     pipe.expire(done.done_key, ttl_s)
     pipe.hdel(done.attempts_key, task_id)
-
-
-def mark_done(r: redis.Redis, run_id: str, task_id: str, ttl_s: int) -> None:
-    pipe = r.pipeline()
-    _queue_done(pipe, task_id, marks.where(r, run_id, task_id), ttl_s)
-    pipe.execute()
 
 
 def is_done(r: redis.Redis, run_id: str, task_id: str) -> bool:

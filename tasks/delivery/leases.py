@@ -299,9 +299,10 @@ def on_task_received(request: Any, hostname: str, r: redis.Redis, ttl_s: float) 
     tag = getattr(message, "delivery_tag", None)
     if tag is None:
         return
+    entry = unacked_entry(message)  # the message as JSON, a few KB: encoded once
     with _lock:
-        HELD[str(tag)] = Held(request.id, unacked_entry(message))  # renewed even if Redis is away now
-    other = grant(r, str(tag), request.id, hostname, ttl_s, unacked_entry(message))
+        HELD[str(tag)] = Held(request.id, entry)  # renewed even if Redis is away now
+    other = grant(r, str(tag), request.id, hostname, ttl_s, entry)
     if other is not None:
         with _lock:
             SHARED[request.id] = str(tag)

@@ -100,7 +100,11 @@ def _queue_of(name: str, args: Any, kwargs: Any) -> dict[str, Any] | None:
     try:
         r = get_redis(conf.redis_url)
         workers = for_settings(live_workers(r, conf.redis_url), stage, job.settings.get(stage))
-        loads = registry.queue_loads(r, stage, workers, broker=get_redis(conf.broker))
+        loads = registry.queue_loads(r, stage, workers, lengths=False)
+        if len([q for q in loads if allowed is None or q.gpu in allowed]) > 1:
+            # A choice among queues weighs their waiting tasks; a single live one is the choice whatever they are
+            # (choose_gpu_queue): a host of one GPU reads no queue length, a round trip of each of its transitions.
+            loads = registry.queue_loads(r, stage, workers, broker=get_redis(conf.broker))
         choice = choose_gpu_queue(loads, allowed, previous, job.avoid_gpu)
     except redis.RedisError as exc:
         log.warning("routing %s without load readings (%s)", stage, exc)

@@ -18,6 +18,7 @@ from tasks.redis_refusal import refusal
 from tasks.run import cancel
 
 log = logging.getLogger("framefleet.pipeline")
+STARTS = "starts"  # call.held: the task's starts as the claim counted them (None: not counted)
 
 
 class Claim(StageHook):
@@ -43,11 +44,16 @@ class Claim(StageHook):
 
 
 class Attempts(StageHook):
-    """Count every start of a task id (retries and redeliveries alike), so that nothing loops forever."""
+    """Count every start of a task id (retries and redeliveries alike), so that nothing loops forever.
+
+    The claim counts the start in its own round trip (``STARTS``); only a claim taken over from a dead
+    holder leaves the count to this hook's own.
+    """
 
     def before_stage(self, call: StageCall) -> None:
         conf = settings()
-        call.attempts = _count_start(call, claims.marks_ttl_s(conf.visibility_timeout_s))
+        counted = call.held.get(STARTS)
+        call.attempts = counted or _count_start(call, claims.marks_ttl_s(conf.visibility_timeout_s))
         stage_conf = conf.stages[call.stage_name]
         if call.attempts > stage_conf.max_retries + 1:
             raise StageFailed(
@@ -94,6 +100,7 @@ def _claim_or_wait(call: StageCall) -> None:
             conf.lease_ttl_s,
             cancel_key=cancel.flag_key(job.run_id),  # `framefleet cancel`: checked in the same round trip
             run_id=job.run_id,  # the run's done marks, and its end
+            count_ttl_s=claims.marks_ttl_s(conf.visibility_timeout_s),  # the start, for Attempts: same round trip
         )
     except redis.RedisError as exc:
         log.warning(
@@ -105,6 +112,7 @@ def _claim_or_wait(call: StageCall) -> None:
         )
         wait(call, conf.lease_ttl_s / 2)
     if verdict.action == "run":
+        call.held[STARTS] = verdict.starts
         return
     if verdict.action == "cancelled":
         cancel.stop(task, stage_name, job)

@@ -1,5 +1,5 @@
 """The run summary's per-video parts as values that add: a video's ``counts`` (integers, stage times in
-milliseconds) are added to the run's counters in Redis as it finishes (tasks.run.completion), and the run's
+microseconds) are added to the run's counters in Redis as it finishes (tasks.run.completion), and the run's
 end turns those counters into the summary's figures (``Tally.add_counts``). ``Tally.add`` still takes whole
 outcomes (an earlier version's chord results and outcomes kept in Redis)."""
 
@@ -55,13 +55,14 @@ def provenance_set(report: dict[str, Any]) -> str:
     return json.dumps([prov.get("backends"), prov.get("settings_sha256"), prov.get("framefleet")])
 
 
-def _ms(seconds: float) -> int:
-    return round(seconds * 1000)
+def _us(seconds: float) -> int:
+    # Epoch seconds in float64 are spaced 0.24 µs apart near 1.7e9 s: a whole µs is exact.
+    return round(seconds * 1_000_000)
 
 
 def counts(outcome: dict[str, Any], stages: Sequence[str]) -> tuple[dict[str, int], dict[str, int]]:
     """What a done video adds to its run's counters: (fields to add, fields to raise to at least), integers,
-    stage times in whole milliseconds (outcomes keep them to the ms); ``Tally.add_counts`` reads them."""
+    stage times and the gaps between stages in whole microseconds; ``Tally.add_counts`` reads them."""
     add: dict[str, int] = {"done": 1}
     most: dict[str, int] = {}
     report = dict(outcome.get("report") or {})
@@ -83,11 +84,11 @@ def counts(outcome: dict[str, Any], stages: Sequence[str]) -> tuple[dict[str, in
             if span["skipped"]:
                 add[f"s:{stage}:skipped"] = 1
             else:
-                took = _ms(span["end"]) - _ms(span["start"])
-                add[f"s:{stage}:ran"], add[f"s:{stage}:ms"], most[f"s:{stage}:max"] = 1, took, took
+                took = _us(span["end"]) - _us(span["start"])
+                add[f"s:{stage}:ran"], add[f"s:{stage}:us"], most[f"s:{stage}:max_us"] = 1, took, took
             if previous is not None:
-                gap = _ms(span["start"]) - _ms(previous["end"])
-                add[f"s:{stage}:gaps"], add[f"s:{stage}:gap_ms"], most[f"s:{stage}:gap_max"] = 1, gap, gap
+                gap = _us(span["start"]) - _us(previous["end"])
+                add[f"s:{stage}:gaps"], add[f"s:{stage}:gap_us"], most[f"s:{stage}:gap_max_us"] = 1, gap, gap
         previous = span
     return add, most
 
@@ -214,15 +215,30 @@ class Tally:
         return out
 
 
+# A stage counter of tasks.run.tally.counts holding a time: the span's field it adds to (or raises), and its
+# units a second; ``ms``, ``max``, ``gap_ms`` and ``gap_max`` are an earlier version's milliseconds (a run it
+# counted may end under this one).
+_SUMS = {
+    "us": ("total_s", 1_000_000),
+    "gap_us": ("gap_total_s", 1_000_000),
+    "ms": ("total_s", 1000),
+    "gap_ms": ("gap_total_s", 1000),
+}
+_MAXIMA = {
+    "max_us": ("max_s", 1_000_000),
+    "gap_max_us": ("gap_max_s", 1_000_000),
+    "max": ("max_s", 1000),
+    "gap_max": ("gap_max_s", 1000),
+}
+
+
 def _add_span(spans: _Spans, what: str, value: int) -> None:
-    """Add one stage counter (tasks.run.tally.counts' names, times in ms) to ``spans``."""
+    """Add one stage counter (tasks.run.tally.counts' names) to ``spans``."""
     if what in ("tasks", "skipped", "ran", "gaps"):
         setattr(spans, what, getattr(spans, what) + value)
-    elif what == "ms":
-        spans.total_s += value / 1000
-    elif what == "gap_ms":
-        spans.gap_total_s += value / 1000
-    elif what == "max":
-        spans.max_s = max(spans.max_s, value / 1000)
-    elif what == "gap_max":
-        spans.gap_max_s = max(spans.gap_max_s, value / 1000)
+    elif what in _SUMS:
+        field, per_s = _SUMS[what]
+        setattr(spans, field, getattr(spans, field) + value / per_s)
+    elif what in _MAXIMA:
+        field, per_s = _MAXIMA[what]
+        setattr(spans, field, max(getattr(spans, field), value / per_s))

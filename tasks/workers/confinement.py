@@ -15,6 +15,7 @@ A worker takes its roots, in this order, from:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -96,9 +97,37 @@ def allowed_pairs(path: Path) -> list[dict[str, str]]:
     return pairs
 
 
-def _within(given: str, allowed: str) -> bool:
-    root, base = Path(given).resolve(), Path(allowed).resolve()
-    return root == base or base in root.parents
+def _and_above(given: str) -> frozenset[Path]:
+    """``given`` resolved and every folder above it: a root lies within ``base`` when ``base`` is one of them."""
+    root = Path(given).resolve()
+    return frozenset((root, *root.parents))
+
+
+# The allowed roots as last read, by file: the file's lstat (its identity, size, times, owner and mode), and
+# its pairs resolved. Read again when any of those changes: `framefleet enqueue` appending a pair, an
+# operator editing or replacing the file. A job checks one lstat, not the parse and 2 resolves a pair.
+_READ: dict[Path, tuple[tuple[int, ...], list[dict[str, Path]]]] = {}
+
+
+def allowed_roots(path: Path) -> list[dict[str, Path]]:
+    """The pairs of ``path`` (``allowed_pairs``) with their roots resolved, read once per version of the file."""
+    version: tuple[int, ...] = ()  # no file
+    try:
+        st = path.lstat()
+        version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_uid)
+    except FileNotFoundError:
+        pass
+    read = _READ.get(path)
+    if read is None or read[0] != version:
+        pairs = [{k: Path(v).resolve() for k, v in pair.items()} for pair in allowed_pairs(path)] if version else []
+        read = _READ[path] = (version, pairs)
+    return read[1]
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved(root: str) -> Path:
+    """A settings root resolved once per process: a worker's own roots do not change while it runs."""
+    return Path(root).resolve()
 
 
 def check(job: Job, conf: Settings) -> None:
@@ -113,19 +142,20 @@ def check_roots(given: dict[str, str], conf: Settings) -> None:
     """Refuse roots (``given``: some of ROOT_FIELDS) this worker does not serve; raises PathOutsideRoot."""
     if unconfined(conf) or not STATE["worker"]:
         return
+    above = {key: _and_above(value) for key, value in given.items()}
     if conf.dataset_root is not None or conf.output_root is not None:
         for key in given:
             allowed = getattr(conf, key)
             if allowed is None:
                 raise PathOutsideRoot(f"job refused: {key}: this worker has no {key} set; {FIX}")
-            if not _within(given[key], str(allowed)):
+            if _resolved(str(allowed)) not in above[key]:
                 raise PathOutsideRoot(
                     f"job refused: {key}: {Path(given[key]).resolve()} is outside {Path(allowed).resolve()}, the {key} "
                     f"this worker serves (set {key} in the worker's settings to change it)"
                 )
         return
     path = roots_file(conf)
-    if any(all(_within(given[k], pair[k]) for k in given) for pair in allowed_pairs(path)):
+    if any(all(pair[k] in above[k] for k in given) for pair in allowed_roots(path)):
         return
     raise PathOutsideRoot(
         f"job refused: {', '.join(given)}: {', '.join(repr(v) for v in given.values())} not among the roots "

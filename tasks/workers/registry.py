@@ -65,12 +65,16 @@ def known_gpu_queues(r: redis.Redis) -> set[str]:
 
 
 def queue_loads(
-    r: redis.Redis, stage: str, workers: list[dict[str, Any]] | None = None, broker: redis.Redis | None = None
+    r: redis.Redis,
+    stage: str,
+    workers: list[dict[str, Any]] | None = None,
+    broker: redis.Redis | None = None,
+    lengths: bool = True,
 ) -> list[QueueLoad]:
     """Return one QueueLoad per GPU queue with a live worker hosting ``stage``.
 
     ``r`` holds the registry; the queues' lengths are read on ``broker`` (default ``r``), where
-    the messages are when ``broker_url`` names another Redis.
+    the messages are when ``broker_url`` names another Redis; ``lengths=False`` reads none (``waiting`` 0).
     """
     workers = live_workers(r) if workers is None else workers
     per_queue: dict[str, dict[str, int]] = {}
@@ -83,8 +87,8 @@ def queue_loads(
             entry["busy"] += 1 if w.get("busy") else 0
     if not per_queue:
         return []
-    waiting = queues.lengths(broker or r, sorted(per_queue))
+    waiting = queues.lengths(broker or r, sorted(per_queue)) if lengths else {}
     return [
-        QueueLoad(name, entry["gpu"], entry["workers"], waiting[name], entry["busy"])
+        QueueLoad(name, entry["gpu"], entry["workers"], waiting.get(name, 0), entry["busy"])
         for name, entry in sorted(per_queue.items())
     ]
