@@ -112,7 +112,7 @@ test-gpu: install
 # geometry, statistics, completion, transport, launch, manifest, sweep and rebalance, each mutant against the
 # fast tests that cover it. CPU-heavy: one core, niced; MUTANTS='tasks.delivery.claims*' narrows it to one
 # module. Results persist in mutants/ (a rerun checks only what changed); survivors and why each is
-# equivalent or which test kills it: bench/NOTEBOOK.md.
+# equivalent or which test kills it: docs/archive/notebook.md.
 MUTANTS ?=
 mutants: need-test-tools install
 	$(PY) -m pip install -q -e ".[mutants]"

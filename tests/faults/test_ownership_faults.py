@@ -59,7 +59,7 @@ def _log_lines(workers: Workers, text: str) -> int:
 
 
 # The outage scenario that lost a stage message now and then (issue 21): once in the fast tier, 20
-# times in the slow one (`-m slow`; bench/NOTEBOOK.md has the counts).
+# times in the slow one (`-m slow`; docs/archive/notebook.md has the counts).
 OUTAGE_RUNS = [0, *(pytest.param(n, marks=pytest.mark.slow) for n in range(1, 20))]
 
 
