@@ -319,6 +319,10 @@ def test_a_duplicate_delivery_whose_holder_died_runs_and_nothing_is_lost(
     )
 
 
+# In the CI fault tier (make test-ci-faults); what stands for it in `make test`:
+# test_a_duplicate_delivery_whose_holder_died_runs_and_nothing_is_lost (a duplicate beside its holder).
+@pytest.mark.slow
+@pytest.mark.ci_fault
 def test_a_duplicate_dropped_while_its_holder_runs_leaves_the_holder_s_message_to_be_requeued(
     fault_raw, fault_workers, fault_env, redis_server, tmp_path
 ):
