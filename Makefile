@@ -99,8 +99,9 @@ test-faults: need-test-tools need-slurm install
 # One slow fault scenario of each kind (Redis down 30 s, a restart without persistence, Redis errors as tasks
 # run and end, a task past the visibility timeout, a CPU stage longer than the TTL enqueued twice, recycling
 # above the RSS limit), the two-host host-killed and fence tests and the sbatch scripts serving a dataset under a
-# private Slurm (tests/faults/test_slurm.py): what CI runs after `make test` (which
-# already runs Redis away past the lease TTL with two GPU workers once). They need root (network namespaces);
+# private Slurm (tests/faults/test_slurm.py), and the fault scenarios `make test` leaves to a faster test of the
+# same claim (each says which): what CI runs after `make test` (which already runs Redis away past the lease TTL
+# with two GPU workers once). They need root (network namespaces);
 # FRAMEFLEET_CI=1 makes a missing privilege fail them instead of skipping.
 test-ci-faults: need-test-tools need-slurm install
 	$(GUARD) $(PY) -m pytest -q -m "ci_fault and not gpu" tests/faults
@@ -112,7 +113,7 @@ test-gpu: install
 # geometry, statistics, completion, transport, launch, manifest, sweep and rebalance, each mutant against the
 # fast tests that cover it. CPU-heavy: one core, niced; MUTANTS='tasks.delivery.claims*' narrows it to one
 # module. Results persist in mutants/ (a rerun checks only what changed); survivors and why each is
-# equivalent or which test kills it: bench/NOTEBOOK.md.
+# equivalent or which test kills it: docs/archive/notebook.md.
 MUTANTS ?=
 mutants: need-test-tools install
 	$(PY) -m pip install -q -e ".[mutants]"

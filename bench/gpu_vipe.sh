@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# On a GPU host: ViPE's lyra pipeline (y2r's fork) through framefleet's depth stage, with random weights, on a
-# clip, without model downloads (bench/gpu_vipe.py). Run from the repository root:
+# On a GPU host: builds ViPE's lyra pipeline (y2r's fork: vipe_ext) and its random-weights model cache in WORK,
+# for the depth stage of the whole chain (bench/gpu_full_chain.sh's prep2; bench/real_chain.py --vipe-work WORK).
+# The run that measured lyra's memory and pace through the depth stage (bench/gpu_vipe.py) is at commit b08a959.
 #   bash deploy/envs/build.sh vipe && ACTIVATE=/opt/framefleet/envs/vipe/bin/activate bash bench/gpu_vipe.sh
 # The environment: bench/gpu_lib.sh's gpu_python ($ACTIVATE, here deploy/envs/build.sh's vipe env, which holds
 # ViPE's packages at deploy/envs/vipe.lock's versions; else .device or .venv). The sources: gpu_lib.sh's upstream
 # (hgupt3+vipe and microsoft+MoGe at deploy/envs/pins.sh's commits, from UPSTREAM_ARCHIVES or a clone) into
-# WORK/upstream. The clip: CLIP, else gpu_lib.sh's `clip sheep` (FRAMEFLEET_REAL_DATA, shared/data/real, or a
-# synthetic one, said so). On a host without network, with bench/gpu_carry.sh's folders:
-#   UPSTREAM_ARCHIVES=.gpu/up/upstream CLIP=.gpu/up/data/sheep.mp4 WHEELS=.gpu/vipe/whl \
+# WORK/upstream. On a host without network, with bench/gpu_carry.sh's folders:
+#   UPSTREAM_ARCHIVES=.gpu/up/upstream WHEELS=.gpu/vipe/whl \
 #     EXTRA=.gpu/vipe/extra EIGEN=.gpu/vipe/eigen.tgz OUT=DIR bash bench/gpu_vipe.sh
 # WHEELS: wheels the machine lacks, at deploy/envs/vipe.lock's versions (ViPE: hydra-core, omegaconf,
 # antlr4-python3-runtime, kornia, kornia-rs, gdown, beautifulsoup4, soupsieve, roma, pyquaternion, openexr,
@@ -23,9 +23,7 @@
 # VIPE_EXT: a vipe_ext*.so (or .so.xz) built earlier on the same image (skips the ~2 min build; default:
 # the first vipe_ext*.so.xz beside EXTRA, else carry/vipe_ext*.so.xz or .so, else one built in WORK on
 # this machine before; one that does not import is built again); the build's .so, stripped of debug
-# sections and xz-compressed, is copied to $OUT when under 30 MB, for that. FRAMES (120; 0: build only) and
-# WARMUP (20): frames per run; RUN_TIMEOUT_S (900) caps the load and the runs; TIME_LIMIT_S (none):
-# the whole script's budget, which shortens the runs' cap so that the script ends 15 s before it.
+# sections and xz-compressed, is copied to $OUT when under 30 MB, for that.
 # WORK (/tmp/ff-vipe): the archives unpacked, the site, vipe_ext's build and the model cache (5 GB).
 # Progress lines, with the time and the seconds since the start, go to stdout and $OUT/progress.txt.
 source "$(dirname "$0")/gpu_lib.sh"; gpu_python || exit 1
@@ -39,7 +37,6 @@ say "start: CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} WORK=$WORK"
 for name in hgupt3+vipe microsoft+MoGe; do
   UPSTREAM_DIR=$UP upstream "$name" > /dev/null || exit 1
 done
-if [ "${FRAMES:-120}" != 0 ]; then clip=$(clip sheep) || exit 1; fi  # before the build: a missing clip fails early
 VIPE="$UP/hgupt3+vipe"
 if [ -n "${WHEELS:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" \
@@ -117,20 +114,5 @@ start=$(date +%s)
 wait $writer || { tail -30 "$OUT/vipe_cache.log"; exit 1; }
 say "cache written; waited $(( $(date +%s) - start )) s for it after vipe_ext" | tee -a "$OUT/machine.txt"
 cp "$WORK/cache.json" "$OUT/ff-vipe-cache.json"
-if [ "${FRAMES:-120}" = 0 ]; then  # built only: WORK is ready for a later run (bench/gpu_full_chain.sh)
-  say "FRAMES=0: vipe_ext and the cache are in $WORK; no run"
-  exit 0
-fi
-run_timeout=${RUN_TIMEOUT_S:-900}
-if [ -n "${TIME_LIMIT_S:-}" ] && [ $(( TIME_LIMIT_S - SECONDS - 15 )) -lt "$run_timeout" ]; then
-  run_timeout=$(( TIME_LIMIT_S - SECONDS - 15 ))
-  [ "$run_timeout" -gt 30 ] || { say "no time left for the runs (TIME_LIMIT_S=$TIME_LIMIT_S)"; exit 1; }
-fi
-say "running the depth stage: FRAMES=${FRAMES:-120} WARMUP=${WARMUP:-20}, at most $run_timeout s"
-PYTHONUNBUFFERED=1 timeout "$run_timeout" python3 bench/gpu_vipe.py --vipe "$VIPE" --moge "$UP/microsoft+MoGe" \
-  --clip "$clip" --out "$OUT" --frames "${FRAMES:-120}" --warmup "${WARMUP:-20}" \
-  --cache "$CACHE" --cache-written "$WORK/cache.json"
-status=$?
-say "gpu_vipe.py exited $status$([ "$status" = 124 ] && echo ' (timed out: see vipe_partial.json and vipe_run.log)')"
+say "vipe_ext and the cache are in $WORK"
 du -sh "$CACHE" 2>/dev/null | tee -a "$OUT/machine.txt"
-exit $status

@@ -1,11 +1,19 @@
-"""The queued systems: framefleet's local cluster, framefleet one video at a time, and a raw Celery chain.
+#!/usr/bin/env python3
+"""What a stage transition costs: framefleet's chain one video at a time against a raw Celery chain.
 
-Each starts its own redis-server (so Redis is inside the measured process tree) and returns
-the spans of every (video, stage): start and end (epoch s), seconds in the stage's model, worker.
+    python bench/modes_queue.py RAW_DIR [--videos 20] [--work DIR]
+
+``ff-1by1``: framefleet's chain over RAW_DIR's videos, one at a time on an idle cluster (a solo gpu0 and a
+solo cpu worker), so every gap between a stage's end and the next one's start is dispatch, none is queueing.
+``raw-chain``: no-op Celery tasks routed cpu -> gpu0 x3 -> cpu (bench/rawchain.py), the floor for dispatch.
+Each runs in a child process against its own redis-server; the first video of each warms the workers and
+is left out. Prints the median and p90 gap (ms) of each and per transition. The other benchmarks take their
+shared parts from here: ``private_redis`` (a redis-server on a free port) and ``processes``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -24,6 +32,7 @@ from typing import Any
 os.environ.setdefault("FRAMEFLEET_DEFAULT_BACKENDS", "synthetic")
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 
 def _free_port() -> int:
@@ -104,47 +113,6 @@ def processes(logs: Path) -> Iterator[Any]:
                 proc.wait()
 
 
-def stage_log(redis_url: str) -> list[dict[str, Any]]:
-    """framefleet's stage logs (ff:run:<id>:stages, every run) as spans."""
-    import redis
-
-    r = redis.Redis.from_url(redis_url, decode_responses=True)
-    entries = [json.loads(raw) for key in r.scan_iter(match="ff:run:*:stages") for raw in r.lrange(key, 0, -1)]
-    return [
-        {
-            "video": e["video"],
-            "stage": e["stage"],
-            "start": e["start"],
-            "end": e["end"],
-            "run_s": e.get("run_s", 0.0),
-            "worker": e["worker"],
-        }
-        for e in entries
-        if e.get("ok")
-    ]
-
-
-def framefleet(raw_dir: Path, out_dir: Path, limit: int | None, extra: list[str]) -> dict[str, Any]:
-    """``scripts/run_local.py`` on the videos, against a private Redis read afterwards."""
-    with private_redis() as url:
-        env = {**os.environ, "REDIS_URL": url}
-        argv = [
-            sys.executable,
-            str(ROOT / "scripts" / "run_local.py"),
-            str(raw_dir),
-            "--out",
-            str(out_dir),
-            *(["--limit", str(limit)] if limit else []),
-            *extra,
-        ]
-        started = time.time()
-        done = subprocess.run(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if done.returncode:
-            raise RuntimeError(f"run_local.py failed ({done.returncode}):\n{done.stdout[-3000:]}")
-        summary = json.loads((out_dir / "run_summary.json").read_text())
-        return {"spans": stage_log(url), "run_wall_s": summary["wall_s"], "launched": started}
-
-
 def _wait_registered(url: str, names: list[str], timeout_s: float = 120) -> None:
     from tasks.redis_client import get_redis
     from tasks.workers import registry
@@ -168,7 +136,9 @@ def framefleet_one_by_one(raw_dir: Path, out_dir: Path, videos: int) -> dict[str
         from tasks.autoscaler.supervisor import worker_argv
         from tasks.pipeline import STAGE_TASKS
 
-        env = {**os.environ, "REDIS_URL": url}
+        # The workers take jobs only under the roots they are given (tasks.config's dataset_root, output_root).
+        roots = {"FRAMEFLEET_DATASET_ROOT": str(raw_dir.resolve()), "FRAMEFLEET_OUTPUT_ROOT": str(out_dir.resolve())}
+        env = {**os.environ, "REDIS_URL": url, **roots}
         with processes(out_dir / "logs") as start:
             start("gpu0", worker_argv("gpu0", "gpu0"), env)
             # A solo worker, as run_local.py's CPU workers are (one supervised solo process per core)
@@ -178,9 +148,9 @@ def framefleet_one_by_one(raw_dir: Path, out_dir: Path, videos: int) -> dict[str
             spans = []
             jobs = jobs_for(raw_dir, out_dir, videos + 1)
             for i, job in enumerate(jobs):
-                result = chain(
-                    *(STAGE_TASKS[s].s(job) if not k else STAGE_TASKS[s].s() for k, s in enumerate(job["chain"]))
-                ).apply_async()
+                steps = [STAGE_TASKS[s].s(job) if not k else STAGE_TASKS[s].s() for k, s in enumerate(job["chain"])]
+                steps[-1] = steps[-1].set(ignore_result=False)  # the stages store no result unless asked
+                result = chain(*steps).apply_async()
                 final = result.get(timeout=300, propagate=True)
                 if i == 0:
                     continue  # the first video warms the workers up
@@ -250,3 +220,55 @@ def raw_chain(videos: int, in_flight: int) -> dict[str, Any]:
             wall = time.perf_counter() - began
         shutil.rmtree(logs, ignore_errors=True)
         return {"spans": spans, "run_wall_s": wall}
+
+
+def gaps(spans: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per transition "a->b": each video's seconds from the end of stage a to the start of stage b."""
+    by_video: dict[str, list[dict[str, Any]]] = {}
+    for span in spans:
+        by_video.setdefault(span["video"], []).append(span)
+    found: dict[str, list[float]] = {}
+    for steps in by_video.values():
+        steps.sort(key=lambda s: s["start"])
+        for prev, nxt in zip(steps, steps[1:], strict=False):
+            found.setdefault(f"{prev['stage']}->{nxt['stage']}", []).append(nxt["start"] - prev["end"])
+    return found
+
+
+def ms(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("raw", type=Path, help="a folder of videos (framefleet sample makes one)")
+    parser.add_argument("--videos", type=int, default=20, help="videos timed, after one that warms up")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/ff-transitions"))
+    parser.add_argument("--child", choices=["ff-1by1", "raw-chain"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        out = args.work / args.child
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        found = (
+            framefleet_one_by_one(args.raw, out, args.videos) if args.child == "ff-1by1" else raw_chain(args.videos, 1)
+        )
+        print(json.dumps(found["spans"]))
+        return 0
+    for mode in ("ff-1by1", "raw-chain"):
+        child = [sys.executable, __file__, str(args.raw), "--videos", str(args.videos), "--work", str(args.work)]
+        done = subprocess.run([*child, "--child", mode], capture_output=True, text=True)
+        if done.returncode:
+            print(f"{mode} failed ({done.returncode}):\n{done.stderr[-3000:]}", file=sys.stderr)
+            return 1
+        found = gaps(json.loads(done.stdout.strip().splitlines()[-1]))
+        every = [g for values in found.values() for g in values]
+        print(f"{mode}: gap median {ms(every, 0.5):.1f} ms, p90 {ms(every, 0.9):.1f} ms over {len(every)} transitions")
+        for name, values in found.items():
+            print(f"  {name}: median {ms(values, 0.5):.1f} ms, p90 {ms(values, 0.9):.1f} ms (n={len(values)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

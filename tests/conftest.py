@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -97,6 +98,17 @@ PIPELINE_ENV = ("REDIS_URL", "FRAMEFLEET_CONFIG", "FRAMEFLEET_REDIS_URL", "CUDA_
 # CI (.ci/run, as root) sets this: a test that needs root, a tmpfs or network namespaces then fails instead of
 # skipping when it cannot have them, so CI never passes by skipping what it is there to run.
 NO_PRIVILEGED_SKIPS = os.environ.get("FRAMEFLEET_CI") == "1"
+
+
+# Fixtures that start real worker processes (or runs of them): a test using one takes seconds to minutes.
+REAL_WORKER_FIXTURES = frozenset({"workers", "cluster", "fault_workers", "pipeline_env"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with the most real-worker tests first, each file's tests in their own order: `make test` hands
+    out whole files (--dist loadfile), and a long file handed out last would run alone at the suite's end."""
+    weight = Counter(item.path for item in items if REAL_WORKER_FIXTURES & set(getattr(item, "fixturenames", ())))
+    items.sort(key=lambda item: -weight[item.path])  # stable: files stay whole and keep their order among equals
 
 
 def skip_unless_ci(reason: str) -> None:

@@ -169,3 +169,56 @@ def test_the_eta_counts_only_the_videos_still_to_do_and_says_how_many_failed():
     line = render(counts, 6, 30.0, left_s, stages)
     assert "ETA 00:01:10 for 2 left (4 failed, not counted)" in line, line
     assert fraction_done({"videos.failed": 4, "videos.done": 2}, 6, stages) == 1.0
+
+
+WARM_WORKER = """
+import signal, sys, time
+import redis
+
+url, out = sys.argv[1], sys.argv[2]
+r = redis.Redis.from_url(url)
+r.ping()
+
+
+def warm(*_):  # a warm shutdown: the task in hand ends, writing to Redis as it goes
+    try:
+        for _ in range(20):
+            r.incr("finished")
+            time.sleep(0.05)
+        ended = "wrote"
+    except redis.RedisError as exc:
+        ended = type(exc).__name__
+    open(out, "w").write(ended)
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, warm)
+open(out + ".ready", "w").close()
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_local_run_stops_redis_last_so_a_worker_s_warm_shutdown_still_writes(tmp_path):
+    """`framefleet run`'s end (tasks.cli.run.stop_local): Flower at once, each worker warm, Redis only after them;
+    a worker finishing its task as it stops writes its statistics and marks to Redis, which must still answer."""
+    from tasks.autoscaler.supervisor import Supervisor
+    from tasks.cli.run import Cluster, stop_local
+    from tests.conftest import wait_until
+
+    cluster = Cluster(tmp_path / "logs")
+    url = cluster.start_redis()
+    flower = cluster.start("flower", [sys.executable, "-c", "import time; time.sleep(600)"], dict(os.environ))
+    ended = tmp_path / "worker-ended"
+    supervisor = Supervisor(
+        lambda _gpu, _name: [sys.executable, "-c", WARM_WORKER, url, str(ended)], lambda _gpu: dict(os.environ)
+    )
+    try:
+        supervisor.start(0, "cpu")
+        wait_until(lambda: (tmp_path / "worker-ended.ready").exists(), 60, "the worker stand-in to start")
+        stop_local(cluster, supervisor, lambda: False)
+    finally:
+        supervisor.stop_all(0)
+        cluster.stop(0)
+    assert ended.read_text() == "wrote", "Redis went away while a worker was still stopping"
+    assert flower.poll() is not None and all(proc.poll() is not None for _name, proc in cluster.procs)

@@ -148,3 +148,25 @@ def test_a_retired_run_is_finished_in_redis_and_lets_its_per_video_keys_go(redis
     assert {key: 3500 < r.ttl(key) <= 3600 for key in kept} == dict.fromkeys(kept, True)
     completion.video_ended(r, jobs[2], 3600)  # a task of the run delivered after its end counts nothing
     assert completion.counted(r, "old")[0]["videos"] == 2
+
+
+def test_a_held_video_is_noted_for_the_sweep_before_its_chain_is_published(redis_url, monkeypatch, tmp_path):
+    """note_sent precedes the send: a host lost between the two leaves a video the sweep finds noted and
+    nowhere, so it sends it; noted after, the sweep would never learn of a message lost in the send."""
+    from celery.signals import before_task_publish
+
+    configure_for(monkeypatch, redis_url)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    jobs, _ = new_run(r, tmp_path, "noted", 3)
+    completion.hold(r, "noted", jobs, 3600)
+    noted_at_publish: list[bool] = []
+
+    def publishing(**_kwargs) -> None:
+        noted_at_publish.append(r.hexists(completion.sent_key("noted"), "v1"))
+
+    before_task_publish.connect(publishing, weak=False)
+    try:
+        assert completion.send_pending(r, "noted", 1, 3600)
+    finally:
+        before_task_publish.disconnect(publishing)
+    assert noted_at_publish == [True]

@@ -35,7 +35,10 @@ def test_run_without_mediapipe_refuses_in_one_line_before_any_worker_naming_the_
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(HIDE_MEDIAPIPE)
-    env = {k: v for k, v in pipeline_env.items() if k not in ("REDIS_URL", "FRAMEFLEET_DEFAULT_BACKENDS")}
+    env = {k: v for k, v in pipeline_env.items() if k != "FRAMEFLEET_DEFAULT_BACKENDS"}
+    # A Redis that does not answer: a run that got past the install check stops at once naming it (exit 2, another
+    # line), instead of starting workers that exit 3 and waiting for them.
+    env["REDIS_URL"] = "redis://127.0.0.1:1/0"
     env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
     out = tmp_path / "out"
     done = subprocess.run(

@@ -105,6 +105,27 @@ def test_frames_move_smoothly_and_keep_large_brightness_variation(sample):
         assert max(info["step"]) < 30, f"{name} jumps between frames ({max(info['step']):.1f} mean grey levels)"
 
 
+def test_the_default_point_tracker_follows_every_sample_video_through_whole_windows(sample):
+    """`framefleet sample` then `framefleet run` keeps every video: the tracks gate (median track length) passes
+    when the opencv tracker follows the points. Shapes once crossed the frame too fast for it: most points were
+    lost within a frame or two (median 1 to 4 of a 10-frame window), and the gate kept a video out now and then."""
+    from tasks.backends.point_tracks import to_gray, track_pixels
+    from tasks.stages.preprocess import PreprocessStage
+    from tasks.stages.tracks import DEFAULT_WINDOW_LENGTH as L
+
+    out, videos = sample
+    grid = np.stack(np.meshgrid(np.linspace(32, 480, 8), np.linspace(24, 360, 8)), axis=-1).reshape(-1, 2)
+    for name in videos:
+        gray = to_gray(PreprocessStage().run({"video_path": str(out / name)})["frames"])  # 10 fps, 512x384
+        lengths = [
+            track_pixels(gray[s : s + L], grid.astype(np.float32))[1].cumprod(axis=0).sum(axis=0)
+            for s in range(0, len(gray) - L + 1, 3)
+        ]
+        assert lengths, (name, len(gray))
+        median = float(np.median(np.concatenate(lengths)))
+        assert median > L // 2, f"{name}: points followed {median} of {L} frames (median)"
+
+
 def test_same_seed_same_bytes_other_seed_other_video(tmp_path):
     # 854 wide, not a multiple of 16: the case where libx264 once gave different bytes per run.
     first = make_video(tmp_path / "a.mp4", 854, 480, 24, 1.0, seed=11)

@@ -4,6 +4,7 @@ only orphans, a heartbeat that survives a bad tick, and a stall report that name
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 
@@ -632,3 +633,26 @@ def test_the_deadline_ends_a_task_in_its_stage_but_not_one_whose_output_is_writt
     beat.enforce_deadline({"current": running}, conf)
     assert exits == [70]
     beat.app.close()
+
+
+def test_the_stall_report_tells_a_slurm_user_to_submit_the_job_again_not_to_start_a_bare_worker(
+    redis_url, r, tmp_path, monkeypatch
+):
+    send_task(redis_url, "framefleet.depth", ({"run_id": "r", "video_id": "v"},), "gpu1")
+    send_task(redis_url, "framefleet.preprocess", ({"run_id": "r", "video_id": "w"},), "cpu")
+    bare = "; ".join(stall.diagnose(r, r, _conf(redis_url)))
+    assert "queue gpu1: 1 tasks waiting and no live worker; start one with `" in bare and "sbatch" not in bare, bare
+    slurm = tmp_path / "slurm-bin"  # a login node: Slurm's commands on PATH
+    slurm.mkdir()
+    (slurm / "sbatch").write_text("#!/bin/sh\nexit 0\n")
+    (slurm / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{slurm}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FRAMEFLEET_HOME", "/srv/framefleet")
+    why = stall.diagnose(r, r, _conf(redis_url))
+    (gpu,) = [line for line in why if line.startswith("queue gpu1:")]
+    assert (
+        "submit the GPU job again" in gpu
+        and "`sbatch --gres=gpu:2 /srv/framefleet/deploy/slurm/framefleet-gpu.sbatch`" in gpu
+    ), gpu
+    (cpu,) = [line for line in why if line.startswith("queue cpu:")]
+    assert "`sbatch /srv/framefleet/deploy/slurm/framefleet-cpu.sbatch`" in cpu and "celery" not in cpu, cpu

@@ -1,6 +1,6 @@
 """What a finished video leaves in Redis (docs/redis-keys.md): real runs on one Redis, then "an hour after".
 
-An hour is simulated as bench/redis_per_video.py does: every key whose remaining TTL is at most an
+An hour is simulated as bench/redis_per_video.py did (in git at b08a959): every key whose remaining TTL is at most an
 hour is deleted, as Redis would have expired it by then.
 """
 

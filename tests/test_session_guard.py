@@ -36,7 +36,8 @@ def test_a_stopped_test_run_leaves_no_process_behind(pipeline_env, tmp_path, sig
         nested = json.loads(ready.read_text())
         assert nested["tag"] != pipeline_env.get(TAG)  # the guard's own tag, not an outer guard's
         cluster = below(guard.pid)
-        assert nested["worker"] in cluster and len(cluster) >= 3, cluster  # pytest, its redis-server, the worker
+        assert nested["worker"] in cluster and nested["stray"] in cluster, cluster
+        assert len(cluster) >= 4, cluster  # pytest, its redis-server, the worker, the stray process
         assert any(b"redis-server" in Path(f"/proc/{p}/cmdline").read_bytes() for p in cluster)
         guard.send_signal(sig)
         out, _ = guard.communicate(timeout=60)
@@ -47,3 +48,4 @@ def test_a_stopped_test_run_leaves_no_process_behind(pipeline_env, tmp_path, sig
     assert guard.returncode != 0, out
     assert tagged(nested["tag"]) == [], out
     assert [p for p in cluster if alive(p)] == [], out
+    assert not alive(nested["stray"]) and "session_guard: ended" in out, out  # the guard's end_all, not a teardown

@@ -28,7 +28,11 @@ def test_tasks_of_a_gpu_queue_whose_worker_died_before_it_was_ready_are_finished
         wait_until(lambda: queues.length(r, "gpu0") == 2 or run.poll() is not None, 120, "2 tasks waiting on gpu0")
         assert run.poll() is None, run.communicate()[0]
         assert "gpu0" not in registry.known_gpu_queues(r)
-        workers.start("gpu1")
+        workers.start("gpu1")  # returns once gpu1 is live; its heartbeat (0.5 s here) rebalances every tick
+        wait_until(
+            lambda: queues.length(r, "gpu0") == 0 or run.poll() is not None, 60, "gpu1's worker to take gpu0's tasks"
+        )
+        assert queues.length(r, "gpu0") == 0, "gpu0's tasks still wait with gpu1 live: nothing moved them"
         text, _ = run.communicate(timeout=180)
     finally:
         if run.poll() is None:

@@ -141,10 +141,13 @@ def test_the_plain_command_with_the_prefork_pool_exits_with_the_fix_and_consumes
     """``-P prefork`` alone (no ``-c``, which is refused on its own): Celery would start a process per core."""
     send_task(pipeline_env["REDIS_URL"], "framefleet.depth", ({"run_id": "r", "video_id": "v"},), "gpu0")
     proc = workers.launch("gpu0", ["-P", "prefork", "-Q", "gpu0"])
+    r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
+    key = f"ff:worker:gpu0@{HOST}"  # a worker that started registers: said at once, not after a wait for its exit
+    wait_until(lambda: proc.poll() is not None or r.exists(key), 60, "the prefork worker to exit (or register)")
+    assert not r.exists(key), f"the prefork worker started and registered: {workers.log('gpu0')[-2000:]}"
     assert proc.wait(timeout=60) != 0, workers.log("gpu0")
     (line,) = [line for line in workers.log("gpu0").splitlines() if line.startswith("framefleet:")]
     assert "asks for -P prefork." in line and "`celery -A tasks worker -Q gpu0`" in line, line
-    r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
     from tasks.delivery import queues
 
     assert queues.length(r, "gpu0") == 1 and r.hlen("unacked") == 0  # the task still waits, untouched

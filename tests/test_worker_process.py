@@ -30,7 +30,10 @@ def test_a_worker_refuses_two_gpus_queues(workers):
     assert workers.state("both") is None
 
 
-def test_a_failed_model_load_exits_non_zero_and_consumes_nothing(workers, pipeline_env, tmp_path):
+def test_a_failed_model_load_exits_3_and_consumes_nothing(workers, pipeline_env, tmp_path):
+    """Exit 3 (EXIT_CANNOT_START) is what the supervisor reads as "cannot start here": no restart loop."""
+    from tasks.errors import EXIT_CANNOT_START
+
     r = redis.Redis.from_url(pipeline_env["REDIS_URL"])
     send_task(pipeline_env["REDIS_URL"], "framefleet.depth", ({"run_id": "r", "video_id": "v"},), "gpu0")
     assert r.llen("gpu0") == 1
@@ -39,7 +42,7 @@ def test_a_failed_model_load_exits_non_zero_and_consumes_nothing(workers, pipeli
     proc = workers.start("gpu0", env={"FRAMEFLEET_CONFIG": str(config)}, wait=False)
     code = proc.wait(timeout=90)
     log = workers.log("gpu0")
-    assert code != 0, log
+    assert code == EXIT_CANNOT_START == 3, log
     assert "the depth model (synthetic backend" in log and "failed to load" in log
     assert "Fix stages.depth.backend/params" in log
     assert r.llen("gpu0") == 1 and r.hlen("unacked") == 0  # the task still waits, untouched

@@ -48,7 +48,8 @@ def learn_first(views: list[GpuView], decisions: list[Decision], policy: Autosca
 
     Why: on an H200 with the whole real chain, SAM 3 (masks, 8.9 s a video) grew to three workers while
     ViPE (depth, the next stage) ran its first video, with ViPE's time assumed to be SAM 3's; ViPE took 36 s
-    and then had room for two workers (bench/NOTEBOOK.md, "The whole chain on four H200s with the chain-aware policy").
+    and then had room for two workers (docs/archive/notebook.md, "The whole chain on four H200s with the chain-aware
+    policy").
     """
     learning = [v for v in views if (v.backlog or v.running) and (v.service_s is None or v.service_assumed)]
     held = []

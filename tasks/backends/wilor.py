@@ -45,7 +45,7 @@ MANO_FIX = (
 # WiLoR's default crop padding (process_wilor.py:541: "don't change").
 RESCALE_FACTOR = 2.0
 # Frames per detector call. With a YOLOv8x detector, the hands stage on 150 frames of 512x384 (letterboxed
-# to 480x640) peaked at 15,572 MiB allocated on an H200, weights included (bench/NOTEBOOK.md): about
+# to 480x640) peaked at 15,572 MiB allocated on an H200, weights included (docs/archive/notebook.md): about
 # 0.1 GiB a frame. 32 frames keep the detector near 3 GiB, under the WiLoR network's own peak at y2r's
 # batch_size 256 (6,656 MiB on an H100), so the stage's peak is set by batch_size, not by the video's
 # length. WiLoR's demo gives the detector one image a call (demo.py:47), y2r the whole video
@@ -281,7 +281,7 @@ def headless_rendering() -> None:
     builds a ``pyrender.OffscreenRenderer`` (wilor/models/wilor.py:57-59, mesh_renderer.py:49-51), though
     the adapter never renders. pyrender's import defines its viewer on ``pyglet.window.Window``
     (pyrender/viewer.py:33-38), which loads X11's libraries unless pyglet is headless: on a GPU machine
-    without them the import fails (XRenderFindVisualFormat, bench/NOTEBOOK.md). ``PYGLET_HEADLESS`` is
+    without them the import fails (XRenderFindVisualFormat, docs/archive/notebook.md). ``PYGLET_HEADLESS`` is
     read when pyglet is first imported (pyglet/__init__.py:317-329, pyglet 2.1); ``PYOPENGL_PLATFORM``
     picks EGL for the offscreen context. Both need libEGL (``apt install libegl1``). A value already
     set is kept.

@@ -7,7 +7,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -66,8 +68,8 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
     for queue, waiting in queues.lengths(broker, names).items():
         if waiting and queue not in consumed:
             problems.append(
-                f"queue {queue}: {waiting} tasks waiting and no live worker; start one with "
-                f"`{worker_command(r, broker, conf, queue)}`"
+                f"queue {queue}: {waiting} tasks waiting and no live worker; "
+                + (slurm_job(queue, conf) or f"start one with `{worker_command(r, broker, conf, queue)}`")
             )
     problems += _held_by_idle_or_gone(broker, r, {w["hostname"]: w for w in workers}, conf)
     problems += waiting_for_settings(r, broker, workers, conf)
@@ -85,6 +87,22 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
                 f"{running:.0f} s, past its {deadline:.0f} s deadline"
             )
     return problems
+
+
+def slurm_job(queue: str, conf: Settings) -> str:
+    """On a Slurm cluster (``sbatch`` on PATH), the job to submit again for ``queue`` (a GPU job serves gpu0 up to
+    gpu<N-1>, a CPU job the CPU queue), as docs/slurm.md starts them; "" elsewhere, or for a settings queue."""
+    gpu = conf.gpu_index(queue)
+    plain_gpu = gpu is not None and queue == conf.gpu_queue(gpu)
+    if shutil.which("sbatch") is None or not (plain_gpu or queue == conf.cpu_queue):
+        return ""
+    scripts = Path(os.environ.get("FRAMEFLEET_HOME", "/opt/framefleet")) / "deploy" / "slurm"
+    if queue == conf.cpu_queue:
+        return f"on Slurm, submit a CPU job again: `sbatch {scripts / 'framefleet-cpu.sbatch'}` (docs/slurm.md)"
+    return (
+        f"on Slurm, submit the GPU job again (its workers serve gpu0 to gpu<N-1>): "
+        f"`sbatch --gres=gpu:{(gpu or 0) + 1} {scripts / 'framefleet-gpu.sbatch'}` (docs/slurm.md)"
+    )
 
 
 def worker_command(r: redis.Redis, broker: redis.Redis, conf: Settings, queue: str) -> str:

@@ -5,7 +5,7 @@ roots, chain, settings hashes, GPUs, modes) is the same for all. So ``ff:run:<id
 the shared part once (field ``job``), the per-video parts in chunks of CHUNK videos (field ``c<n>``,
 zlib-compressed JSON in base64: pending videos n·CHUNK … n·CHUNK+CHUNK-1, in sending order), and how
 many are held (``held``); ``ff:run:<id>:pending-sent`` is a bitmap with bit i set once pending video i was sent.
-About 20 B per held video instead of a 440 B job JSON in a field of its own (bench/NOTEBOOK.md).
+About 20 B per held video instead of a 440 B job JSON in a field of its own (docs/archive/notebook.md).
 
 Pending video i is sent by the (i+1)-th video of the run to finish (tasks.run.completion). The send
 comes first, then its bit: a sender killed in between sends it again when its task is delivered

@@ -217,8 +217,8 @@ def test_once_the_peak_is_known_the_workers_that_fit_start_at_once():
 
 
 def test_at_most_two_workers_of_a_family_load_at_once_and_the_next_step_waits_for_them():
-    """The whole real chain on one H200 (bench/NOTEBOOK.md, "The whole chain on two H200s"): once ViPE's first video
-    had ended, depth went from 1 worker to 6 in one step; the five loaded together for 242 s each (73 s alone)
+    """The whole real chain on one H200 (docs/archive/notebook.md, "The whole chain on two H200s"): once ViPE's first
+    video had ended, depth went from 1 worker to 6 in one step; the five loaded together for 242 s each (73 s alone)
     and the one already working took 42 s a video beside them. These are that tick's readings."""
     depth = GpuView(
         index=0,
@@ -451,7 +451,7 @@ class SimChain:
         return {f.queue: f.workers + f.starting for f in self.families}
 
 
-# The whole chain with the real models on an H200 (bench/NOTEBOOK.md): SAM 3 33.4 GB and 8 s a video, ViPE
+# The whole chain with the real models on an H200 (docs/archive/notebook.md): SAM 3 33.4 GB and 8 s a video, ViPE
 # 13.2 GB and 16 s, a 141 GB GPU; SAM 3's first task has ended with 22 videos waiting for it, one in hand.
 H200_MIB, SAM3_MIB, VIPE_MIB = 143_771, 33_400, 13_200
 
@@ -501,7 +501,7 @@ def test_while_the_downstream_model_is_unknown_the_first_adds_one_worker_at_a_ti
 
 
 def test_the_first_model_waits_for_the_next_ones_first_task_before_it_grows():
-    """The GPU run's finding (bench/NOTEBOOK.md): SAM 3 had ended its first video, ViPE was running its own
+    """The GPU run's finding (docs/archive/notebook.md): SAM 3 had ended its first video, ViPE was running its own
     with its time assumed to be SAM 3's, and a single-worker step (a short cooldown) took SAM 3 to 3 workers
     while ViPE, 36 s a video, then fitted 2."""
     gpu = masks_then_depth(depth_service_s=8.9)

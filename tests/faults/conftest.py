@@ -203,7 +203,7 @@ def wait_for_summary(out: Path, run_index: int = 1, timeout_s: float = 300) -> d
 def record(
     scenario: str, faults: str, out: Path, reference: dict | None, recovered_s: float | None, logs: Path | None = None
 ) -> None:
-    """Append one row of the fault table to $FRAMEFLEET_FAULT_REPORT (bench/faults.sh reads it).
+    """Append one row of the fault table to $FRAMEFLEET_FAULT_REPORT (the fault table a CI run leaves).
 
     With ``logs``, the row also counts the stage runs in the workers' logs and how many ran twice.
     """

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 
+import pytest
 import redis
 from kombu import Connection, Exchange, Producer
 
@@ -17,6 +18,10 @@ from tests.redis_servers import certificates
 from tests.test_flower_monitoring import Flower
 
 
+# In the CI fault tier (make test-ci-faults); what stands for it in `make test`:
+# tests/test_pipeline_e2e.py::test_corrupt_inputs_end_as_failure_records_and_the_rest_finishes.
+@pytest.mark.slow
+@pytest.mark.ci_fault
 def test_corrupt_and_odd_inputs_each_end_processed_or_quarantined(fault_raw, fault_workers, fault_env, tmp_path):
     raw = tmp_path / "raw"
     shutil.copytree(fault_raw, raw)
@@ -115,6 +120,10 @@ def test_paths_outside_the_roots_are_refused_without_reading(fault_raw, fault_wo
     assert not out.exists()  # refused jobs write nothing: no file, no folder
 
 
+# In the CI fault tier (make test-ci-faults); what stands for it in `make test`:
+# test_tls_with_a_password_works_and_the_password_never_shows, below (a password over TLS).
+@pytest.mark.slow
+@pytest.mark.ci_fault
 def test_a_redis_password_works_and_never_shows(fault_raw, tmp_path):
     folder = tmp_path / "redis"
     folder.mkdir()

@@ -59,7 +59,7 @@ def _log_lines(workers: Workers, text: str) -> int:
 
 
 # The outage scenario that lost a stage message now and then (issue 21): once in the fast tier, 20
-# times in the slow one (`-m slow`; bench/NOTEBOOK.md has the counts).
+# times in the slow one (`-m slow`; docs/archive/notebook.md has the counts).
 OUTAGE_RUNS = [0, *(pytest.param(n, marks=pytest.mark.slow) for n in range(1, 20))]
 
 
@@ -319,6 +319,10 @@ def test_a_duplicate_delivery_whose_holder_died_runs_and_nothing_is_lost(
     )
 
 
+# In the CI fault tier (make test-ci-faults); what stands for it in `make test`:
+# test_a_duplicate_delivery_whose_holder_died_runs_and_nothing_is_lost (a duplicate beside its holder).
+@pytest.mark.slow
+@pytest.mark.ci_fault
 def test_a_duplicate_dropped_while_its_holder_runs_leaves_the_holder_s_message_to_be_requeued(
     fault_raw, fault_workers, fault_env, redis_server, tmp_path
 ):

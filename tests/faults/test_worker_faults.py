@@ -6,6 +6,8 @@ import random
 import signal
 import time
 
+import pytest
+
 from tasks.delivery import queues
 from tests.conftest import run_script, settings_env, wait_until
 from tests.faults.conftest import assert_nothing_lost, record, stage_runs, wait_for_summary
@@ -14,6 +16,10 @@ from tests.faults.conftest import assert_nothing_lost, record, stage_runs, wait_
 SLOW = "stages:\n  depth:\n    params: {seconds_per_frame: 0.25}\n"
 
 
+# In the CI fault tier (make test-ci-faults); what stands for it in `make test`:
+# tests/test_failover.py (a worker SIGKILLed mid-task: the task completes on another within the lease TTL).
+@pytest.mark.slow
+@pytest.mark.ci_fault
 def test_sigkill_a_gpu_worker_several_times_at_random_moments(
     fault_raw, fault_workers, fault_env, reference_stats, tmp_path
 ):
@@ -46,6 +52,10 @@ def test_sigkill_a_gpu_worker_several_times_at_random_moments(
     )
 
 
+# In the CI fault tier (make test-ci-faults); what stands for it in `make test`:
+# tests/test_pipeline_e2e.py's two GPU workers, one stopping (warm) mid-run, nothing lost.
+@pytest.mark.slow
+@pytest.mark.ci_fault
 def test_sigterm_finishes_the_task_in_hand_and_takes_no_new_one(fault_raw, fault_workers, fault_env, tmp_path):
     env = settings_env(tmp_path, SLOW)
     fault_workers.start("cpu", env=env)

@@ -111,6 +111,10 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+# In the CI fault tier (make test-ci-faults); what stands for it in `make test`:
+# tests/faults/test_broker_and_storage_faults.py's unwritable output (a storage error: clear, retried, no torn file).
+@pytest.mark.slow
+@pytest.mark.ci_fault
 def test_a_full_disk_quarantines_with_the_reason_leaves_no_torn_file_and_resumes_after(
     fault_raw, fault_workers, fault_env, small_disk, tmp_path
 ):

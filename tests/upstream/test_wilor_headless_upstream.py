@@ -2,7 +2,7 @@
 
 pyrender's import subclasses ``pyglet.window.Window`` (pyrender/viewer.py:33-38); unless pyglet is
 headless that loads X11's libraries, and on the GPU machine, which has none, the import failed
-(bench/NOTEBOOK.md, "TAPIP3D and WiLoR through their upstream code on a GPU"). After
+(docs/archive/notebook.md, "TAPIP3D and WiLoR through their upstream code on a GPU"). After
 ``headless_rendering()`` the real pyrender and pyglet (the versions of deploy/envs/wilor.lock) must
 import with pyglet's EGL window and no X11 module, in a process with no display, and build the
 ``OffscreenRenderer`` that ``load_wilor`` builds (mesh_renderer.py:49-51) on the machine's EGL (on a

@@ -6,7 +6,7 @@ headless platform (PYOPENGL_PLATFORM=egl or osmesa) chosen before that import, a
 viewer subclasses ``pyglet.window.Window`` at import (pyrender/viewer.py:33-38), which loads X11's
 libraries unless pyglet is headless (PYGLET_HEADLESS, read at pyglet's import: pyglet/__init__.py:317-329).
 Without them that import fails in pyglet's xrender module with an AttributeError (seen on the GPU
-machine, bench/NOTEBOOK.md), which this stand-in raises too.
+machine, docs/archive/notebook.md), which this stand-in raises too.
 """
 
 from __future__ import annotations
