@@ -17,7 +17,7 @@
 #       bench/gpu_lib.sh's upstream clones) and the clips dog, sheep, pstudio (.gpu/up/data: gpu_lib.sh's clip, from
 #       FRAMEFLEET_REAL_DATA, default the shared folder's data/real where present, else synthetic ones, said so).
 #       A GPU bench then takes UPSTREAM_ARCHIVES=.gpu/up/upstream and CLIP or FRAMEFLEET_REAL_DATA=.gpu/up/data;
-#       carry only the archives a call needs (bench/NOTEBOOK.md).
+#       carry only the archives a call needs (docs/archive/notebook.md).
 # What one call can carry, with the tree (3.3 MiB): 64 MiB. .device (../shared/device/prepare.sh) is 44 MiB, 34 of
 # them PyAV; .gpu/real 12, .gpu/real2 13, .gpu/up 6.5, .gpu/vipe 31: .device + .gpu/up travel in one call (54 MiB),
 # .gpu/vipe + .gpu/real + .gpu/real2 in the next (59 MiB); .device + .gpu/real + .gpu/up (66 MiB) do not fit.
