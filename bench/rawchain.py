@@ -1,7 +1,7 @@
 """The floor for dispatch: a raw Celery chain of no-op tasks routed like framefleet's (cpu → gpu0 ×3 → cpu).
 
 The app is configured as framefleet's is where it matters for a transition: Redis broker and
-results, JSON, late acks, prefetch 1, solo workers (started by bench/modes_queue.py as
+results, JSON, late acks, prefetch 1, solo workers (started by bench/transitions.py as
 ``celery -A bench.rawchain worker -Q raw.cpu -P solo`` and ``-Q raw.gpu0``). Each task appends
 its start and end (epoch s) to the list it is given and returns it.
 """

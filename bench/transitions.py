@@ -29,9 +29,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("FRAMEFLEET_DEFAULT_BACKENDS", "synthetic")  # the orchestration, not the models
-
-from bench.modes_queue import _wait_registered, private_redis, processes  # noqa: E402
+from bench.modes_queue import _wait_registered, private_redis, processes  # noqa: E402  (sets the synthetic backends)
 
 RAW_CHAINS_PER_RUN = 2
 
@@ -53,15 +51,8 @@ def raw_chain_gaps(rawchain: Any) -> list[float]:
 
 
 def raw_worker(queue: str) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "bench.rawchain", "worker", "-Q", queue, "-P", "solo", "-c", "1"] + [
-        "-n",
-        f"{queue}@%h",
-        "-E",
-        "--without-gossip",
-        "--without-mingle",
-        "--loglevel",
-        "WARNING",
-    ]
+    celery = [sys.executable, "-m", "celery", "-A", "bench.rawchain", "worker", "-Q", queue, "-P", "solo", "-c", "1"]
+    return [*celery, "-n", f"{queue}@%h", "-E", "--without-gossip", "--without-mingle", "--loglevel", "WARNING"]
 
 
 def measure(runs: int, work: Path) -> dict[str, list[float]]:
