@@ -68,14 +68,19 @@ def main() -> int:
         for r in range(args.rounds):
             for name in list(systems)[r % 2 :] + list(systems)[: r % 2]:
                 spent[name] += deliveries(url, systems[name], args.messages)
-    base = statistics.median(spent["kombu 5.7.0"])
-    print(f"{args.rounds} rounds × {args.messages} deliveries each, in turns; load {os.getloadavg()[0]:.1f}")
-    print(f"{'transport':<26}{'n':>6}{'median µs':>11}{'p90 µs':>9}{'÷ kombu':>9}")
+    print_table(spent, "transport", "kombu 5.7.0", args.rounds, args.messages)
+    return 0
+
+
+def print_table(spent: dict[str, list[float]], what: str, base: str, rounds: int, messages: int) -> None:
+    """The median and p90 µs a delivery of each of ``spent``, and the ratio of its median to ``base``'s."""
+    base_median = statistics.median(spent[base])
+    print(f"{rounds} rounds × {messages} deliveries each, in turns; load {os.getloadavg()[0]:.1f}")
+    print(f"{what:<26}{'n':>6}{'median µs':>11}{'p90 µs':>9}{'÷ ' + base.split()[0]:>9}")
     for name, values in spent.items():
         values.sort()
         median, p90 = statistics.median(values), values[int(0.9 * (len(values) - 1))]
-        print(f"{name:<26}{len(values):>6}{median:>11.0f}{p90:>9.0f}{median / base:>9.2f}")
-    return 0
+        print(f"{name:<26}{len(values):>6}{median:>11.0f}{p90:>9.0f}{median / base_median:>9.2f}")
 
 
 if __name__ == "__main__":

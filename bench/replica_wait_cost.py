@@ -19,9 +19,7 @@ Prints the median and p90 per delivery in microseconds, per configuration, and t
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 import tasks.celery_app  # noqa: E402, F401  (installs the transport)
-from bench.delivery_cost import deliveries  # noqa: E402
+from bench.delivery_cost import deliveries, print_table  # noqa: E402
 from tasks.delivery import transport  # noqa: E402
 from tasks.redis_client import free_port, server_argv  # noqa: E402
 
@@ -123,13 +121,7 @@ def main() -> int:
                 primary.config_set("min-replicas-to-write", min_replicas)
                 primary.config_set("min-replicas-max-lag", 10)
                 spent[name] += deliveries(url, cls, args.messages)
-    base = statistics.median(spent["async"])
-    print(f"{args.rounds} rounds × {args.messages} deliveries each, in turns; load {os.getloadavg()[0]:.1f}")
-    print(f"{'replication':<26}{'n':>6}{'median µs':>11}{'p90 µs':>9}{'÷ async':>9}")
-    for name, values in spent.items():
-        values.sort()
-        median, p90 = statistics.median(values), values[int(0.9 * (len(values) - 1))]
-        print(f"{name:<26}{len(values):>6}{median:>11.0f}{p90:>9.0f}{median / base:>9.2f}")
+    print_table(spent, "replication", "async", args.rounds, args.messages)
     return 0
 
 
