@@ -155,6 +155,8 @@ def test_stage_parameters_from_the_environment_are_typed_at_start_up(monkeypatch
     conf = load_settings()
     assert conf.stages["depth"].params["seconds_per_frame"] == 0.05
     assert conf.stages["tracks"].params["target_points"] == 32
+    monkeypatch.setenv("FRAMEFLEET_STAGES__DEPTH__PARAMS__HOLD_MIB", "1.0e12")  # YAML 1.1 reads it as text
+    assert load_settings().stages["depth"].params["hold_mib"] == 1.0e12
     monkeypatch.setenv("FRAMEFLEET_STAGES__TRACKS__PARAMS__TARGET_POINTS", "many")
     with pytest.raises(ConfigError, match=r"stages\.tracks\.params\.target_points .* must be a whole number"):
         load_settings()

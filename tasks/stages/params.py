@@ -51,6 +51,9 @@ def _typed(value: Any, kind: str | None) -> Any:
     if isinstance(value, str):  # from the environment (or quoted in YAML): read it as YAML reads a value
         with contextlib.suppress(yaml.YAMLError):  # not YAML: text, refused below
             value = yaml.safe_load(value)
+        if isinstance(value, str) and kind in ("float", "int"):  # YAML 1.1 reads 1.0e12 (no sign) as text
+            with contextlib.suppress(ValueError):
+                value = float(value)
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if (kind == "bool" and isinstance(value, bool)) or (kind == "float" and number):
         return value
