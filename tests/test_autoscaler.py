@@ -497,8 +497,13 @@ def test_a_stage_with_its_own_python_is_a_family_of_its_own(
         "Fake GPU 1GB|hands|envonly|512x384",
     )
     assert profiles.load(r, main_key).peak_mib == 300 and profiles.load(r, hands_key).peak_mib == 150
-    made = decisions(r)
-    assert {d["action"] for d in made} == {"up"} and r.llen("ff:oom") == 0, autoscaler.log()[-6000:]
+    every = decisions(r)
+    assert {d["action"] for d in every} <= {"up", "down"} and r.llen("ff:oom") == 0, autoscaler.log()[-6000:]
+    # A worker given back only by the throughput rule (tasks.autoscaler.benefit): its family's last join raised
+    # nothing (on a loaded host two workers may share the cores) while the other family had tasks waiting.
+    for d in (d for d in every if d["action"] == "down"):
+        assert d["reason"].startswith("no gain from") and d["others_waiting"] > 0 and d["ceiling"] >= 1, d
+    made = [d for d in every if d["action"] == "up"]
     assert [d["worker"] for d in made[:2]] == ["gpu0-1", "gpu0.hands-1"]  # each family's minimum first
     assert made[2:], f"neither family grew past one worker: {most}\n{autoscaler.log()[-6000:]}"
     for at, d in enumerate(made[2:], start=2):  # each on its own backlog and peak, around the other's memory
@@ -507,13 +512,16 @@ def test_a_stage_with_its_own_python_is_a_family_of_its_own(
         assert d["queue"] == queue and d["backlog"] > d["workers"] + d["starting"], d
         assert d["peak_mib"] == peak[queue] and d["other_used_mib"] >= (100 if queue == "gpu0" else 300 * main_then), d
         assert (d["workers"] + d["starting"] + 1) * d["peak_mib"] + d["other_used_mib"] <= 900, d
-    assert most == {q: sum(1 for d in made if d["worker"].rpartition("-")[0] == q) for q in most}, (most, made)
+    started = {q: sum(1 for d in made if d["worker"].rpartition("-")[0] == q) for q in most}
+    given_back = any(d["action"] == "down" for d in every)
+    assert most == started if not given_back else all(1 <= most[q] <= started[q] for q in most), (most, every)
     # Each worker says it is idle in its next heartbeat after its last task; status counts each family apart.
     wait_until(lambda: not any(w.get("busy") for w in live_workers(r)), 30, "the workers to be idle")
     shown = run_script("status.py", env={**env, LEDGER_ENV: str(ledger)}, timeout_s=60)
     lines = shown.stdout.splitlines()
     assert shown.returncode == 0 and ["gpu0.hands", "0"] in [line.split() for line in lines], shown.stdout
-    counted = f"{sum(most.values())} (0 busy): gpu0 {most['gpu0']}, gpu0.hands {most['gpu0.hands']}"
+    kept = {q: started[q] - sum(1 for d in every if d["action"] == "down" and d["queue"] == q) for q in most}
+    counted = f"{sum(kept.values())} (0 busy): gpu0 {kept['gpu0']}, gpu0.hands {kept['gpu0.hands']}"
     assert counted in next(line for line in lines if line.startswith("0 ")), shown.stdout
     logs = tmp_path / "logs"
     hands_logs = "".join(p.read_text(errors="replace") for p in logs.glob("gpu0.hands-*.log"))
@@ -522,7 +530,8 @@ def test_a_stage_with_its_own_python_is_a_family_of_its_own(
     assert "ran hands of" not in main_logs and main_logs.count("ran depth of") == 6
 
     pids = worker_pids(r)
-    assert len(pids) == 4 and all(alive(pid) for pid in pids)
+    retired = {d["worker_pid"] for d in every if d["action"] == "down"}
+    assert len(pids) == sum(started.values()) and all(alive(pid) for pid in pids - retired), (pids, retired)
     assert autoscaler.stop() == 0, autoscaler.log()
     assert not [pid for pid in pids if alive(pid)]
 
