@@ -77,7 +77,7 @@ def test_a_worker_killed_while_publishing_leaves_nothing_torn_and_the_run_finish
     elsewhere = {**fault_env, "FRAMEFLEET_OBJECT_CACHE": str(tmp_path / "elsewhere")}
     again = run_script("enqueue_dataset.py", raw, "--out", out, "--continue", env=elsewhere)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert f"({len(files)} already complete)" in again.stdout
+    assert f"nothing to do: every one of the {len(files)} videos" in again.stdout, again.stdout  # none sent
     check = subprocess.run(
         [sys.executable, "-m", "tasks.cli.main", "verify", out],
         cwd=ROOT,
