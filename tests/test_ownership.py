@@ -638,6 +638,7 @@ def test_the_deadline_ends_a_task_in_its_stage_but_not_one_whose_output_is_writt
 def test_the_stall_report_tells_a_slurm_user_to_submit_the_job_again_not_to_start_a_bare_worker(
     redis_url, r, tmp_path, monkeypatch
 ):
+    monkeypatch.delenv("SLURM_CONF", raising=False)
     send_task(redis_url, "framefleet.depth", ({"run_id": "r", "video_id": "v"},), "gpu1")
     send_task(redis_url, "framefleet.preprocess", ({"run_id": "r", "video_id": "w"},), "cpu")
     bare = "; ".join(stall.diagnose(r, r, _conf(redis_url)))
@@ -647,6 +648,10 @@ def test_the_stall_report_tells_a_slurm_user_to_submit_the_job_again_not_to_star
     (slurm / "sbatch").write_text("#!/bin/sh\nexit 0\n")
     (slurm / "sbatch").chmod(0o755)
     monkeypatch.setenv("PATH", f"{slurm}{os.pathsep}{os.environ['PATH']}")
+    installed_only = "; ".join(stall.diagnose(r, r, _conf(redis_url)))  # Slurm's package, no cluster configured
+    assert "start one with `" in installed_only and "sbatch" not in installed_only, installed_only
+    (tmp_path / "slurm.conf").write_text("ClusterName=lab\n")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
     monkeypatch.setenv("FRAMEFLEET_HOME", "/srv/framefleet")
     why = stall.diagnose(r, r, _conf(redis_url))
     (gpu,) = [line for line in why if line.startswith("queue gpu1:")]

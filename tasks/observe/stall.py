@@ -89,12 +89,27 @@ def diagnose(r: redis.Redis, broker: redis.Redis, conf: Settings) -> list[str]:
     return problems
 
 
+# Where Slurm's commands find the cluster when $SLURM_CONF names none: the packaged paths and a configless
+# login node's cache (slurm.conf(5), "sackd").
+SLURM_CONFS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
+
+
+def on_slurm() -> bool:
+    """Whether this host submits to a Slurm cluster: ``sbatch`` on PATH and a cluster's slurm.conf to read (a host
+    with Slurm's package installed and no cluster configured is not one)."""
+    if shutil.which("sbatch") is None:
+        return False
+    named = os.environ.get("SLURM_CONF", "")
+    return any(Path(p).is_file() for p in (named, *SLURM_CONFS) if p)
+
+
 def slurm_job(queue: str, conf: Settings) -> str:
-    """On a Slurm cluster (``sbatch`` on PATH), the job to submit again for ``queue`` (a GPU job serves gpu0 up to
-    gpu<N-1>, a CPU job the CPU queue), as docs/slurm.md starts them; "" elsewhere, or for a settings queue."""
+    """On a Slurm cluster (tasks.observe.stall.on_slurm), the job to submit again for ``queue`` (a GPU job serves
+    gpu0 up to gpu<N-1>, a CPU job the CPU queue), as docs/slurm.md starts them; "" elsewhere, or for a settings
+    queue."""
     gpu = conf.gpu_index(queue)
     plain_gpu = gpu is not None and queue == conf.gpu_queue(gpu)
-    if shutil.which("sbatch") is None or not (plain_gpu or queue == conf.cpu_queue):
+    if not (plain_gpu or queue == conf.cpu_queue) or not on_slurm():
         return ""
     scripts = Path(os.environ.get("FRAMEFLEET_HOME", "/opt/framefleet")) / "deploy" / "slurm"
     if queue == conf.cpu_queue:
