@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -13,20 +11,10 @@ from tasks.errors import ClaimLost
 from tasks.outputs import remote
 from tasks.outputs.storage import read_marker, write_marker, write_text_atomic
 from tasks.run import seal
-from tests.conftest import ROOT, process_env, run_script
+from tests.conftest import process_env, run_script
+from tests.test_runs import ff
 
 MARKER = "markers/ab/v.hdf5.done.json"
-
-
-def framefleet(*args: str, env: dict[str, str], timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tasks.cli.main", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
 
 
 def test_an_exactly_once_output_is_published_once_and_its_marker_after_it(s3, tmp_path):
@@ -89,17 +77,17 @@ def test_an_output_prefix_inside_the_input_prefix_is_refused(monkeypatch, tmp_pa
 def test_a_missing_bucket_or_wrong_credentials_stop_before_anything_is_sent(s3, tmp_path):
     raw = s3.bucket("there") + "/raw"
     env = process_env("redis://127.0.0.1:1/0")  # no Redis: the bucket is checked first
-    missing = framefleet("enqueue", raw, "--out", "s3://no-such-bucket/out", env=env)
+    missing = ff("enqueue", raw, "--out", "s3://no-such-bucket/out", env=env)
     assert missing.returncode == 2
     assert "bucket 'no-such-bucket'" in missing.stderr and "does not exist" in missing.stderr
     assert "aws s3 mb s3://no-such-bucket" in missing.stderr
 
-    wrong = framefleet("enqueue", raw, "--out", raw + "-out", env={**env, "AWS_SECRET_ACCESS_KEY": "wrong"})
+    wrong = ff("enqueue", raw, "--out", raw + "-out", env={**env, "AWS_SECRET_ACCESS_KEY": "wrong"})
     assert wrong.returncode == 2
     assert "bucket 'there'" in wrong.stderr and "refuses these credentials" in wrong.stderr
     assert "AWS_ACCESS_KEY_ID" in wrong.stderr and "wrong" not in wrong.stderr.replace("refuses", "")
 
-    silent = framefleet("enqueue", raw, "--out", raw + "-out", env={**env, "AWS_ENDPOINT_URL": "http://127.0.0.1:1"})
+    silent = ff("enqueue", raw, "--out", raw + "-out", env={**env, "AWS_ENDPOINT_URL": "http://127.0.0.1:1"})
     assert silent.returncode == 2
     assert "bucket 'there' at http://127.0.0.1:1 does not answer" in silent.stderr
     assert "AWS_ENDPOINT_URL" in silent.stderr
@@ -147,12 +135,12 @@ def test_a_run_from_s3_to_s3_equals_the_same_run_on_local_disk_and_verifies(s3, 
 
     # verify and videos read the bucket as another host would: from an empty object cache.
     elsewhere = {**workers.env, "FRAMEFLEET_OBJECT_CACHE": str(tmp_path / "elsewhere")}
-    check = framefleet("verify", out, env=elsewhere)
+    check = ff("verify", out, env=elsewhere)
     assert check.returncode == 0, check.stdout + check.stderr
     run_id = summary["run_id"]
-    status = framefleet("status", "--out", out, env={**elsewhere, "FRAMEFLEET_OBJECT_CACHE": str(tmp_path / "status")})
+    status = ff("status", "--out", out, env={**elsewhere, "FRAMEFLEET_OBJECT_CACHE": str(tmp_path / "status")})
     assert status.returncode == 0 and run_id in status.stdout, status.stdout + status.stderr
-    listed = framefleet("videos", out, env={**elsewhere, "FRAMEFLEET_OBJECT_CACHE": str(tmp_path / "third")})
+    listed = ff("videos", out, env={**elsewhere, "FRAMEFLEET_OBJECT_CACHE": str(tmp_path / "third")})
     assert listed.returncode == 0, listed.stderr
     assert {(v["video_id"], v["status"]) for v in map(json.loads, listed.stdout.splitlines())} == {
         (vid, "done") for vid in ids
